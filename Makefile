@@ -1,0 +1,28 @@
+PY := .venv/bin/python
+PROTOS := $(wildcard protos/prism/v1/*.proto)
+
+.PHONY: setup demo test lint protos check-protos
+
+setup:
+	scripts/setup.sh
+
+demo:
+	$(PY) -m prism.demo
+
+test:
+	$(PY) -m pytest -q
+
+lint:
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+	.venv/bin/buf lint
+	$(MAKE) check-protos
+
+# Stubs are generated with grpc_tools (the protoc that matches the grpcio runtime).
+protos:
+	rm -f prism/v1/*_pb2*.py prism/v1/*_pb2*.pyi
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
+	touch prism/v1/__init__.py
+
+check-protos:
+	scripts/check_protos.sh

@@ -1,0 +1,218 @@
+"""gRPC plumbing shared by every process: servers, channels and the error model.
+
+Errors travel as gRPC status codes with a `google.rpc.ErrorInfo` detail (reason and the
+offending parameter), so any client can read them and the gateway maps them to HTTP in
+one place (`http_status`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import signal
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import grpc
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from grpc_status import rpc_status
+
+log = logging.getLogger(__name__)
+
+# Images travel inside requests to the processor and worker: raise gRPC's 4 MiB default.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+ERROR_DOMAIN = "prism.v1"
+
+_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
+# One place for the gRPC -> HTTP mapping the gateway uses.
+_HTTP_STATUS = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.CANCELLED: 499,
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+}
+# ErrorInfo reasons whose HTTP status is finer than their gRPC code.
+_HTTP_STATUS_BY_REASON = {"UNSUPPORTED_MEDIA_TYPE": 415}
+
+
+@dataclass
+class PrismError(Exception):
+    """A request failure with its gRPC code, a reason and the parameter at fault."""
+
+    code: grpc.StatusCode
+    message: str
+    reason: str = ""
+    param: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.message
+
+    @property
+    def http_status(self) -> int:
+        return _HTTP_STATUS_BY_REASON.get(self.reason) or _HTTP_STATUS.get(self.code, 500)
+
+    def to_status(self) -> grpc.Status:
+        info = error_details_pb2.ErrorInfo(
+            reason=self.reason or self.code.name, domain=ERROR_DOMAIN, metadata=self.metadata
+        )
+        if self.param is not None:
+            info.metadata["param"] = self.param
+        detail = status_pb2.Status().details.add()
+        detail.Pack(info)
+        status = status_pb2.Status(
+            code=getattr(code_pb2, self.code.name), message=self.message, details=[detail]
+        )
+        return rpc_status.to_status(status)
+
+    @classmethod
+    def from_rpc_error(cls, err: grpc.RpcError) -> PrismError:
+        """Reads the code, message and ErrorInfo back from a failed call."""
+        code = err.code() if callable(getattr(err, "code", None)) else grpc.StatusCode.UNKNOWN
+        message = err.details() if callable(getattr(err, "details", None)) else str(err)
+        reason, param, metadata = "", None, {}
+        status = rpc_status.from_call(err) if hasattr(err, "trailing_metadata") else None
+        for detail in status.details if status else ():
+            info = error_details_pb2.ErrorInfo()
+            if detail.Unpack(info):
+                reason = info.reason
+                metadata = dict(info.metadata)
+                param = metadata.pop("param", None)
+        return cls(code, message or code.name, reason=reason, param=param, metadata=metadata)
+
+
+def invalid(message: str, param: str | None = None, reason: str = "") -> PrismError:
+    return PrismError(grpc.StatusCode.INVALID_ARGUMENT, message, reason=reason, param=param)
+
+
+def _status_for(exc: BaseException) -> PrismError:
+    if isinstance(exc, PrismError):
+        return exc
+    if isinstance(exc, grpc.RpcError):
+        return PrismError.from_rpc_error(exc)
+    log.exception("unhandled error in RPC", exc_info=exc)
+    return PrismError(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def rpc_errors(method: Callable) -> Callable:
+    """Turns exceptions raised by a servicer method into gRPC statuses with details.
+
+    Works for unary and server-streaming (async generator) handlers alike.
+    """
+    if inspect.isasyncgenfunction(method):
+
+        @functools.wraps(method)
+        async def stream(self, request, context):
+            try:
+                async for item in method(self, request, context):
+                    yield item
+            except Exception as exc:
+                await context.abort_with_status(_status_for(exc).to_status())
+
+        return stream
+
+    @functools.wraps(method)
+    async def unary(self, request, context):
+        try:
+            return await method(self, request, context)
+        except Exception as exc:
+            await context.abort_with_status(_status_for(exc).to_status())
+
+    return unary
+
+
+@dataclass
+class Server:
+    server: grpc.aio.Server
+    health: health.aio.HealthServicer
+    port: int
+
+    async def set_serving(self, services: Iterable[str], serving: bool = True) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ["", *services]:
+            await self.health.set(name, status)
+
+
+async def start_server(
+    address: str,
+    register: Callable[[grpc.aio.Server], None],
+    service_names: Iterable[str],
+) -> Server:
+    """Starts a gRPC server with health checking, reflection and raised message limits.
+
+    Health reports NOT_SERVING until the caller says otherwise with `set_serving`.
+    """
+    server = grpc.aio.server(options=_OPTIONS)
+    register(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = list(service_names)
+    reflection.enable_server_reflection(
+        [
+            *names,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ],
+        server,
+    )
+    port = server.add_insecure_port(address)
+    if port == 0:
+        raise OSError(f"cannot bind gRPC server to {address}")
+    await server.start()
+    result = Server(server, health_servicer, port)
+    await result.set_serving(names, serving=False)
+    return result
+
+
+def channel(address: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(address, options=_OPTIONS)
+
+
+def sync_channel(address: str) -> grpc.Channel:
+    return grpc.insecure_channel(address, options=_OPTIONS)
+
+
+def check_health(address: str, service: str = "", timeout: float = 1.0) -> bool:
+    """True when the server at `address` reports SERVING (blocking; for launchers and tests)."""
+    with sync_channel(address) as ch:
+        try:
+            reply = health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout
+            )
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def wait_for_termination(server: Server, services: Iterable[str], grace: float = 5.0) -> None:
+    """Serves until SIGINT or SIGTERM, then reports NOT_SERVING and drains for `grace` s."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.set_serving(services, serving=False)
+    await server.server.stop(grace)
