@@ -1,0 +1,150 @@
+"""`prism serve | worker | processor | gateway | model build`.
+
+Heavy imports (vLLM, torch) happen inside the subcommand that needs them, so the gateway
+and the launcher start in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+
+
+def _stage_args(parser: argparse.ArgumentParser, port: int) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
+    parser.add_argument("--port", type=int, default=port)
+
+
+def _model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True, help="model directory or hub id")
+    parser.add_argument(
+        "--served-model-name", default="", help="name clients use (default: --model as given)"
+    )
+    parser.add_argument(
+        "--max-model-len", type=int, default=0, help="context length (default: the model's)"
+    )
+    parser.add_argument("--max-images", type=int, default=8, help="images per request")
+
+
+def _engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dtype", default="auto", help="weights dtype (auto: float32 on CPU, else the model's)"
+    )
+    parser.add_argument(
+        "--kv-cache-gib", type=int, default=1, help="KV cache size on CPU (GiB)"
+    )
+
+
+def _peer_arg(parser: argparse.ArgumentParser, example: str) -> None:
+    parser.add_argument(
+        "--peer",
+        action="append",
+        default=[],
+        metavar="ROLE=HOST:PORT",
+        help=f"static registry entry, repeatable (e.g. {example})",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="prism", description=__doc__)
+    parser.add_argument("--log-level", default="info")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run every stage of a mode as local processes")
+    serve.add_argument("--mode", default="epd", choices=["epd"])
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--http-port", type=int, default=8000)
+    _model_args(serve)
+    _engine_args(serve)
+
+    worker = sub.add_parser("worker", help="EngineService on a vLLM engine")
+    _stage_args(worker, 50051)
+    _model_args(worker)
+    _engine_args(worker)
+    worker.add_argument("--role", default="aggregated", choices=["aggregated"])
+    worker.add_argument("--seed", type=int, default=0)
+
+    processor = sub.add_parser("processor", help="the public InferenceService")
+    _stage_args(processor, 50050)
+    _model_args(processor)
+    processor.add_argument("--mode", default="epd", choices=["epd"])
+    _peer_arg(processor, "worker=127.0.0.1:50051")
+
+    gateway = sub.add_parser("gateway", help="OpenAI REST API in front of a processor")
+    _stage_args(gateway, 8000)
+    _peer_arg(gateway, "processor=127.0.0.1:50050")
+
+    model = sub.add_parser("model", help="tiny random-weight models for tests and demos")
+    model_sub = model.add_subparsers(dest="model_command", required=True)
+    build = model_sub.add_parser("build", help="write a tiny checkpoint")
+    build.add_argument("--family", required=True, choices=["llava", "qwen2-vl"])
+    build.add_argument("--out", required=True)
+    build.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def _resolve_dtype(args: argparse.Namespace) -> None:
+    if args.dtype == "auto":
+        from vllm.platforms import current_platform
+
+        # bfloat16 kernels crash (SIGILL) on some CPUs; float32 works everywhere.
+        if current_platform.is_cpu():
+            args.dtype = "float32"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.command == "serve":
+        from prism.launcher import MeshConfig, run
+
+        return run(
+            MeshConfig(
+                mode=args.mode,
+                model=args.model,
+                host=args.host,
+                http_port=args.http_port,
+                served_model_name=args.served_model_name,
+                dtype=args.dtype,
+                max_model_len=args.max_model_len,
+                max_images=args.max_images,
+                kv_cache_gib=args.kv_cache_gib,
+                log_level=args.log_level,
+            )
+        )
+    if args.command == "worker":
+        # vLLM reads these when the engine starts; they must be set before.
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)
+        _resolve_dtype(args)
+        from prism.services import worker
+
+        asyncio.run(worker.serve(args))
+        return 0
+    if args.command == "processor":
+        from prism.services import processor
+
+        asyncio.run(processor.serve(args))
+        return 0
+    if args.command == "gateway":
+        from prism.gateway import app
+
+        app.serve(args)
+        return 0
+    if args.command == "model":
+        from pathlib import Path
+
+        from prism.tiny_models import build
+
+        print(build(args.family, Path(args.out), seed=args.seed))
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

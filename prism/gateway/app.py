@@ -1,0 +1,273 @@
+"""The HTTP front door: OpenAI's REST API over the processor's gRPC `InferenceService`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import grpc
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from starlette.exceptions import HTTPException
+
+from prism import rpc
+from prism.gateway import translate
+from prism.registry import RoundRobin, StaticRegistry
+from prism.rpc import PrismError, invalid
+from prism.v1 import inference_pb2, inference_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+def _error(error: PrismError) -> JSONResponse:
+    return JSONResponse(translate.error_body(error), status_code=error.http_status)
+
+
+async def _json_body(request: Request) -> Any:
+    try:
+        return json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise invalid(f"request body is not valid JSON: {exc}") from None
+
+
+def _sse(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+class Gateway:
+    def __init__(self, router: RoundRobin):
+        self._router = router
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def _channel(self) -> grpc.aio.Channel:
+        address = self._router.pick("processor")
+        if address not in self._channels:
+            self._channels[address] = rpc.channel(address)
+        return self._channels[address]
+
+    def stub(self) -> inference_pb2_grpc.InferenceServiceStub:
+        return inference_pb2_grpc.InferenceServiceStub(self._channel())
+
+    async def healthy(self) -> bool:
+        try:
+            reply = await health_pb2_grpc.HealthStub(self._channel()).Check(
+                health_pb2.HealthCheckRequest(), timeout=2.0
+            )
+        except (grpc.RpcError, PrismError):
+            return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+
+
+async def _open_stream(call: grpc.aio.UnaryStreamCall) -> tuple[Any, AsyncIterator]:
+    """Reads the first message, so that errors become HTTP statuses before any byte is sent."""
+    iterator = call.__aiter__()
+    try:
+        first = await iterator.__anext__()
+    except grpc.aio.AioRpcError as exc:
+        raise PrismError.from_rpc_error(exc) from None
+    except StopAsyncIteration:
+        raise PrismError(grpc.StatusCode.INTERNAL, "empty response stream") from None
+    return first, iterator
+
+
+async def _generate(
+    call: grpc.aio.UnaryStreamCall,
+    stream: bool,
+    include_usage: bool,
+    chunk: Callable[[Any, bool], dict],
+    final: Callable[[str, Any], dict],
+) -> JSONResponse | StreamingResponse:
+    """Runs a Chat or Complete call and answers as one JSON body or as SSE."""
+    try:
+        first, rest = await _open_stream(call)
+    except BaseException:
+        call.cancel()
+        raise
+    if not stream:
+        text, last = [first.text], first
+        try:
+            async for message in rest:
+                text.append(message.text)
+                last = message
+        except grpc.aio.AioRpcError as exc:
+            raise PrismError.from_rpc_error(exc) from None
+        return JSONResponse(final("".join(text), last))
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            message, index = first, 0
+            while True:
+                payload = chunk(message, index == 0)
+                if include_usage:
+                    payload["usage"] = None
+                yield _sse(payload)
+                if message.finish_reason and include_usage:
+                    tail = chunk(message, False)
+                    tail["choices"] = []
+                    tail["usage"] = translate.usage(message.usage)
+                    yield _sse(tail)
+                index += 1
+                try:
+                    message = await rest.__anext__()
+                except StopAsyncIteration:
+                    break
+            yield b"data: [DONE]\n\n"
+        except grpc.aio.AioRpcError as exc:
+            # Headers are gone already: report in the stream, as vLLM's server does.
+            yield _sse(translate.error_body(PrismError.from_rpc_error(exc)))
+            yield b"data: [DONE]\n\n"
+        finally:
+            # A client that disconnects lands here: cancelling aborts the whole chain.
+            call.cancel()
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def create_app(router: RoundRobin) -> FastAPI:
+    gateway = Gateway(router)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await gateway.close()
+
+    app = FastAPI(title="Prism", lifespan=lifespan)
+
+    @app.exception_handler(PrismError)
+    async def prism_error(request: Request, exc: PrismError) -> JSONResponse:
+        return _error(exc)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        code = {404: grpc.StatusCode.NOT_FOUND, 405: grpc.StatusCode.UNIMPLEMENTED}.get(
+            exc.status_code, grpc.StatusCode.INVALID_ARGUMENT
+        )
+        body = translate.error_body(PrismError(code, str(exc.detail)))
+        return JSONResponse(body, status_code=exc.status_code)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if await gateway.healthy():
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "unavailable"}, status_code=503)
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        try:
+            reply = await gateway.stub().ListModels(inference_pb2.ListModelsRequest())
+        except grpc.aio.AioRpcError as exc:
+            raise PrismError.from_rpc_error(exc) from None
+        data = [
+            {
+                "id": m.id,
+                "object": "model",
+                "created": m.created,
+                "owned_by": m.owned_by,
+                "root": m.id,
+                "max_model_len": m.max_model_len,
+            }
+            for m in reply.models
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        body = await _json_body(request)
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        message = translate.chat_request(body, request_id)
+        include_usage = translate.stream_options(body)
+        created = int(time.time())
+
+        def chunk(reply: inference_pb2.ChatResponse, first: bool) -> dict:
+            delta: dict[str, Any] = {"content": reply.text}
+            if first:
+                delta = {"role": "assistant", **delta}
+            return {
+                "id": request_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": reply.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": delta,
+                        "logprobs": None,
+                        "finish_reason": translate.finish_reason(reply.finish_reason),
+                    }
+                ],
+            }
+
+        def final(text: str, last: inference_pb2.ChatResponse) -> dict:
+            return {
+                "id": request_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": last.model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "logprobs": None,
+                        "finish_reason": translate.finish_reason(last.finish_reason),
+                    }
+                ],
+                "usage": translate.usage(last.usage),
+            }
+
+        call = gateway.stub().Chat(message)
+        return await _generate(call, translate.wants_stream(body), include_usage, chunk, final)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = await _json_body(request)
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        message = translate.completion_request(body, request_id)
+        include_usage = translate.stream_options(body)
+        created = int(time.time())
+
+        def choice(text: str, reply: inference_pb2.CompleteResponse) -> dict:
+            return {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": translate.finish_reason(reply.finish_reason),
+            }
+
+        def chunk(reply: inference_pb2.CompleteResponse, first: bool) -> dict:
+            return {
+                "id": request_id,
+                "object": "text_completion",
+                "created": created,
+                "model": reply.model,
+                "choices": [choice(reply.text, reply)],
+            }
+
+        def final(text: str, last: inference_pb2.CompleteResponse) -> dict:
+            return {
+                **chunk(last, False),
+                "choices": [choice(text, last)],
+                "usage": translate.usage(last.usage),
+            }
+
+        call = gateway.stub().Complete(message)
+        return await _generate(call, translate.wants_stream(body), include_usage, chunk, final)
+
+    return app
+
+
+def serve(args: argparse.Namespace) -> None:
+    app = create_app(RoundRobin(StaticRegistry.from_pairs(args.peer)))
+    log.info("gateway listening on http://%s:%d", args.host, args.port)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)

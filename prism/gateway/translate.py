@@ -1,0 +1,256 @@
+"""OpenAI REST bodies to and from the processor's protobuf messages (pure functions)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from prism.rpc import PrismError, invalid
+from prism.v1 import common_pb2, inference_pb2
+
+ROLES = {
+    "system": inference_pb2.ROLE_SYSTEM,
+    "user": inference_pb2.ROLE_USER,
+    "assistant": inference_pb2.ROLE_ASSISTANT,
+    "developer": inference_pb2.ROLE_DEVELOPER,
+}
+FINISH_REASONS = {
+    common_pb2.FINISH_REASON_STOP: "stop",
+    common_pb2.FINISH_REASON_LENGTH: "length",
+    common_pb2.FINISH_REASON_ABORT: "abort",
+}
+# Accepted and ignored because they change nothing here (OpenAI clients send them).
+_IGNORED = {"user", "stream", "stream_options", "metadata", "store", "service_tier"}
+# Ranges as vLLM's OpenAI server checks them.
+_FLOATS = {
+    "temperature": (0.0, 2.0),
+    "top_p": (0.0, 1.0),
+    "min_p": (0.0, 1.0),
+    "presence_penalty": (-2.0, 2.0),
+    "frequency_penalty": (-2.0, 2.0),
+    "repetition_penalty": (0.0, math.inf),
+}
+_SAMPLING_KEYS = {
+    *_FLOATS,
+    "top_k",
+    "max_tokens",
+    "max_completion_tokens",
+    "min_tokens",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "n",
+    "include_stop_str_in_output",
+}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(body: dict, name: str, low: int, high: int = 2**31 - 1) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_int(value) or not low <= value <= high:
+        raise invalid(f"'{name}' must be an integer from {low} to {high}, got {value!r}", name)
+    return value
+
+
+def _bool(body: dict, name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise invalid(f"'{name}' must be a boolean, got {value!r}", name)
+    return value
+
+
+def sampling(body: dict) -> common_pb2.SamplingParams:
+    params = common_pb2.SamplingParams()
+    for name, (low, high) in _FLOATS.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            raise invalid(f"'{name}' must be a number, got {value!r}", name)
+        if not low <= value <= high or math.isnan(value):
+            raise invalid(f"'{name}' must be from {low} to {high}, got {value!r}", name)
+        setattr(params, name, float(value))
+    top_k = _int(body, "top_k", -1)
+    if top_k is not None:
+        params.top_k = top_k
+    max_tokens = _int(body, "max_completion_tokens", 1)
+    if max_tokens is None:
+        max_tokens = _int(body, "max_tokens", 1)
+    if max_tokens is not None:
+        params.max_tokens = max_tokens
+    params.min_tokens = _int(body, "min_tokens", 0) or 0
+    seed = _int(body, "seed", -(2**63), 2**63 - 1)
+    if seed is not None:
+        params.seed = seed
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None:
+        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+            raise invalid("'stop' must be a non-empty string or a list of them", "stop")
+        params.stop.extend(stop)
+    stop_ids = body.get("stop_token_ids")
+    if stop_ids is not None:
+        if not isinstance(stop_ids, list) or not all(_is_int(t) and t >= 0 for t in stop_ids):
+            raise invalid("'stop_token_ids' must be a list of token ids", "stop_token_ids")
+        params.stop_token_ids.extend(stop_ids)
+    params.ignore_eos = _bool(body, "ignore_eos")
+    params.include_stop_str_in_output = _bool(body, "include_stop_str_in_output")
+    params.n = _int(body, "n", 1, 128) or 1
+    return params
+
+
+def _model(body: dict) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise invalid("'model' is required and must be a string", "model")
+    return model
+
+
+def _image_part(part: dict, param: str) -> inference_pb2.ContentPart:
+    image_url = part.get("image_url")
+    if isinstance(image_url, dict):
+        image_url = image_url.get("url")
+    if not isinstance(image_url, str) or not image_url:
+        raise invalid("image_url part needs a 'url' string", f"{param}.image_url")
+    return inference_pb2.ContentPart(image=common_pb2.Image(url=image_url))
+
+
+def _content(content: Any, param: str) -> list[inference_pb2.ContentPart]:
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [inference_pb2.ContentPart(text=content)]
+    if not isinstance(content, list):
+        raise invalid("'content' must be a string or a list of parts", param)
+    parts = []
+    for j, part in enumerate(content):
+        where = f"{param}[{j}]"
+        if not isinstance(part, dict):
+            raise invalid("content part must be an object", where)
+        kind = part.get("type")
+        if kind == "text":
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise invalid("text part needs a 'text' string", f"{where}.text")
+            parts.append(inference_pb2.ContentPart(text=text))
+        elif kind == "image_url":
+            parts.append(_image_part(part, where))
+        else:
+            raise invalid(
+                f"unsupported content part type {kind!r}: use 'text' or 'image_url'",
+                f"{where}.type",
+            )
+    return parts
+
+
+def chat_request(body: Any, request_id: str = "") -> inference_pb2.ChatRequest:
+    if not isinstance(body, dict):
+        raise invalid("request body must be a JSON object")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise invalid("'messages' must be a non-empty list", "messages")
+    request = inference_pb2.ChatRequest(
+        request_id=request_id, model=_model(body), sampling=sampling(body)
+    )
+    for i, message in enumerate(messages):
+        param = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise invalid("message must be an object", param)
+        role = ROLES.get(message.get("role"))
+        if role is None:
+            raise invalid(
+                f"unsupported role {message.get('role')!r}: use system, developer, user "
+                "or assistant",
+                f"{param}.role",
+            )
+        request.messages.append(
+            inference_pb2.ChatMessage(
+                role=role, content=_content(message.get("content"), f"{param}.content")
+            )
+        )
+    _reject_unknown(body, {"model", "messages", "logprobs", "top_logprobs"})
+    if body.get("logprobs") or body.get("top_logprobs"):
+        raise invalid("logprobs are not supported", "logprobs")
+    return request
+
+
+def completion_request(body: Any, request_id: str = "") -> inference_pb2.CompleteRequest:
+    if not isinstance(body, dict):
+        raise invalid("request body must be a JSON object")
+    request = inference_pb2.CompleteRequest(
+        request_id=request_id, model=_model(body), sampling=sampling(body)
+    )
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str) and prompt:
+        request.text = prompt
+    elif isinstance(prompt, list) and prompt and all(_is_int(t) and t >= 0 for t in prompt):
+        request.token_ids.ids.extend(prompt)
+    else:
+        raise invalid(
+            "'prompt' must be a non-empty string or list of token ids (one prompt)", "prompt"
+        )
+    _reject_unknown(body, {"model", "prompt", "echo", "logprobs", "suffix"})
+    for name in ("echo", "logprobs", "suffix"):
+        if body.get(name):
+            raise invalid(f"'{name}' is not supported", name)
+    return request
+
+
+def _reject_unknown(body: dict, known: set[str]) -> None:
+    for key, value in body.items():
+        if value is not None and key not in known | _SAMPLING_KEYS | _IGNORED:
+            raise invalid(f"unsupported parameter '{key}'", key)
+
+
+def wants_stream(body: dict) -> bool:
+    return _bool(body, "stream")
+
+
+def stream_options(body: dict) -> bool:
+    """Whether the client asked for a usage chunk at the end of the stream."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise invalid("'stream_options' must be an object", "stream_options")
+    return _bool(options, "include_usage")
+
+
+def usage(value: common_pb2.Usage) -> dict[str, int]:
+    return {
+        "prompt_tokens": value.prompt_tokens,
+        "completion_tokens": value.completion_tokens,
+        "total_tokens": value.total_tokens,
+    }
+
+
+def finish_reason(value: int) -> str | None:
+    return FINISH_REASONS.get(value)
+
+
+def error_body(error: PrismError) -> dict[str, Any]:
+    status = error.http_status
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    if status == 401:
+        kind = "authentication_error"
+    elif status == 429:
+        kind = "rate_limit_error"
+    return {
+        "error": {
+            "message": error.message,
+            "type": kind,
+            "param": error.param,
+            "code": (error.reason or error.code.name).lower(),
+        }
+    }

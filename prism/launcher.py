@@ -1,0 +1,202 @@
+"""`prism serve`: every stage of a mode as its own OS process on one machine.
+
+The launcher picks free loopback ports, wires the stages together through the static
+registry (`--peer ROLE=ADDRESS`), waits until every stage reports healthy, and on
+SIGINT/SIGTERM (or when any stage dies) stops them all. Children also get SIGTERM from
+the kernel if the launcher itself dies, so no stage outlives it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO
+
+from prism.rpc import check_health
+
+_PR_SET_PDEATHSIG = 1
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def http_ok(url: str, timeout: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@dataclass
+class Stage:
+    name: str
+    address: str
+    argv: list[str]
+    healthy: Callable[[], bool]
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen | None = None
+
+
+@dataclass
+class MeshConfig:
+    mode: str
+    model: str
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    served_model_name: str = ""
+    dtype: str = "auto"
+    max_model_len: int = 0
+    max_images: int = 8
+    kv_cache_gib: int = 1
+    log_level: str = "info"
+
+
+def plan(config: MeshConfig) -> list[Stage]:
+    """The stages of a mode, in start order, with their ports and peers."""
+    prism = [sys.executable, "-m", "prism.cli", "--log-level", config.log_level]
+    common = ["--model", config.model, "--host", config.host]
+    if config.served_model_name:
+        common += ["--served-model-name", config.served_model_name]
+    if config.max_model_len:
+        common += ["--max-model-len", str(config.max_model_len)]
+    worker_addr = f"{config.host}:{free_port(config.host)}"
+    processor_addr = f"{config.host}:{free_port(config.host)}"
+    worker = Stage(
+        "worker",
+        worker_addr,
+        [
+            *prism, "worker", *common,
+            "--port", worker_addr.rsplit(":", 1)[1],
+            "--role", "aggregated",
+            "--dtype", config.dtype,
+            "--max-images", str(config.max_images),
+            "--kv-cache-gib", str(config.kv_cache_gib),
+        ],
+        lambda: check_health(worker_addr),
+    )  # fmt: skip
+    processor = Stage(
+        "processor",
+        processor_addr,
+        [
+            *prism, "processor", *common,
+            "--port", processor_addr.rsplit(":", 1)[1],
+            "--mode", config.mode,
+            "--max-images", str(config.max_images),
+            "--peer", f"worker={worker_addr}",
+        ],
+        lambda: check_health(processor_addr),
+    )  # fmt: skip
+    base_url = f"http://{config.host}:{config.http_port}"
+    gateway = Stage(
+        "gateway",
+        base_url,
+        [
+            *prism, "gateway",
+            "--host", config.host,
+            "--port", str(config.http_port),
+            "--peer", f"processor={processor_addr}",
+        ],
+        lambda: http_ok(f"{base_url}/health"),
+    )  # fmt: skip
+    return [worker, processor, gateway]
+
+
+class Mesh:
+    """Starts and stops a planned set of stages."""
+
+    def __init__(self, stages: list[Stage]):
+        self.stages = stages
+
+    def address(self, name: str) -> str:
+        return next(stage.address for stage in self.stages if stage.name == name)
+
+    def start(self, timeout: float = 300.0, log: IO | None = None) -> None:
+        """Starts every stage (output to `log` if given) and waits until all are healthy."""
+        for stage in self.stages:
+            stage.process = subprocess.Popen(
+                stage.argv,
+                env={**os.environ, **stage.env},
+                stdout=log,
+                stderr=subprocess.STDOUT if log else None,
+                preexec_fn=_die_with_parent,
+            )
+        deadline = time.monotonic() + timeout
+        pending = list(self.stages)
+        while pending:
+            self.check_alive()
+            pending = [stage for stage in pending if not stage.healthy()]
+            if pending and time.monotonic() > deadline:
+                names = ", ".join(stage.name for stage in pending)
+                raise TimeoutError(f"stages not healthy after {timeout:.0f}s: {names}")
+            if pending:
+                time.sleep(0.5)
+
+    def check_alive(self) -> None:
+        for stage in self.stages:
+            if stage.process is not None and stage.process.poll() is not None:
+                raise RuntimeError(f"{stage.name} exited with code {stage.process.returncode}")
+
+    def stop(self, grace: float = 15.0) -> None:
+        # Front first, so no new work reaches the stages behind it.
+        running = [s.process for s in reversed(self.stages) if s.process is not None]
+        for process in running:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for process in running:
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+class _StopRequested(Exception):
+    pass
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _StopRequested
+
+
+def run(config: MeshConfig) -> int:
+    """Runs the mesh in the foreground until a signal or a stage's death."""
+    signal.signal(signal.SIGINT, _raise_stop)
+    signal.signal(signal.SIGTERM, _raise_stop)
+    mesh = Mesh(plan(config))
+    try:
+        mesh.start()
+        print(
+            f"prism ({config.mode}) ready: http://{config.host}:{config.http_port}/v1",
+            flush=True,
+        )
+        while True:
+            mesh.check_alive()
+            time.sleep(0.5)
+    except _StopRequested:
+        return 0
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"prism: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        # Signals during the shutdown itself must not cut it short.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        mesh.stop()

@@ -1,0 +1,328 @@
+"""The processor stage: the public `InferenceService`.
+
+It applies the model's chat template, tokenizes, loads and validates images, runs the
+pipeline of its mode, and turns the token ids that come back into text deltas with
+vLLM's own incremental detokenizer (so text and stop strings match plain vLLM exactly).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import grpc
+from transformers import AutoTokenizer
+from vllm.v1.engine.detokenizer import IncrementalDetokenizer
+
+from prism import rpc
+from prism.media import ImageLoader, LoadedImage, MediaPolicy
+from prism.registry import RoundRobin, StaticRegistry
+from prism.rpc import PrismError, invalid
+from prism.sampling import to_vllm
+from prism.v1 import common_pb2, engine_pb2, engine_pb2_grpc, inference_pb2, inference_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
+MODES = ("epd",)
+
+_ROLE_NAMES = {
+    inference_pb2.ROLE_SYSTEM: "system",
+    inference_pb2.ROLE_USER: "user",
+    inference_pb2.ROLE_ASSISTANT: "assistant",
+    # OpenAI's developer role plays the system role for models that know no other.
+    inference_pb2.ROLE_DEVELOPER: "system",
+}
+
+
+@dataclass
+class Delta:
+    text: str
+    token_ids: list[int]
+    finish_reason: int = common_pb2.FINISH_REASON_UNSPECIFIED
+    usage: common_pb2.Usage | None = None
+
+
+@dataclass
+class _DetokenizerRequest:
+    """The fields of vLLM's EngineCoreRequest that its detokenizer reads."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: object
+    prompt_embeds: None = None
+
+
+@dataclass
+class _Active:
+    call: grpc.aio.UnaryStreamCall
+    aborted: bool = False
+
+
+@dataclass
+class Pipeline:
+    """Runs one request through the stages of a mode; yields the worker's replies."""
+
+    mode: str
+    router: RoundRobin
+    _stubs: dict[str, engine_pb2_grpc.EngineServiceStub] = field(default_factory=dict)
+
+    def stub(self, role: str) -> engine_pb2_grpc.EngineServiceStub:
+        address = self.router.pick(role)
+        if address not in self._stubs:
+            self._stubs[address] = engine_pb2_grpc.EngineServiceStub(rpc.channel(address))
+        return self._stubs[address]
+
+    def start(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        images: list[LoadedImage],
+        sampling: common_pb2.SamplingParams,
+    ) -> grpc.aio.UnaryStreamCall:
+        request = engine_pb2.GenerateRequest(
+            request_id=request_id,
+            prompt_token_ids=prompt_ids,
+            sampling=sampling,
+            images=[image.to_proto() for image in images],
+        )
+        return self.stub("worker").Generate(request)
+
+
+class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
+    def __init__(
+        self,
+        model: str,
+        served_model_name: str,
+        pipeline: Pipeline,
+        loader: ImageLoader,
+        max_model_len: int,
+    ):
+        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        self.served_model_name = served_model_name
+        self.pipeline = pipeline
+        self.loader = loader
+        self.max_model_len = max_model_len
+        self.created = int(time.time())
+        self._active: dict[str, _Active] = {}
+
+    def _check_model(self, model: str) -> None:
+        if model and model != self.served_model_name:
+            raise PrismError(
+                grpc.StatusCode.NOT_FOUND,
+                f"The model `{model}` does not exist.",
+                reason="MODEL_NOT_FOUND",
+                param="model",
+            )
+
+    def _conversation(
+        self, messages: list[inference_pb2.ChatMessage]
+    ) -> tuple[list[dict], list[tuple[common_pb2.Image, str]]]:
+        if not messages:
+            raise invalid("messages must not be empty", "messages")
+        conversation, images = [], []
+        for i, message in enumerate(messages):
+            role = _ROLE_NAMES.get(message.role)
+            if role is None:
+                raise invalid(f"messages[{i}].role is missing or unknown", f"messages[{i}].role")
+            parts: list[dict] = []
+            for j, part in enumerate(message.content):
+                kind = part.WhichOneof("part")
+                if kind == "text":
+                    parts.append({"type": "text", "text": part.text})
+                elif kind == "image":
+                    if role != "user":
+                        raise invalid(
+                            "images are allowed in user messages only",
+                            f"messages[{i}].content[{j}]",
+                        )
+                    parts.append({"type": "image"})
+                    images.append((part.image, f"messages[{i}].content[{j}].image_url"))
+                else:
+                    raise invalid("content part is empty", f"messages[{i}].content[{j}]")
+            conversation.append({"role": role, "content": parts})
+        limit = self.loader.policy.max_images
+        if len(images) > limit:
+            raise invalid(f"at most {limit} images per request, got {len(images)}", "messages")
+        return conversation, images
+
+    def _prompt_ids(self, conversation: list[dict]) -> list[int]:
+        try:
+            prompt = self.tokenizer.apply_chat_template(
+                conversation, add_generation_prompt=True, tokenize=False
+            )
+        except Exception as exc:  # jinja raises arbitrary errors for bad conversations
+            raise invalid(f"chat template failed: {exc}", "messages") from None
+        return self.tokenizer.encode(prompt, add_special_tokens=False)
+
+    async def _generate(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        images: list[LoadedImage],
+        sampling: common_pb2.SamplingParams,
+    ) -> AsyncIterator[Delta]:
+        if sampling.n > 1:
+            raise invalid("n > 1 is not supported", "n")
+        if len(prompt_ids) >= self.max_model_len:
+            raise invalid(
+                f"prompt has {len(prompt_ids)} tokens, the model's context is {self.max_model_len}",
+                "messages",
+            )
+        params = to_vllm(sampling)
+        detokenizer = IncrementalDetokenizer.from_new_request(
+            self.tokenizer, _DetokenizerRequest(request_id, prompt_ids, params)
+        )
+        if request_id in self._active:
+            raise invalid(f"request id {request_id!r} is already running", "request_id")
+        active = _Active(self.pipeline.start(request_id, prompt_ids, images, sampling))
+        self._active[request_id] = active
+        prompt_tokens = len(prompt_ids)
+        sent = 0
+        try:
+            async for reply in active.call:
+                if reply.prompt_tokens:
+                    prompt_tokens = reply.prompt_tokens
+                finish = reply.finish_reason
+                stop_string = detokenizer.update(
+                    list(reply.token_ids), finish == common_pb2.FINISH_REASON_STOP
+                )
+                if stop_string:
+                    finish = common_pb2.FINISH_REASON_STOP
+                finished = finish != common_pb2.FINISH_REASON_UNSPECIFIED
+                text = detokenizer.get_next_output_text(finished, delta=True)
+                token_ids = detokenizer.output_token_ids[sent:]
+                sent += len(token_ids)
+                if not finished:
+                    if text or token_ids:
+                        yield Delta(text, list(token_ids))
+                    continue
+                yield Delta(text, list(token_ids), finish, _usage(prompt_tokens, sent))
+                return
+        except asyncio.CancelledError:
+            if not active.aborted:
+                raise
+            yield Delta("", [], common_pb2.FINISH_REASON_ABORT, _usage(prompt_tokens, sent))
+            return
+        except grpc.aio.AioRpcError as exc:
+            raise PrismError.from_rpc_error(exc) from None
+        finally:
+            active.call.cancel()
+            self._active.pop(request_id, None)
+        raise PrismError(grpc.StatusCode.INTERNAL, "worker stream ended without a finish reason")
+
+    @rpc.rpc_errors
+    async def Chat(
+        self, request: inference_pb2.ChatRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[inference_pb2.ChatResponse]:
+        self._check_model(request.model)
+        request_id = request.request_id or f"chatcmpl-{uuid.uuid4().hex}"
+        conversation, image_refs = self._conversation(list(request.messages))
+        prompt_ids = self._prompt_ids(conversation)
+        images = await asyncio.gather(*(self.loader.load(img, p) for img, p in image_refs))
+        async for delta in self._generate(request_id, prompt_ids, images, request.sampling):
+            yield inference_pb2.ChatResponse(
+                request_id=request_id,
+                model=self.served_model_name,
+                text=delta.text,
+                token_ids=delta.token_ids,
+                finish_reason=delta.finish_reason,
+                usage=delta.usage,
+            )
+
+    @rpc.rpc_errors
+    async def Complete(
+        self, request: inference_pb2.CompleteRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[inference_pb2.CompleteResponse]:
+        self._check_model(request.model)
+        request_id = request.request_id or f"cmpl-{uuid.uuid4().hex}"
+        kind = request.WhichOneof("prompt")
+        if kind == "text" and request.text:
+            prompt_ids = self.tokenizer.encode(request.text)
+        elif kind == "token_ids" and request.token_ids.ids:
+            prompt_ids = list(request.token_ids.ids)
+            vocab = len(self.tokenizer)
+            if max(prompt_ids) >= vocab:
+                raise invalid(f"prompt token ids must be below {vocab}", "prompt")
+        else:
+            raise invalid("prompt must not be empty", "prompt")
+        async for delta in self._generate(request_id, prompt_ids, [], request.sampling):
+            yield inference_pb2.CompleteResponse(
+                request_id=request_id,
+                model=self.served_model_name,
+                text=delta.text,
+                token_ids=delta.token_ids,
+                finish_reason=delta.finish_reason,
+                usage=delta.usage,
+            )
+
+    @rpc.rpc_errors
+    async def ListModels(
+        self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.ListModelsResponse:
+        model = inference_pb2.Model(
+            id=self.served_model_name,
+            owned_by="prism",
+            created=self.created,
+            max_model_len=self.max_model_len,
+        )
+        return inference_pb2.ListModelsResponse(models=[model])
+
+    @rpc.rpc_errors
+    async def Abort(
+        self, request: inference_pb2.AbortRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.AbortResponse:
+        active = self._active.get(request.request_id)
+        if active is None:
+            return inference_pb2.AbortResponse(aborted=False)
+        active.aborted = True
+        active.call.cancel()
+        return inference_pb2.AbortResponse(aborted=True)
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> common_pb2.Usage:
+    return common_pb2.Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )
+
+
+def context_length(model: str) -> int:
+    """The model's context length, read from its config as vLLM does by default."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    text = getattr(config, "text_config", None) or config
+    return int(text.max_position_embeddings)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    if args.mode not in MODES:
+        raise ValueError(f"unknown mode {args.mode!r}; choose from {', '.join(MODES)}")
+    registry = StaticRegistry.from_pairs(args.peer)
+    pipeline = Pipeline(args.mode, RoundRobin(registry))
+    loader = ImageLoader(MediaPolicy(max_images=args.max_images))
+    servicer = InferenceServicer(
+        args.model,
+        args.served_model_name or args.model,
+        pipeline,
+        loader,
+        args.max_model_len or context_length(args.model),
+    )
+    server = await rpc.start_server(
+        f"{args.host}:{args.port}",
+        lambda s: inference_pb2_grpc.add_InferenceServiceServicer_to_server(servicer, s),
+        [SERVICE],
+    )
+    await server.set_serving([SERVICE])
+    log.info("processor (%s) serving %s on %s:%d", args.mode, args.model, args.host, server.port)
+    try:
+        await rpc.wait_for_termination(server, [SERVICE])
+    finally:
+        await loader.close()

@@ -1,0 +1,128 @@
+"""The worker stage: `EngineService` on one vLLM `AsyncLLM`.
+
+The worker takes token ids (never text) and streams token ids back; templating,
+detokenization and stop strings are the processor's. Cancelling a `Generate` call, or
+`Abort`, aborts the request inside vLLM so its KV blocks are freed at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+from vllm import AsyncEngineArgs, TokensPrompt
+from vllm.multimodal.media import ImageMediaIO
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.async_llm import AsyncLLM
+
+from prism import rpc
+from prism.rpc import invalid
+from prism.sampling import to_vllm
+from prism.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE = engine_pb2.DESCRIPTOR.services_by_name["EngineService"].full_name
+
+_FINISH = {
+    "stop": common_pb2.FINISH_REASON_STOP,
+    "length": common_pb2.FINISH_REASON_LENGTH,
+    "abort": common_pb2.FINISH_REASON_ABORT,
+}
+
+
+def engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
+    return AsyncEngineArgs(
+        model=args.model,
+        served_model_name=args.served_model_name or None,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len or None,
+        limit_mm_per_prompt={"image": args.max_images},
+        enforce_eager=True,
+        enable_log_requests=False,
+        disable_log_stats=False,
+        seed=args.seed,
+    )
+
+
+class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
+    def __init__(self, engine: AsyncLLM, role: str):
+        self.engine = engine
+        self.role = role
+        self._media = ImageMediaIO()
+        self._running: set[str] = set()
+
+    def _decode_images(self, images: list[common_pb2.Image]) -> list:
+        # vLLM's own loader, so pixels match what plain vLLM makes of the same bytes.
+        decoded = []
+        for index, image in enumerate(images):
+            try:
+                decoded.append(self._media.load_bytes(image.data).media)
+            except ValueError as exc:
+                raise invalid(str(exc), param=f"images[{index}]") from None
+        return decoded
+
+    @rpc.rpc_errors
+    async def Generate(
+        self, request: engine_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[engine_pb2.GenerateResponse]:
+        if not request.request_id:
+            raise invalid("request_id is required", "request_id")
+        if not request.prompt_token_ids:
+            raise invalid("prompt_token_ids is empty", "prompt_token_ids")
+        # Stop strings need text: the processor applies them, the engine never sees them.
+        params = to_vllm(
+            request.sampling, stop=None, detokenize=False, output_kind=RequestOutputKind.DELTA
+        )
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        if request.images:
+            images = await asyncio.to_thread(self._decode_images, list(request.images))
+            prompt["multi_modal_data"] = {"image": images}
+        self._running.add(request.request_id)
+        first = True
+        try:
+            async for output in self.engine.generate(prompt, params, request.request_id):
+                completion = output.outputs[0]
+                reply = engine_pb2.GenerateResponse(token_ids=completion.token_ids)
+                if first:
+                    reply.prompt_tokens = len(output.prompt_token_ids or ())
+                    reply.cached_tokens = output.num_cached_tokens or 0
+                    first = False
+                if output.finished:
+                    reply.finish_reason = _FINISH.get(
+                        completion.finish_reason or "", common_pb2.FINISH_REASON_STOP
+                    )
+                yield reply
+        except ValueError as exc:
+            # vLLM rejects bad prompts (too long, image count) with ValueError.
+            raise invalid(str(exc)) from None
+        finally:
+            self._running.discard(request.request_id)
+
+    @rpc.rpc_errors
+    async def Abort(
+        self, request: engine_pb2.EngineServiceAbortRequest, context: grpc.aio.ServicerContext
+    ) -> engine_pb2.EngineServiceAbortResponse:
+        running = request.request_id in self._running
+        if running:
+            await self.engine.abort(request.request_id)
+        return engine_pb2.EngineServiceAbortResponse(aborted=running)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    engine = AsyncLLM.from_engine_args(engine_args(args))
+    servicer = EngineServicer(engine, args.role)
+    server = await rpc.start_server(
+        f"{args.host}:{args.port}",
+        lambda s: engine_pb2_grpc.add_EngineServiceServicer_to_server(servicer, s),
+        [SERVICE],
+    )
+    await server.set_serving([SERVICE])
+    log.info("worker (%s) serving %s on %s:%d", args.role, args.model, args.host, server.port)
+    try:
+        await rpc.wait_for_termination(server, [SERVICE])
+    finally:
+        engine.shutdown()

@@ -1,0 +1,88 @@
+"""Unit tests: image validation and data URLs (no network beyond loopback)."""
+
+import asyncio
+import base64
+import io
+
+import PIL.Image
+import pytest
+from conftest import png
+
+from prism.media import ImageLoader, MediaPolicy, check_image, parse_data_url
+from prism.rpc import PrismError
+from prism.v1 import common_pb2
+
+
+def encode(fmt: str, size=(8, 8)) -> bytes:
+    buffer = io.BytesIO()
+    PIL.Image.new("RGB", size, (1, 2, 3)).save(buffer, fmt)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("fmt,mime", [("PNG", "image/png"), ("JPEG", "image/jpeg"),
+                                      ("WEBP", "image/webp")])  # fmt: skip
+def test_accepted_formats(fmt, mime):
+    image = check_image(encode(fmt), MediaPolicy(), "p")
+    assert image.mime_type == mime and (image.width, image.height) == (8, 8)
+
+
+@pytest.mark.parametrize(
+    "data,reason",
+    [
+        (encode("GIF"), "UNSUPPORTED_MEDIA_TYPE"),
+        (encode("BMP"), "UNSUPPORTED_MEDIA_TYPE"),
+        (b"<svg xmlns='http://www.w3.org/2000/svg'/>", "UNSUPPORTED_MEDIA_TYPE"),
+        (b"hello", "UNSUPPORTED_MEDIA_TYPE"),
+        (b"", ""),
+        (png(1)[:-30], ""),
+    ],
+    ids=["gif", "bmp", "svg", "text", "empty", "truncated"],
+)
+def test_rejected_images(data, reason):
+    with pytest.raises(PrismError) as info:
+        check_image(data, MediaPolicy(), "img")
+    assert info.value.reason == reason
+    assert info.value.param == "img"
+    assert info.value.http_status == (415 if reason else 400)
+
+
+def test_pixel_cap_is_checked_before_decoding():
+    with pytest.raises(PrismError, match="pixels"):
+        check_image(encode("PNG", (100, 100)), MediaPolicy(max_image_pixels=9999), "p")
+
+
+def test_byte_cap():
+    with pytest.raises(PrismError, match="bytes"):
+        check_image(png(1), MediaPolicy(max_image_bytes=100), "p")
+
+
+def test_data_urls():
+    raw = png(1)
+    assert parse_data_url("data:image/png;base64," + base64.b64encode(raw).decode(), "p") == raw
+    with pytest.raises(PrismError) as info:
+        parse_data_url("data:image/svg+xml;base64,AAAA", "p")
+    assert info.value.http_status == 415
+    for bad in ("data:image/png;base64", "data:image/png,plain", "data:image/png;base64,@@"):
+        with pytest.raises(PrismError):
+            parse_data_url(bad, "p")
+
+
+def test_loader_fetches_from_loopback(image_server):
+    url = image_server("/media-test.png", png(7))
+    missing = image_server("/exists.png", b"").replace("exists", "missing")
+
+    async def run():
+        loader = ImageLoader()
+        try:
+            image = await loader.load(common_pb2.Image(url=url), "p")
+            assert image.data == png(7)
+            with pytest.raises(PrismError, match="HTTP 404"):
+                await loader.load(common_pb2.Image(url=missing), "p")
+            raw = await loader.load(common_pb2.Image(data=png(7), mime_type="image/png"), "p")
+            assert raw.data == png(7)
+            with pytest.raises(PrismError):
+                await loader.load(common_pb2.Image(url="file:///etc/passwd"), "p")
+        finally:
+            await loader.close()
+
+    asyncio.run(run())

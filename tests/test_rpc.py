@@ -1,0 +1,77 @@
+"""Unit tests: the error model survives a real gRPC round trip, and the static registry."""
+
+import asyncio
+
+import grpc
+import pytest
+
+from prism import rpc
+from prism.registry import RoundRobin, StaticRegistry
+from prism.rpc import PrismError
+from prism.v1 import inference_pb2, inference_pb2_grpc
+
+
+class Failing(inference_pb2_grpc.InferenceServiceServicer):
+    @rpc.rpc_errors
+    async def ListModels(self, request, context):
+        raise rpc.invalid("bad thing", param="messages[0]", reason="UNSUPPORTED_MEDIA_TYPE")
+
+    @rpc.rpc_errors
+    async def Chat(self, request, context):
+        yield inference_pb2.ChatResponse(text="a")
+        raise RuntimeError("exploded")
+
+
+def test_errors_round_trip_with_details():
+    async def run():
+        server = await rpc.start_server(
+            "127.0.0.1:0",
+            lambda s: inference_pb2_grpc.add_InferenceServiceServicer_to_server(Failing(), s),
+            ["prism.v1.InferenceService"],
+        )
+        try:
+            async with rpc.channel(f"127.0.0.1:{server.port}") as channel:
+                stub = inference_pb2_grpc.InferenceServiceStub(channel)
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await stub.ListModels(inference_pb2.ListModelsRequest())
+                error = PrismError.from_rpc_error(info.value)
+                assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+                assert (error.message, error.param) == ("bad thing", "messages[0]")
+                assert error.http_status == 415
+
+                call = stub.Chat(inference_pb2.ChatRequest())
+                assert (await call.read()).text == "a"
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await call.read()
+                error = PrismError.from_rpc_error(info.value)
+                assert error.code == grpc.StatusCode.INTERNAL and "exploded" in error.message
+        finally:
+            await server.server.stop(0)
+
+    asyncio.run(run())
+
+
+def test_health_starts_not_serving_then_serves():
+    async def run():
+        server = await rpc.start_server("127.0.0.1:0", lambda s: None, ["x.Service"])
+        address = f"127.0.0.1:{server.port}"
+        try:
+            assert not await asyncio.to_thread(rpc.check_health, address)
+            await server.set_serving(["x.Service"])
+            assert await asyncio.to_thread(rpc.check_health, address, "x.Service")
+        finally:
+            await server.server.stop(0)
+
+    asyncio.run(run())
+
+
+def test_static_registry_round_robin():
+    registry = StaticRegistry.from_pairs(["worker=a:1", "worker=b:2", "processor=c:3"])
+    router = RoundRobin(registry)
+    assert [router.pick("worker") for _ in range(4)] == ["a:1", "b:2", "a:1", "b:2"]
+    assert registry.endpoints("processor") == ["c:3"]
+    with pytest.raises(PrismError) as info:
+        router.pick("encoder")
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(ValueError):
+        StaticRegistry.from_pairs(["worker"])

@@ -1,0 +1,134 @@
+"""Unit tests: OpenAI REST bodies to protobuf and back (no processes)."""
+
+import grpc
+import pytest
+
+from prism.gateway import translate
+from prism.rpc import PrismError
+from prism.v1 import common_pb2, inference_pb2
+
+
+def chat(**fields):
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+def test_chat_request_maps_parts_in_order():
+    body = chat(
+        messages=[
+            {"role": "system", "content": "be brief"},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "a"},
+                    {"type": "image_url", "image_url": {"url": "http://127.0.0.1/x.png"}},
+                    {"type": "text", "text": "b"},
+                ],
+            },
+        ]
+    )
+    request = translate.chat_request(body, "rid")
+    assert request.request_id == "rid"
+    roles = [m.role for m in request.messages]
+    assert roles == [inference_pb2.ROLE_SYSTEM, inference_pb2.ROLE_USER]
+    parts = request.messages[1].content
+    assert [p.WhichOneof("part") for p in parts] == ["text", "image", "text"]
+    assert parts[1].image.url == "http://127.0.0.1/x.png"
+
+
+def test_sampling_fields_are_carried():
+    params = translate.sampling(
+        chat(temperature=0, top_p=0.5, top_k=3, max_tokens=7, seed=11, stop="x",
+             stop_token_ids=[2], ignore_eos=True, min_tokens=1)
+    )  # fmt: skip
+    assert params.HasField("temperature") and params.temperature == 0
+    assert params.top_p == 0.5 and params.top_k == 3 and params.max_tokens == 7
+    assert params.seed == 11 and list(params.stop) == ["x"] and list(params.stop_token_ids) == [2]
+    assert params.ignore_eos and params.min_tokens == 1 and params.n == 1
+
+
+def test_unset_sampling_fields_stay_unset():
+    params = translate.sampling(chat())
+    assert not params.HasField("temperature") and not params.HasField("max_tokens")
+
+
+def test_max_completion_tokens_wins_over_max_tokens():
+    assert translate.sampling(chat(max_tokens=5, max_completion_tokens=9)).max_tokens == 9
+
+
+@pytest.mark.parametrize(
+    "fields,param",
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": True}, "max_tokens"),
+        ({"stop": [1]}, "stop"),
+        ({"stop_token_ids": ["a"]}, "stop_token_ids"),
+        ({"ignore_eos": "yes"}, "ignore_eos"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": [{"type": "audio"}]}]},
+         "messages[0].content[0].type"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+         "messages[0].content[0].image_url"),
+        ({"model": 3}, "model"),
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"logprobs": True}, "logprobs"),
+    ],
+)  # fmt: skip
+def test_invalid_chat_fields_name_the_parameter(fields, param):
+    with pytest.raises(PrismError) as info:
+        translate.chat_request(chat(**fields))
+    assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.param == param
+    assert info.value.http_status == 400
+
+
+def test_null_fields_are_accepted():
+    translate.chat_request(chat(tools=None, temperature=None, stop=None))
+
+
+def test_completion_prompt_forms():
+    assert translate.completion_request({"model": "m", "prompt": "hi"}).text == "hi"
+    assert translate.completion_request({"model": "m", "prompt": ["hi"]}).text == "hi"
+    ids = translate.completion_request({"model": "m", "prompt": [1, 2, 3]}).token_ids.ids
+    assert list(ids) == [1, 2, 3]
+    for bad in ("", [], ["a", "b"], [-1], None):
+        with pytest.raises(PrismError):
+            translate.completion_request({"model": "m", "prompt": bad})
+
+
+def test_stream_options():
+    assert translate.stream_options({"stream_options": {"include_usage": True}})
+    assert not translate.stream_options({})
+    with pytest.raises(PrismError):
+        translate.stream_options({"stream_options": "yes"})
+    with pytest.raises(PrismError):
+        translate.wants_stream({"stream": "true"})
+
+
+def test_finish_reasons_and_usage():
+    assert translate.finish_reason(common_pb2.FINISH_REASON_LENGTH) == "length"
+    assert translate.finish_reason(common_pb2.FINISH_REASON_UNSPECIFIED) is None
+    usage = common_pb2.Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7)
+    assert translate.usage(usage) == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+
+
+@pytest.mark.parametrize(
+    "code,reason,status,kind",
+    [
+        (grpc.StatusCode.INVALID_ARGUMENT, "", 400, "invalid_request_error"),
+        (grpc.StatusCode.INVALID_ARGUMENT, "UNSUPPORTED_MEDIA_TYPE", 415, "invalid_request_error"),
+        (grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND", 404, "invalid_request_error"),
+        (grpc.StatusCode.UNAVAILABLE, "", 503, "server_error"),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "", 429, "rate_limit_error"),
+        (grpc.StatusCode.INTERNAL, "", 500, "server_error"),
+    ],
+)
+def test_error_body(code, reason, status, kind):
+    error = PrismError(code, "boom", reason=reason, param="p")
+    assert error.http_status == status
+    body = translate.error_body(error)["error"]
+    assert body == {"message": "boom", "type": kind, "param": "p",
+                    "code": (reason or code.name).lower()}  # fmt: skip
