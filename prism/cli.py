@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
 
 
@@ -33,9 +34,7 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtype", default="auto", help="weights dtype (auto: float32 on CPU, else the model's)"
     )
-    parser.add_argument(
-        "--kv-cache-gib", type=int, default=1, help="KV cache size on CPU (GiB)"
-    )
+    parser.add_argument("--kv-cache-gib", type=int, default=1, help="KV cache size on CPU (GiB)")
 
 
 def _peer_arg(parser: argparse.ArgumentParser, example: str) -> None:
@@ -95,8 +94,15 @@ def _resolve_dtype(args: argparse.Namespace) -> None:
             args.dtype = "float32"
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # Until a stage installs its graceful handler (e.g. while vLLM starts), SIGTERM must
+    # unwind Python so that vLLM's finalizers stop the engine processes it spawned.
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

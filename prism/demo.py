@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -48,13 +49,16 @@ def main() -> int:
     port = free_port()
     command = [sys.executable, "-m", "prism.cli", "--log-level", "warning", "serve",
                "--mode", args.mode, "--model", str(model), "--http-port", str(port)]  # fmt: skip
+    log_path = Path(tempfile.gettempdir()) / "prism-demo.log"
     print("$ prism " + " ".join(command[3:]), flush=True)
-    mesh = subprocess.Popen(command)
+    print(f"(stage logs: {log_path})", flush=True)
+    log = open(log_path, "w")  # noqa: SIM115 - closed in the finally below
+    mesh = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 300
         while not http_ok(f"http://127.0.0.1:{port}/health"):
             if mesh.poll() is not None or time.monotonic() > deadline:
-                print("the mesh did not come up", file=sys.stderr)
+                print(f"the mesh did not come up; see {log_path}", file=sys.stderr)
                 return 1
             time.sleep(0.5)
 
@@ -90,6 +94,7 @@ def main() -> int:
     finally:
         mesh.send_signal(signal.SIGTERM)
         mesh.wait(timeout=60)
+        log.close()
 
 
 if __name__ == "__main__":

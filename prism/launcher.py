@@ -115,7 +115,13 @@ def plan(config: MeshConfig) -> list[Stage]:
         ],
         lambda: http_ok(f"{base_url}/health"),
     )  # fmt: skip
-    return [worker, processor, gateway]
+    stages = [worker, processor, gateway]
+    for stage in stages:
+        # vLLM has its own logger; keep it as quiet as the stages were asked to be.
+        stage.env.setdefault(
+            "VLLM_LOGGING_LEVEL", os.environ.get("VLLM_LOGGING_LEVEL", config.log_level.upper())
+        )
+    return stages
 
 
 class Mesh:

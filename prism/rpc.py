@@ -195,6 +195,17 @@ def sync_channel(address: str) -> grpc.Channel:
     return grpc.insecure_channel(address, options=_OPTIONS)
 
 
+async def is_serving(channel: grpc.aio.Channel, service: str = "", timeout: float = 1.0) -> bool:
+    """True when the server behind `channel` reports SERVING."""
+    try:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout
+        )
+    except grpc.RpcError:
+        return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
 def check_health(address: str, service: str = "", timeout: float = 1.0) -> bool:
     """True when the server at `address` reports SERVING (blocking; for launchers and tests)."""
     with sync_channel(address) as ch:

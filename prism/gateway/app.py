@@ -15,7 +15,6 @@ import grpc
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from starlette.exceptions import HTTPException
 
 from prism import rpc
@@ -58,12 +57,10 @@ class Gateway:
 
     async def healthy(self) -> bool:
         try:
-            reply = await health_pb2_grpc.HealthStub(self._channel()).Check(
-                health_pb2.HealthCheckRequest(), timeout=2.0
-            )
-        except (grpc.RpcError, PrismError):
+            channel = self._channel()
+        except PrismError:
             return False
-        return reply.status == health_pb2.HealthCheckResponse.SERVING
+        return await rpc.is_serving(channel, timeout=2.0)
 
     async def close(self) -> None:
         for channel in self._channels.values():

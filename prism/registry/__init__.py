@@ -43,11 +43,11 @@ class RoundRobin:
     """Picks the next address of a role in turn."""
 
     def __init__(self, registry: Registry):
-        self._registry = registry
+        self.registry = registry
         self._counter = itertools.count()
 
     def pick(self, role: str) -> str:
-        addresses = self._registry.endpoints(role)
+        addresses = self.registry.endpoints(role)
         if not addresses:
             raise PrismError(grpc.StatusCode.UNAVAILABLE, f"no {role} is available")
         return addresses[next(self._counter) % len(addresses)]

@@ -29,7 +29,6 @@ from prism.v1 import common_pb2, engine_pb2, engine_pb2_grpc, inference_pb2, inf
 log = logging.getLogger(__name__)
 
 SERVICE = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
-MODES = ("epd",)
 
 _ROLE_NAMES = {
     inference_pb2.ROLE_SYSTEM: "system",
@@ -64,19 +63,38 @@ class _Active:
     aborted: bool = False
 
 
+# The roles each mode's pipeline calls.
+ROLES_BY_MODE = {"epd": ("worker",)}
+
+
 @dataclass
 class Pipeline:
     """Runs one request through the stages of a mode; yields the worker's replies."""
 
     mode: str
     router: RoundRobin
-    _stubs: dict[str, engine_pb2_grpc.EngineServiceStub] = field(default_factory=dict)
+    _channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        if address not in self._channels:
+            self._channels[address] = rpc.channel(address)
+        return self._channels[address]
 
     def stub(self, role: str) -> engine_pb2_grpc.EngineServiceStub:
-        address = self.router.pick(role)
-        if address not in self._stubs:
-            self._stubs[address] = engine_pb2_grpc.EngineServiceStub(rpc.channel(address))
-        return self._stubs[address]
+        return engine_pb2_grpc.EngineServiceStub(self._channel(self.router.pick(role)))
+
+    async def ready(self) -> bool:
+        """True when every role of the mode has at least one serving instance."""
+        for role in ROLES_BY_MODE[self.mode]:
+            addresses = self.router.registry.endpoints(role)
+            checks = [rpc.is_serving(self._channel(a)) for a in addresses]
+            if not any(await asyncio.gather(*checks)):
+                return False
+        return True
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
 
     def start(
         self,
@@ -303,8 +321,8 @@ def context_length(model: str) -> int:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    if args.mode not in MODES:
-        raise ValueError(f"unknown mode {args.mode!r}; choose from {', '.join(MODES)}")
+    if args.mode not in ROLES_BY_MODE:
+        raise ValueError(f"unknown mode {args.mode!r}; choose from {', '.join(ROLES_BY_MODE)}")
     registry = StaticRegistry.from_pairs(args.peer)
     pipeline = Pipeline(args.mode, RoundRobin(registry))
     loader = ImageLoader(MediaPolicy(max_images=args.max_images))
@@ -320,9 +338,18 @@ async def serve(args: argparse.Namespace) -> None:
         lambda s: inference_pb2_grpc.add_InferenceServiceServicer_to_server(servicer, s),
         [SERVICE],
     )
-    await server.set_serving([SERVICE])
     log.info("processor (%s) serving %s on %s:%d", args.mode, args.model, args.host, server.port)
+    readiness = asyncio.create_task(_track_readiness(server, pipeline))
     try:
         await rpc.wait_for_termination(server, [SERVICE])
     finally:
+        readiness.cancel()
         await loader.close()
+        await pipeline.close()
+
+
+async def _track_readiness(server: rpc.Server, pipeline: Pipeline, period: float = 1.0) -> None:
+    """Reports SERVING only while the stages this processor calls are serving."""
+    while True:
+        await server.set_serving([SERVICE], await pipeline.ready())
+        await asyncio.sleep(period)

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 from vllm import AsyncEngineArgs, TokensPrompt
+from vllm.exceptions import VLLMClientError
 from vllm.multimodal.media import ImageMediaIO
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -96,9 +97,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                         completion.finish_reason or "", common_pb2.FINISH_REASON_STOP
                     )
                 yield reply
-        except ValueError as exc:
-            # vLLM rejects bad prompts (too long, image count) with ValueError.
-            raise invalid(str(exc)) from None
+        except (ValueError, VLLMClientError) as exc:
+            # vLLM rejects bad prompts (too long, image count) with these.
+            raise invalid(str(exc), param=getattr(exc, "parameter", None)) from None
         finally:
             self._running.discard(request.request_id)
 

@@ -1,0 +1,200 @@
+"""Shared fixtures: tiny models, the offline-vLLM oracle, images and running meshes.
+
+Engines are expensive (about 20 s each on 2 cores), so everything that starts one is
+session-scoped and shared; at most one mesh runs at a time.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import PIL.Image
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+from prism.launcher import Mesh, MeshConfig, free_port, plan
+from prism.tiny_models import build
+
+FAMILIES = ("llava", "qwen2-vl")
+ROOT = Path(__file__).parent
+
+
+def png(seed: int, size: tuple[int, int] = (64, 48)) -> bytes:
+    """A deterministic noise image, different for every seed."""
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    PIL.Image.fromarray(pixels).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+def data_url(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64," + base64.b64encode(data).decode()
+
+
+def image_part(url: str) -> dict:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def user(*parts: dict | str) -> list[dict]:
+    content = [{"type": "text", "text": p} if isinstance(p, str) else p for p in parts]
+    return [{"role": "user", "content": content}]
+
+
+# The parity cases: name -> (kind, messages or prompt, max_tokens). Oracle and mesh both
+# see the same images as data URLs; tests may swap a data URL for an http URL of the same
+# bytes.
+CASES = {
+    "one_image": ("chat", user(image_part(data_url(png(1))), "What is in this image?"), 16),
+    "other_image": ("chat", user(image_part(data_url(png(2))), "What is in this image?"), 16),
+    "three_images": (
+        "chat",
+        user(
+            image_part(data_url(png(3))),
+            "Compare",
+            image_part(data_url(png(4))),
+            "with",
+            image_part(data_url(png(5))),
+        ),
+        16,
+    ),
+    "text_only": (
+        "chat",
+        [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Tell me about the river."},
+        ],
+        16,
+    ),
+    "completion": ("completion", "The quick brown fox", 16),
+}
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    return {family: build(family, root / family, seed=0) for family in FAMILIES}
+
+
+def run_oracle(model: Path, tmp: Path) -> dict[str, dict]:
+    cases = [
+        {"kind": kind, "max_tokens": max_tokens}
+        | ({"messages": body} if kind == "chat" else {"prompt": body})
+        for kind, body, max_tokens in CASES.values()
+    ]
+    cases_path = tmp / "cases.json"
+    cases_path.write_text(json.dumps(cases))
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "oracle.py"), str(model), str(cases_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0"},
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("ORACLE ")]
+    if result.returncode != 0 or not lines:
+        raise RuntimeError(f"oracle failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return dict(zip(CASES, json.loads(lines[-1][len("ORACLE ") :]), strict=True))
+
+
+@pytest.fixture(scope="session")
+def oracle(models, tmp_path_factory):
+    """oracle(family) -> {case name: {text, token_ids, prompt_tokens, finish_reason}}."""
+    cache: dict[str, dict] = {}
+
+    def get(family: str) -> dict[str, dict]:
+        if family not in cache:
+            cache[family] = run_oracle(models[family], tmp_path_factory.mktemp(f"o-{family}"))
+        return cache[family]
+
+    return get
+
+
+@dataclass
+class RunningMesh:
+    family: str
+    mode: str
+    model: str
+    mesh: Mesh
+    log_path: Path
+
+    @property
+    def base_url(self) -> str:
+        return self.mesh.address("gateway") + "/v1"
+
+    @property
+    def processor(self) -> str:
+        return self.mesh.address("processor")
+
+    @property
+    def worker(self) -> str:
+        return self.mesh.address("worker")
+
+    def log_tail(self, n: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+
+def start_mesh(family: str, mode: str, model: Path, log_dir: Path) -> RunningMesh:
+    config = MeshConfig(mode=mode, model=str(model), http_port=free_port(), log_level="warning")
+    mesh = Mesh(plan(config))
+    log_path = log_dir / f"mesh-{family}-{mode.replace('/', '')}.log"
+    with open(log_path, "w") as log:
+        try:
+            mesh.start(timeout=300, log=log)
+        except BaseException:
+            mesh.stop()
+            raise RuntimeError(f"mesh failed to start:\n{log_path.read_text()[-4000:]}") from None
+    return RunningMesh(family, mode, str(model), mesh, log_path)
+
+
+@pytest.fixture(scope="session", params=FAMILIES)
+def mesh(request, models, oracle, tmp_path_factory):
+    """An EPD mesh per family; the oracle for the family runs first (one engine at a time)."""
+    family = request.param
+    oracle(family)
+    running = start_mesh(family, "epd", models[family], tmp_path_factory.mktemp("logs"))
+    yield running
+    running.mesh.stop()
+
+
+class _ImageHandler(BaseHTTPRequestHandler):
+    routes: ClassVar[dict[str, tuple[bytes, str]]] = {}
+
+    def do_GET(self) -> None:
+        body, mime = self.routes.get(self.path, (b"not found", "text/plain"))
+        self.send_response(200 if self.path in self.routes else 404)
+        self.send_header("Content-Type", mime)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="session")
+def image_server():
+    """A loopback HTTP server: `serve(path, body, mime)` returns the URL of that body."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _ImageHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+
+    def serve(path: str, body: bytes, mime: str = "image/png") -> str:
+        _ImageHandler.routes[path] = (body, mime)
+        return f"http://127.0.0.1:{server.server_port}{path}"
+
+    yield serve
+    server.shutdown()
+    server.server_close()

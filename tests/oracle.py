@@ -1,0 +1,51 @@
+"""Runs cases through one plain offline vLLM engine and prints the results as JSON.
+
+The correctness oracle: every mode of the mesh must give exactly these token ids and this
+text with greedy sampling. Run as a subprocess (vLLM's engine wants its own process):
+    python tests/oracle.py MODEL_DIR CASES.json
+Each case is {"kind": "chat", "messages": [...]} or {"kind": "completion", "prompt": "..."},
+plus "max_tokens".
+"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def main() -> None:
+    from vllm import LLM, SamplingParams
+
+    model, cases_path = sys.argv[1], sys.argv[2]
+    with open(cases_path) as f:
+        cases = json.load(f)
+    llm = LLM(
+        model=model,
+        dtype="float32",
+        enforce_eager=True,
+        limit_mm_per_prompt={"image": 8},
+        seed=0,
+    )
+    results = []
+    for case in cases:
+        params = SamplingParams(temperature=0, max_tokens=case["max_tokens"])
+        if case["kind"] == "chat":
+            (output,) = llm.chat(case["messages"], params, use_tqdm=False)
+        else:
+            (output,) = llm.generate(case["prompt"], params, use_tqdm=False)
+        completion = output.outputs[0]
+        results.append(
+            {
+                "text": completion.text,
+                "token_ids": list(completion.token_ids),
+                "prompt_tokens": len(output.prompt_token_ids),
+                "finish_reason": completion.finish_reason,
+            }
+        )
+    print("ORACLE " + json.dumps(results), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Contract tests: each RPC of EngineService and InferenceService, over real gRPC against
+the stages of a running mesh."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+from conftest import CASES
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
+from transformers import AutoTokenizer
+
+from prism import rpc
+from prism.rpc import PrismError
+from prism.v1 import common_pb2, engine_pb2, engine_pb2_grpc, inference_pb2, inference_pb2_grpc
+
+pytestmark = pytest.mark.e2e
+
+
+def engine(mesh) -> engine_pb2_grpc.EngineServiceStub:
+    return engine_pb2_grpc.EngineServiceStub(rpc.sync_channel(mesh.worker))
+
+
+def inference(mesh) -> inference_pb2_grpc.InferenceServiceStub:
+    return inference_pb2_grpc.InferenceServiceStub(rpc.sync_channel(mesh.processor))
+
+
+def greedy(max_tokens: int, **fields) -> common_pb2.SamplingParams:
+    return common_pb2.SamplingParams(temperature=0, max_tokens=max_tokens, **fields)
+
+
+def text_message(text: str) -> inference_pb2.ChatMessage:
+    return inference_pb2.ChatMessage(
+        role=inference_pb2.ROLE_USER, content=[inference_pb2.ContentPart(text=text)]
+    )
+
+
+def endless(request_id: str) -> engine_pb2.GenerateRequest:
+    return engine_pb2.GenerateRequest(
+        request_id=request_id, prompt_token_ids=[5, 6, 7],
+        sampling=greedy(1000, ignore_eos=True),
+    )  # fmt: skip
+
+
+def test_generate_streams_token_ids(mesh):
+    request = engine_pb2.GenerateRequest(
+        request_id="contract-gen", prompt_token_ids=[5, 6, 7, 8], sampling=greedy(5)
+    )
+    replies = list(engine(mesh).Generate(request, timeout=60))
+    assert replies[0].prompt_tokens == 4
+    assert sum(len(r.token_ids) for r in replies) == 5
+    assert replies[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+    assert all(r.finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED for r in replies[:-1])
+
+
+def test_generate_rejects_a_request_without_prompt(mesh):
+    with pytest.raises(grpc.RpcError) as info:
+        list(engine(mesh).Generate(engine_pb2.GenerateRequest(request_id="x"), timeout=30))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert PrismError.from_rpc_error(info.value).param == "prompt_token_ids"
+
+
+def test_generate_rejects_a_prompt_longer_than_the_context(mesh):
+    request = engine_pb2.GenerateRequest(
+        request_id="too-long", prompt_token_ids=[5] * 5000, sampling=greedy(4)
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        list(engine(mesh).Generate(request, timeout=30))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_engine_abort_ends_a_running_request(mesh):
+    stub = engine(mesh)
+    call = stub.Generate(endless("contract-abort"), timeout=120)
+    next(call)
+    assert stub.Abort(engine_pb2.EngineServiceAbortRequest(request_id="contract-abort")).aborted
+    last = list(call)[-1]
+    assert last.finish_reason == common_pb2.FINISH_REASON_ABORT
+    reply = stub.Abort(engine_pb2.EngineServiceAbortRequest(request_id="contract-abort"))
+    assert not reply.aborted
+
+
+def test_cancelled_generate_is_aborted_in_the_engine(mesh):
+    stub = engine(mesh)
+    call = stub.Generate(endless("contract-cancel"), timeout=120)
+    next(call)
+    call.cancel()
+    deadline = time.monotonic() + 10
+    # The engine forgets the request once vLLM has aborted it.
+    while stub.Abort(engine_pb2.EngineServiceAbortRequest(request_id="contract-cancel")).aborted:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    after = engine_pb2.GenerateRequest(
+        request_id="after-cancel", prompt_token_ids=[5], sampling=greedy(2)
+    )
+    assert sum(len(r.token_ids) for r in stub.Generate(after, timeout=60)) == 2
+
+
+def test_chat_streams_deltas_with_usage_last(mesh, oracle):
+    expected = oracle(mesh.family)["text_only"]
+    _, messages, max_tokens = CASES["text_only"]
+    request = inference_pb2.ChatRequest(
+        model=mesh.model,
+        messages=[
+            inference_pb2.ChatMessage(
+                role=inference_pb2.ROLE_SYSTEM,
+                content=[inference_pb2.ContentPart(text=messages[0]["content"])],
+            ),
+            text_message(messages[1]["content"]),
+        ],
+        sampling=greedy(max_tokens),
+    )
+    replies = list(inference(mesh).Chat(request, timeout=60))
+    assert "".join(r.text for r in replies) == expected["text"]
+    assert [t for r in replies for t in r.token_ids] == expected["token_ids"]
+    assert replies[-1].usage.completion_tokens == len(expected["token_ids"])
+    assert replies[-1].usage.prompt_tokens == expected["prompt_tokens"]
+    assert replies[-1].finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
+    assert all(not r.HasField("usage") for r in replies[:-1])
+    assert len({r.request_id for r in replies}) == 1
+
+
+def test_stop_string_cuts_the_text(mesh, oracle):
+    full = oracle(mesh.family)["completion"]["text"]
+    stop = full[len(full) // 2 : len(full) // 2 + 3]
+    assert stop.strip(), "the oracle text is too short to pick a stop string"
+    request = inference_pb2.CompleteRequest(
+        model=mesh.model, text=CASES["completion"][1], sampling=greedy(16, stop=[stop])
+    )
+    replies = list(inference(mesh).Complete(request, timeout=60))
+    text = "".join(r.text for r in replies)
+    assert text == full[: full.index(stop)]
+    assert replies[-1].finish_reason == common_pb2.FINISH_REASON_STOP
+
+
+def test_complete_accepts_token_ids(mesh, oracle):
+    expected = oracle(mesh.family)["completion"]
+    prompt = CASES["completion"][1]
+    ids = AutoTokenizer.from_pretrained(mesh.model).encode(prompt)
+    request = inference_pb2.CompleteRequest(
+        model=mesh.model, token_ids=inference_pb2.TokenIds(ids=ids), sampling=greedy(16)
+    )
+    replies = list(inference(mesh).Complete(request, timeout=60))
+    assert "".join(r.text for r in replies) == expected["text"]
+
+
+def test_list_models(mesh):
+    reply = inference(mesh).ListModels(inference_pb2.ListModelsRequest())
+    assert [m.id for m in reply.models] == [mesh.model]
+    assert reply.models[0].max_model_len > 0
+
+
+def test_abort_by_request_id(mesh):
+    stub = inference(mesh)
+    request = inference_pb2.CompleteRequest(
+        request_id="contract-public-abort", model=mesh.model, text="Once upon a time",
+        sampling=greedy(1000, ignore_eos=True),
+    )  # fmt: skip
+    stream = stub.Complete(request, timeout=120)
+    next(stream)
+    assert stub.Abort(inference_pb2.AbortRequest(request_id="contract-public-abort")).aborted
+    replies = list(stream)
+    assert replies[-1].finish_reason == common_pb2.FINISH_REASON_ABORT
+    assert replies[-1].usage.completion_tokens < 1000
+    assert not stub.Abort(inference_pb2.AbortRequest(request_id="contract-public-abort")).aborted
+
+
+def test_unknown_model_is_not_found(mesh):
+    request = inference_pb2.ChatRequest(model="nope", messages=[text_message("hi")])
+    with pytest.raises(grpc.RpcError) as info:
+        list(inference(mesh).Chat(request, timeout=30))
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    assert PrismError.from_rpc_error(info.value).reason == "MODEL_NOT_FOUND"
+
+
+def test_health_and_reflection(mesh):
+    for address, service in ((mesh.processor, "prism.v1.InferenceService"),
+                             (mesh.worker, "prism.v1.EngineService")):  # fmt: skip
+        assert rpc.check_health(address, service)
+        services = ProtoReflectionDescriptorDatabase(rpc.sync_channel(address)).get_services()
+        assert service in services and "grpc.health.v1.Health" in services

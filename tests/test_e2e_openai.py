@@ -1,0 +1,158 @@
+"""End to end through real processes: the official OpenAI SDK against the gateway.
+
+With greedy sampling every answer must equal, token for token, what one plain offline
+vLLM engine gives on the same model directory (tests/oracle.py).
+"""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from conftest import CASES, image_part, png
+
+pytestmark = pytest.mark.e2e
+
+
+def client(mesh) -> openai.OpenAI:
+    return openai.OpenAI(base_url=mesh.base_url, api_key="unused", max_retries=0)
+
+
+def ask(mesh, case: str, stream: bool, messages: list | None = None) -> tuple[str, object]:
+    kind, body, max_tokens = CASES[case]
+    c = client(mesh)
+    if kind == "chat":
+        kwargs = dict(model=mesh.model, messages=messages or body, temperature=0,
+                      max_tokens=max_tokens)  # fmt: skip
+        if not stream:
+            reply = c.chat.completions.create(**kwargs)
+            return reply.choices[0].message.content, reply.usage
+        chunks = list(
+            c.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
+        )
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        return text, chunks[-1].usage
+    kwargs = dict(model=mesh.model, prompt=body, temperature=0, max_tokens=max_tokens)
+    if not stream:
+        reply = c.completions.create(**kwargs)
+        return reply.choices[0].text, reply.usage
+    options = {"include_usage": True}
+    chunks = list(c.completions.create(**kwargs, stream=True, stream_options=options))
+    return "".join(ch.choices[0].text for ch in chunks if ch.choices), chunks[-1].usage
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_offline_vllm(mesh, oracle, case, stream):
+    expected = oracle(mesh.family)[case]
+    text, usage = ask(mesh, case, stream)
+    assert text == expected["text"]
+    assert usage.completion_tokens == len(expected["token_ids"])
+    assert usage.prompt_tokens == expected["prompt_tokens"]
+
+
+def test_image_changes_the_answer(oracle, mesh):
+    # Guards the parity tests against a model that ignores its image.
+    results = oracle(mesh.family)
+    assert results["one_image"]["token_ids"] != results["other_image"]["token_ids"]
+
+
+def test_http_image_url_matches_data_url(mesh, oracle, image_server):
+    url = image_server(f"/{mesh.family}/one.png", png(1))
+    _, messages, _ = CASES["one_image"]
+    swapped = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image_url", "image_url": {"url": url}} if p["type"] == "image_url" else p
+                for p in messages[0]["content"]
+            ],
+        }
+    ]
+    text, usage = ask(mesh, "one_image", stream=True, messages=swapped)
+    assert text == oracle(mesh.family)["one_image"]["text"]
+    assert usage.prompt_tokens == oracle(mesh.family)["one_image"]["prompt_tokens"]
+
+
+def test_models_lists_the_served_model(mesh):
+    models = client(mesh).models.list()
+    assert [m.id for m in models.data] == [mesh.model]
+
+
+def test_health(mesh):
+    reply = httpx.get(mesh.base_url.removesuffix("/v1") + "/health")
+    assert reply.status_code == 200
+
+
+HI = [{"role": "user", "content": "hi"}]
+IMAGE_PARAM = "messages[0].content[0].image_url"
+
+
+def chat(**fields) -> tuple[str, dict]:
+    return "chat/completions", {"model": None, "messages": HI, **fields}
+
+
+def chat_with_image(url: str, count: int = 1) -> tuple[str, dict]:
+    return chat(messages=[{"role": "user", "content": [image_part(url)] * count}])
+
+
+# (description, path, body, HTTP status, offending parameter); model None = the served one.
+BAD_REQUESTS = [
+    ("unknown model", *chat(model="nope"), 404, "model"),
+    ("no messages", *chat(messages=[]), 400, "messages"),
+    ("bad role", *chat(messages=[{"role": "robot", "content": "hi"}]), 400, "messages[0].role"),
+    ("temperature out of range", *chat(temperature=7), 400, "temperature"),
+    ("max_tokens not an int", *chat(max_tokens="lots"), 400, "max_tokens"),
+    ("n above 1", *chat(n=2), 400, "n"),
+    ("svg image", *chat_with_image("data:image/svg+xml;base64,PHN2Zy8+"), 415, IMAGE_PARAM),
+    ("text as image", *chat_with_image("data:image/png;base64,aGVsbG8="), 415, IMAGE_PARAM),
+    ("ftp url", *chat_with_image("ftp://127.0.0.1/a.png"), 400, IMAGE_PARAM),
+    ("too many images", *chat_with_image("data:image/png;base64,AAAA", 9), 400, "messages"),
+    ("empty prompt", "completions", {"model": None, "prompt": ""}, 400, "prompt"),
+    ("unknown model (completion)", "completions", {"model": "nope", "prompt": "hi"}, 404, "model"),
+]
+
+
+@pytest.mark.parametrize(
+    "path,body,status,param",
+    [case[1:] for case in BAD_REQUESTS],
+    ids=[case[0] for case in BAD_REQUESTS],
+)
+def test_bad_request_gets_openai_error(mesh, path, body, status, param):
+    if body.get("model", "") is None:
+        body = {**body, "model": mesh.model}
+    reply = httpx.post(f"{mesh.base_url}/{path}", json=body, timeout=30)
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert error["message"] and error["type"] and error["code"]
+    assert error["param"] == param
+
+
+def test_invalid_json_is_400(mesh):
+    reply = httpx.post(
+        f"{mesh.base_url}/chat/completions", content=b"{not json", timeout=30,
+        headers={"content-type": "application/json"},
+    )  # fmt: skip
+    assert reply.status_code == 400
+    assert "JSON" in reply.json()["error"]["message"]
+
+
+def test_still_serves_after_bad_requests(mesh, oracle):
+    for _, path, body, _, _ in BAD_REQUESTS:
+        body = {**body, "model": body["model"] or mesh.model}
+        httpx.post(f"{mesh.base_url}/{path}", json=body, timeout=30)
+    text, _ = ask(mesh, "one_image", stream=False)
+    assert text == oracle(mesh.family)["one_image"]["text"]
+
+
+def test_sse_ends_with_done(mesh):
+    with httpx.stream(
+        "POST",
+        f"{mesh.base_url}/chat/completions",
+        json={"model": mesh.model, "messages": [{"role": "user", "content": "hi"}],
+              "max_tokens": 4, "stream": True},
+        timeout=60,
+    ) as reply:  # fmt: skip
+        assert reply.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in reply.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"

@@ -1,0 +1,66 @@
+"""`prism serve` and `make demo` as a user runs them: real processes, no orphans left."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from prism.launcher import free_port, http_ok
+
+pytestmark = pytest.mark.e2e
+
+
+def wait_gone(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    _, alive = psutil.wait_procs(processes, timeout=timeout)
+    return alive
+
+
+def test_demo_streams_an_answer_and_stops_the_mesh(models):
+    before = {p.pid for p in psutil.process_iter()}
+    result = subprocess.run(
+        [sys.executable, "-m", "prism.demo", "--model", str(models["llava"])],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "assistant: " in result.stdout
+    answer = result.stdout.split("assistant: ", 1)[1]
+    assert "completion tokens" in answer and len(answer.split("[")[0].strip()) > 0
+    leftovers = [
+        p for p in psutil.process_iter(["cmdline"])
+        if p.pid not in before and "prism" in " ".join(p.info["cmdline"] or [])
+    ]  # fmt: skip
+    assert not leftovers
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_serve_leaves_no_orphans(models, sig):
+    port = free_port()
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "prism.cli", "--log-level", "warning", "serve", "--mode", "epd",
+         "--model", str(models["qwen2-vl"]), "--http-port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not http_ok(f"http://127.0.0.1:{port}/health"):
+            assert serve.poll() is None, "prism serve exited before it was healthy"
+            assert time.monotonic() < deadline, "prism serve did not become healthy"
+            time.sleep(0.5)
+        descendants = psutil.Process(serve.pid).children(recursive=True)
+        # worker, its vLLM engine core, processor and gateway at least.
+        assert len(descendants) >= 4
+        os.kill(serve.pid, sig)
+        serve.wait(timeout=60)
+        alive = wait_gone(descendants, timeout=60)
+        assert not alive, [p.cmdline() for p in alive]
+    finally:
+        if serve.poll() is None:
+            serve.kill()

@@ -1,0 +1,109 @@
+"""The tiny random-weight checkpoints load with transformers and keep their token contract."""
+
+import pathlib
+
+import pytest
+from safetensors import safe_open
+from transformers import (
+    AutoModelForImageTextToText,
+    AutoProcessor,
+    AutoTokenizer,
+    LlavaForConditionalGeneration,
+    Qwen2VLForConditionalGeneration,
+)
+
+from prism.tiny_models import FAMILIES, build
+
+MODEL_CLASSES = {
+    "llava": LlavaForConditionalGeneration,
+    "qwen2-vl": Qwen2VLForConditionalGeneration,
+}
+PLACEHOLDERS = {
+    "llava": "<image>",
+    "qwen2-vl": "<|vision_start|><|image_pad|><|vision_end|>",
+}
+IMAGE_TOKENS = {"llava": "<image>", "qwen2-vl": "<|image_pad|>"}
+WEIGHTS = "model.safetensors"
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    family = request.param
+    return family, build(family, tmp_path_factory.mktemp(family), seed=0)
+
+
+def test_loads_with_transformers_without_key_mismatches(checkpoint):
+    family, path = checkpoint
+    model, info = AutoModelForImageTextToText.from_pretrained(path, output_loading_info=True)
+    assert isinstance(model, MODEL_CLASSES[family])
+    assert not info["missing_keys"]
+    assert not info["unexpected_keys"]
+    assert not info["mismatched_keys"]
+    assert model.dtype.is_floating_point and model.dtype.itemsize == 4
+    assert model.config.get_text_config().vocab_size == len(AutoTokenizer.from_pretrained(path))
+
+
+def test_tokenizer_round_trips_text_and_adds_no_special_tokens(checkpoint):
+    _, path = checkpoint
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    text = "A red ball rolled past 3 trees — naïve café, 東京! "
+    ids = tokenizer(text).input_ids
+    assert tokenizer.decode(ids) == text
+    assert ids == tokenizer(text, add_special_tokens=False).input_ids
+
+
+def test_image_placeholder_is_one_special_token(checkpoint):
+    family, path = checkpoint
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    config = AutoModelForImageTextToText.from_pretrained(path).config
+    ids = tokenizer.encode(f"look {IMAGE_TOKENS[family]} here", add_special_tokens=False)
+    assert ids.count(config.image_token_id) == 1
+    assert tokenizer.convert_ids_to_tokens(config.image_token_id) == IMAGE_TOKENS[family]
+    assert config.image_token_id in tokenizer.all_special_ids
+
+
+def test_chat_template_renders_image_parts_in_order(checkpoint):
+    family, path = checkpoint
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "first"},
+                {"type": "image"},
+                {"type": "text", "text": "second"},
+            ],
+        },
+    ]
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    processor = AutoProcessor.from_pretrained(path)
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert f"first{PLACEHOLDERS[family]}second" in rendered
+    assert "Be brief." in rendered
+    assert rendered == processor.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
+    without_prompt = tokenizer.apply_chat_template(messages, tokenize=False)
+    assert rendered.startswith(without_prompt) and rendered != without_prompt
+
+
+def test_llava_weights_use_vllm_vision_names(checkpoint):
+    family, path = checkpoint
+    if family != "llava":
+        pytest.skip("only LLaVA's CLIP tower needs renaming for vLLM")
+    with safe_open(path / WEIGHTS, "pt") as weights:
+        names = weights.keys()
+    vision = [name for name in names if name.startswith("vision_tower.")]
+    assert vision
+    assert all(name.startswith("vision_tower.vision_model.") for name in vision)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_same_seed_gives_identical_files(family: str, tmp_path: pathlib.Path):
+    first = build(family, tmp_path / "a", seed=7)
+    second = build(family, tmp_path / "b", seed=7)
+    other = build(family, tmp_path / "c", seed=8)
+    for name in (WEIGHTS, "tokenizer.json", "config.json"):
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+    assert (first / WEIGHTS).read_bytes() != (other / WEIGHTS).read_bytes()
+    assert (first / "tokenizer.json").read_bytes() == (other / "tokenizer.json").read_bytes()
