@@ -7,20 +7,19 @@ compiled libraries and register the fake ops only when the compiled ops exist.
 Idempotent: running it twice changes nothing more.
 """
 
+import importlib.util
 import pathlib
 import sys
 
-import importlib.util
-
 GUARD = "def _register_fake(name):"
-PATCH = '''
+PATCH = """
 def _register_fake(name):
     # Compiled ops are absent on the CPU-only install: skip their fake kernels.
     if torchvision.extension._has_ops():
         return torch.library.register_fake(name)
     return lambda fn: fn
 
-'''
+"""
 
 
 def main() -> int:
