@@ -23,23 +23,24 @@ _sym_db = _symbol_database.Default()
 
 
 from prism.v1 import common_pb2 as prism_dot_v1_dot_common__pb2
+from prism.v1 import encoder_pb2 as prism_dot_v1_dot_encoder__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15prism/v1/engine.proto\x12\x08prism.v1\x1a\x15prism/v1/common.proto\"\x8c\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12*\n\x08sampling\x18\x03 \x01(\x0b\x32\x18.prism.v1.SamplingParams\x12\x1f\n\x06images\x18\x04 \x03(\x0b\x32\x0f.prism.v1.Image\"\x82\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12-\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x16.prism.v1.FinishReason\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\"/\n\x19\x45ngineServiceAbortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"-\n\x1a\x45ngineServiceAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\x32\xa8\x01\n\rEngineService\x12\x43\n\x08Generate\x12\x19.prism.v1.GenerateRequest\x1a\x1a.prism.v1.GenerateResponse0\x01\x12R\n\x05\x41\x62ort\x12#.prism.v1.EngineServiceAbortRequest\x1a$.prism.v1.EngineServiceAbortResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15prism/v1/engine.proto\x12\x08prism.v1\x1a\x15prism/v1/common.proto\x1a\x16prism/v1/encoder.proto\"\xc1\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12*\n\x08sampling\x18\x03 \x01(\x0b\x32\x18.prism.v1.SamplingParams\x12\x1f\n\x06images\x18\x04 \x03(\x0b\x32\x0f.prism.v1.Image\x12\x33\n\x10image_embeddings\x18\x05 \x03(\x0b\x32\x19.prism.v1.EmbeddingHandle\"\x82\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12-\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x16.prism.v1.FinishReason\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\"/\n\x19\x45ngineServiceAbortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"-\n\x1a\x45ngineServiceAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\x32\xa8\x01\n\rEngineService\x12\x43\n\x08Generate\x12\x19.prism.v1.GenerateRequest\x1a\x1a.prism.v1.GenerateResponse0\x01\x12R\n\x05\x41\x62ort\x12#.prism.v1.EngineServiceAbortRequest\x1a$.prism.v1.EngineServiceAbortResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'prism.v1.engine_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GENERATEREQUEST']._serialized_start=59
-  _globals['_GENERATEREQUEST']._serialized_end=199
-  _globals['_GENERATERESPONSE']._serialized_start=202
-  _globals['_GENERATERESPONSE']._serialized_end=332
-  _globals['_ENGINESERVICEABORTREQUEST']._serialized_start=334
-  _globals['_ENGINESERVICEABORTREQUEST']._serialized_end=381
-  _globals['_ENGINESERVICEABORTRESPONSE']._serialized_start=383
-  _globals['_ENGINESERVICEABORTRESPONSE']._serialized_end=428
-  _globals['_ENGINESERVICE']._serialized_start=431
-  _globals['_ENGINESERVICE']._serialized_end=599
+  _globals['_GENERATEREQUEST']._serialized_start=83
+  _globals['_GENERATEREQUEST']._serialized_end=276
+  _globals['_GENERATERESPONSE']._serialized_start=279
+  _globals['_GENERATERESPONSE']._serialized_end=409
+  _globals['_ENGINESERVICEABORTREQUEST']._serialized_start=411
+  _globals['_ENGINESERVICEABORTREQUEST']._serialized_end=458
+  _globals['_ENGINESERVICEABORTRESPONSE']._serialized_start=460
+  _globals['_ENGINESERVICEABORTRESPONSE']._serialized_end=505
+  _globals['_ENGINESERVICE']._serialized_start=508
+  _globals['_ENGINESERVICE']._serialized_end=676
 # @@protoc_insertion_point(module_scope)

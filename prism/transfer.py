@@ -1,0 +1,553 @@
+"""Moves tensors between processes with NIXL: the owner publishes, the reader pulls.
+
+The owner copies a tensor into a slice of one memory pool that its NIXL agent registered at
+start-up, and hands out a `TensorDescriptor`: its agent name and metadata, the slice's
+address and length, dtype, shape, a notification tag and a lease. The reader loads the
+owner's metadata (once per owner), READs the bytes into a slice of its own registered pool,
+sending the tag as the notification, and copies them out into a fresh tensor. The
+notification tells the owner it may free the slice (`poll`); a lease frees it if nobody
+reads. One descriptor is meant for exactly one read.
+
+Only raw (address, length, device) triples travel: NIXL's own descriptor serialization is
+pickle and is never applied to bytes from the network.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import logging
+import math
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
+
+import torch
+
+from prism.v1 import common_pb2
+
+log = logging.getLogger(__name__)
+
+ALIGNMENT = 64
+DEFAULT_POOL_BYTES = 256 * 2**20
+
+# nixl_agent starts UCX's progress thread with a 0 ms poll() timeout, which spins a whole
+# core per process even when idle. With a timeout the thread sleeps on UCX's event fd and
+# still wakes at once on traffic; the timeout only bounds a missed wake-up. The thread is
+# needed: a reader's READ completes only after the owner's UCX worker has progressed.
+_PROGRESS_WAKEUP_US = 10_000
+
+_DTYPES: dict[str, torch.dtype] = {
+    str(dtype).removeprefix("torch."): dtype
+    for dtype in (
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.float64,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+    )
+}
+_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+
+T = TypeVar("T")
+
+# What NIXL's terse error names usually mean for a Prism read.
+_NIXL_HINTS = {
+    "nixlRemoteDisconnectError": "the owner's process is gone",
+    "nixlBackendError": "UCX failed; is the owner's process gone?",
+    "nixlNotFoundError": "memory or agent unknown to NIXL; stale descriptor?",
+    "nixlMismatchError": "agent metadata is not valid",
+}
+
+
+class TransferError(Exception):
+    """A tensor could not be published or fetched; the message says why."""
+
+
+class _StuckTransfer(TransferError):
+    """A failed read whose NIXL handle could not be released: its buffer may still be written."""
+
+
+@dataclass
+class TransferStats:
+    """Counters of one agent.
+
+    `bytes_moved`, `transfers` and `transfer_seconds_total` count reads this agent made as a
+    reader; `published`, `released` (freed on the reader's notification) and `reclaimed`
+    (freed when the lease expired unread) count its publications as an owner.
+    """
+
+    bytes_moved: int = 0
+    transfers: int = 0
+    transfer_seconds_total: float = 0.0
+    pool_bytes_in_use: int = 0
+    published: int = 0
+    released: int = 0
+    reclaimed: int = 0
+
+
+class PoolAllocator:
+    """First-fit allocator of aligned blocks in [0, size); freeing merges adjacent free blocks.
+
+    Offsets only, no memory. Not thread-safe: TransferAgent guards it with its lock.
+    """
+
+    def __init__(self, size: int, alignment: int = ALIGNMENT) -> None:
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise ValueError(f"alignment must be a power of two, got {alignment}")
+        if size < alignment:
+            raise ValueError(f"pool of {size} bytes is smaller than one {alignment}-byte block")
+        self.alignment = alignment
+        self.size = size - size % alignment
+        self.bytes_in_use = 0
+        # Sorted (offset, length) runs; never adjacent, since free() merges neighbours.
+        self._free: list[tuple[int, int]] = [(0, self.size)]
+        self._used: dict[int, int] = {}
+
+    @property
+    def largest_free(self) -> int:
+        return max((length for _, length in self._free), default=0)
+
+    def alloc(self, nbytes: int) -> int | None:
+        """The offset of a new block of at least `nbytes`, or None when no run is big enough."""
+        if nbytes <= 0:
+            raise ValueError(f"cannot allocate {nbytes} bytes")
+        length = -(-nbytes // self.alignment) * self.alignment
+        for i, (offset, free) in enumerate(self._free):
+            if free >= length:
+                if free == length:
+                    del self._free[i]
+                else:
+                    self._free[i] = (offset + length, free - length)
+                self._used[offset] = length
+                self.bytes_in_use += length
+                return offset
+        return None
+
+    def free(self, offset: int) -> None:
+        length = self._used.pop(offset, None)
+        if length is None:
+            raise ValueError(f"offset {offset} is not allocated")
+        self.bytes_in_use -= length
+        i = bisect.bisect_left(self._free, (offset, 0))
+        if i < len(self._free) and self._free[i][0] == offset + length:
+            length += self._free.pop(i)[1]
+        if i > 0 and sum(self._free[i - 1]) == offset:
+            start, before = self._free[i - 1]
+            self._free[i - 1] = (start, before + length)
+        else:
+            self._free.insert(i, (offset, length))
+
+
+@dataclass
+class _Publication:
+    offset: int
+    id: int
+
+
+def _new_nixl_agent(name: str) -> Any:
+    try:
+        import nixl
+    except ImportError as exc:
+        raise TransferError(
+            f"NIXL is not installed ({exc}); install prism-mesh[cpu] or prism-mesh[gpu]"
+        ) from exc
+    try:
+        agent = nixl.nixl_agent(name, nixl.nixl_agent_config(enable_prog_thread=False, backends=[]))
+        # nixl_agent cannot set the progress thread's wake-up delay: swap in a core agent
+        # built with one before any backend exists, then let the wrapper add UCX to it.
+        config = nixl._bindings.nixlAgentConfig()
+        config.useProgThread = True
+        config.useListenThread = False
+        config.pthrDelay = _PROGRESS_WAKEUP_US
+        config.syncMode = nixl.nixl_thread_sync_t.NIXL_THREAD_SYNC_NONE.value
+        agent.agent = nixl._bindings.nixlAgent(name, config)
+        agent.create_backend("UCX")
+    except Exception as exc:
+        raise TransferError(f"cannot start NIXL agent {name!r} with UCX: {exc!r}") from exc
+    return agent
+
+
+def _parse(
+    descriptor: common_pb2.TensorDescriptor,
+) -> tuple[torch.dtype, list[int], list[tuple[int, int, int]]]:
+    """Checks a descriptor from the wire before any memory is touched."""
+    what = f"descriptor {descriptor.notification_tag!r} from agent {descriptor.agent_name!r}"
+    if not descriptor.agent_name or not descriptor.agent_metadata:
+        raise TransferError(f"{what}: agent name and metadata are required")
+    if not descriptor.notification_tag:
+        raise TransferError(f"{what}: a notification tag is required")
+    if descriptor.memory_type != common_pb2.MEMORY_TYPE_DRAM:
+        raise TransferError(
+            f"{what}: only DRAM is supported, got memory type {descriptor.memory_type}"
+        )
+    dtype = _DTYPES.get(descriptor.dtype)
+    if dtype is None:
+        raise TransferError(f"{what}: unknown dtype {descriptor.dtype!r}")
+    regions = [(r.address, r.length, r.device_id) for r in descriptor.regions]
+    if not regions or any(address == 0 or length == 0 for address, length, _ in regions):
+        raise TransferError(f"{what}: needs one or more non-empty memory regions")
+    shape = list(descriptor.shape)
+    expected = math.prod(shape) * dtype.itemsize
+    total = sum(length for _, length, _ in regions)
+    if expected != total:
+        raise TransferError(
+            f"{what}: shape {shape} of {descriptor.dtype} is {expected} bytes "
+            f"but its regions hold {total}"
+        )
+    expiry = descriptor.lease_expiry_unix_ms
+    if expiry and expiry <= time.time() * 1000:
+        raise TransferError(f"{what}: its lease expired at {expiry} ms; the owner freed it")
+    return dtype, shape, regions
+
+
+class TransferAgent:
+    """One NIXL agent (UCX) and one registered pool per process; owner and reader at once.
+
+    Thread-safe: `publish`, `fetch` and `poll` may run in different threads at the same
+    time. Pool bookkeeping has one lock and NIXL calls another, each held for one step only:
+    `publish` makes no NIXL call, and a read's wait for completion holds no lock (posting
+    it does: on one host UCX copies with CMA inside that call).
+    """
+
+    def __init__(
+        self,
+        name: str | None = None,
+        pool_bytes: int = DEFAULT_POOL_BYTES,
+        lease_s: float = 30.0,
+    ) -> None:
+        if lease_s <= 0:
+            raise ValueError(f"lease_s must be positive, got {lease_s}")
+        self.name = name or f"prism-{uuid.uuid4().hex}"
+        self.lease_s = lease_s
+        self._allocator = PoolAllocator(pool_bytes)
+        # torch's CPU allocator aligns it to 64 bytes. close() drops it: a tensor freed by a
+        # non-main thread (say, with a gRPC servicer) during interpreter exit aborts Python.
+        self._pool: torch.Tensor | None = torch.empty(self._allocator.size, dtype=torch.uint8)
+        self._pool_address = self._pool.data_ptr()
+        self._agent = _new_nixl_agent(self.name)
+        try:
+            self._registration = self._agent.register_memory(self._pool)
+            # Taken once, after the pool is registered: every peer sees the whole pool.
+            self._metadata: bytes = self._agent.get_agent_metadata()
+        except Exception as exc:
+            raise TransferError(f"cannot register the transfer pool: {exc!r}") from exc
+
+        self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)
+        self._stats = TransferStats()
+        self._published: dict[str, _Publication] = {}
+        self._leases: list[tuple[float, int, str]] = []
+        self._ids = itertools.count()
+
+        self._nixl_lock = threading.Lock()
+        self._remotes: dict[str, bytes] = {}
+
+    def __enter__(self) -> TransferAgent:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def pool_bytes_in_use(self) -> int:
+        with self._lock:
+            return self._allocator.bytes_in_use
+
+    @property
+    def stats(self) -> TransferStats:
+        with self._lock:
+            return replace(self._stats, pool_bytes_in_use=self._allocator.bytes_in_use)
+
+    def publish(
+        self, tensor: torch.Tensor, tag: str, lease_s: float | None = None
+    ) -> common_pb2.TensorDescriptor:
+        """Copies `tensor` into the pool and describes it for one reader.
+
+        `tag` must be unique among this agent's live publications (NIXL matches notifications
+        by prefix, so build it from a request id and an item index).
+        """
+        dtype_name = _DTYPE_NAMES.get(tensor.dtype)
+        if dtype_name is None:
+            raise TransferError(f"cannot publish {tensor.dtype}; supported: {sorted(_DTYPES)}")
+        if not tag:
+            raise TransferError("a notification tag is required")
+        lease_s = self.lease_s if lease_s is None else lease_s
+        if lease_s <= 0:
+            raise TransferError(f"lease_s must be positive, got {lease_s}")
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes == 0:
+            raise TransferError(f"cannot publish an empty tensor (tag {tag!r})")
+
+        reserved = self._reserve(tag, nbytes)
+        if reserved is None:
+            self.poll()
+            reserved = self._reserve(tag, nbytes)
+        if reserved is None:
+            with self._lock:
+                free = self._allocator.size - self._allocator.bytes_in_use
+                largest = self._allocator.largest_free
+            raise TransferError(
+                f"transfer pool full: {nbytes} bytes wanted for {tag!r}, {free} of "
+                f"{self._allocator.size} free (largest run {largest}); readers are slow or gone"
+            )
+        publication, pool = reserved
+        offset = publication.offset
+        try:
+            view = pool[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape)
+            view.copy_(tensor.detach())
+        except BaseException:
+            self._unpublish(tag)
+            raise
+
+        lease_end, wall_now = time.monotonic() + lease_s, time.time()
+        with self._lock:
+            if self._published.get(tag) is not publication:
+                raise TransferError(f"{tag!r} was dropped while it was copied (agent closed?)")
+            heapq.heappush(self._leases, (lease_end, publication.id, tag))
+            self._stats.published += 1
+        return common_pb2.TensorDescriptor(
+            agent_name=self.name,
+            agent_metadata=self._metadata,
+            memory_type=common_pb2.MEMORY_TYPE_DRAM,
+            regions=[
+                common_pb2.MemoryRegion(
+                    address=self._pool_address + offset, length=nbytes, device_id=0
+                )
+            ],
+            dtype=dtype_name,
+            shape=list(tensor.shape),
+            notification_tag=tag,
+            lease_expiry_unix_ms=int((wall_now + lease_s) * 1000),
+        )
+
+    def poll(self) -> int:
+        """Frees the slices whose reader has notified and those whose lease ran out.
+
+        Cheap (NIXL hands over a queue its progress thread filled); the owner calls it
+        regularly, and `publish` calls it when the pool is full. Returns how many it freed.
+        """
+        notifications = self._nixl("collecting notifications", lambda a: a.get_new_notifs())
+        now = time.monotonic()
+        freed = 0
+        with self._lock:
+            for messages in notifications.values():
+                for message in messages:
+                    publication = self._published.pop(message.decode(errors="replace"), None)
+                    if publication is not None:
+                        self._allocator.free(publication.offset)
+                        self._stats.released += 1
+                        freed += 1
+            while self._leases and self._leases[0][0] <= now:
+                _, publication_id, tag = heapq.heappop(self._leases)
+                publication = self._published.get(tag)
+                if publication is not None and publication.id == publication_id:
+                    del self._published[tag]
+                    self._allocator.free(publication.offset)
+                    self._stats.reclaimed += 1
+                    freed += 1
+            if freed:
+                self._space.notify_all()
+        return freed
+
+    def fetch(
+        self, descriptor: common_pb2.TensorDescriptor, timeout_s: float = 10.0
+    ) -> torch.Tensor:
+        """Reads the described tensor from its owner into a new tensor (blocking).
+
+        Raises TransferError, within about `timeout_s`, when the descriptor is malformed or
+        expired, the owner is gone, NIXL reports an error, or the read does not complete.
+        """
+        deadline = time.monotonic() + timeout_s
+        dtype, shape, regions = _parse(descriptor)
+        nbytes = sum(length for _, length, _ in regions)
+        offset, pool = self._take_space(nbytes, deadline, descriptor.notification_tag)
+        try:
+            seconds = self._read_into(offset, descriptor, regions, deadline, timeout_s)
+            tensor = pool[offset : offset + nbytes].view(dtype).view(shape).clone()
+        except _StuckTransfer:
+            log.error("leaking %d pool bytes at offset %d: NIXL kept a failed read", nbytes, offset)
+            raise
+        except BaseException:
+            self._free(offset)
+            raise
+        with self._lock:
+            self._allocator.free(offset)
+            self._space.notify_all()
+            self._stats.bytes_moved += nbytes
+            self._stats.transfers += 1
+            self._stats.transfer_seconds_total += seconds
+        return tensor
+
+    def close(self) -> None:
+        """Destroys the NIXL agent after deregistering the pool, then drops every publication."""
+        with self._nixl_lock:
+            agent, self._agent = self._agent, None
+            if agent is not None:
+                try:
+                    agent.deregister_memory(self._registration)
+                except Exception:
+                    log.warning("deregistering the pool of %s failed", self.name, exc_info=True)
+                self._remotes.clear()
+            # Gone, with its progress thread, before the memory it registered is freed.
+            del agent
+        with self._lock:
+            for publication in self._published.values():
+                self._allocator.free(publication.offset)
+            self._published.clear()
+            self._leases.clear()
+            self._pool = None
+            self._space.notify_all()
+
+    def _reserve(self, tag: str, nbytes: int) -> tuple[_Publication, torch.Tensor] | None:
+        with self._lock:
+            if self._pool is None:
+                raise TransferError(f"transfer agent {self.name} is closed")
+            if tag in self._published:
+                raise TransferError(f"tag {tag!r} is already published and not yet released")
+            offset = self._allocator.alloc(nbytes)
+            if offset is None:
+                return None
+            # Not in the lease heap until the copy is done: a lease starts at hand-out.
+            publication = _Publication(offset, next(self._ids))
+            self._published[tag] = publication
+            return publication, self._pool
+
+    def _unpublish(self, tag: str) -> None:
+        with self._lock:
+            publication = self._published.pop(tag, None)
+            if publication is not None:
+                self._allocator.free(publication.offset)
+                self._space.notify_all()
+
+    def _free(self, offset: int) -> None:
+        with self._lock:
+            self._allocator.free(offset)
+            self._space.notify_all()
+
+    def _take_space(self, nbytes: int, deadline: float, tag: str) -> tuple[int, torch.Tensor]:
+        if nbytes > self._allocator.size:
+            raise TransferError(
+                f"{tag!r} is {nbytes} bytes, larger than the {self._allocator.size}-byte pool"
+            )
+        with self._space:
+            while True:
+                if self._pool is None:
+                    raise TransferError(f"transfer agent {self.name} is closed")
+                offset = self._allocator.alloc(nbytes)
+                if offset is not None:
+                    return offset, self._pool
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TransferError(
+                        f"transfer pool full: no room for {nbytes} bytes of {tag!r} in time"
+                    )
+                self._space.wait(remaining)
+
+    def _nixl(self, doing: str, call: Callable[[Any], T]) -> T:
+        with self._nixl_lock:
+            if self._agent is None:
+                raise TransferError(f"transfer agent {self.name} is closed")
+            try:
+                return call(self._agent)
+            except TransferError:
+                raise
+            except Exception as exc:
+                kind = type(exc).__name__
+                hint = _NIXL_HINTS.get(kind, kind)
+                raise TransferError(f"{doing}: {exc} ({hint})") from exc
+
+    def _connect(self, descriptor: common_pb2.TensorDescriptor) -> str:
+        """The owner's agent name, its metadata loaded (once per name and metadata)."""
+        name, metadata = descriptor.agent_name, descriptor.agent_metadata
+        if name == self.name:
+            return name
+
+        def load(agent: Any) -> None:
+            known = self._remotes.get(name)
+            if known == metadata:
+                return
+            if known is not None:
+                agent.remove_remote_agent(name)
+                del self._remotes[name]
+            loaded = agent.add_remote_agent(metadata)
+            loaded = loaded.decode() if isinstance(loaded, bytes) else loaded
+            self._remotes[loaded] = metadata
+            if loaded != name:
+                raise TransferError(
+                    f"descriptor names agent {name!r} but its metadata is {loaded!r}"
+                )
+
+        self._nixl(f"connecting to agent {name!r}", load)
+        return name
+
+    def _forget(self, name: str) -> None:
+        """Drops a failed owner so that its next descriptor reconnects from scratch."""
+        with self._nixl_lock:
+            if self._agent is None or self._remotes.pop(name, None) is None:
+                return
+            try:
+                self._agent.remove_remote_agent(name)
+            except Exception:
+                log.debug("removing remote agent %s failed", name, exc_info=True)
+
+    def _read_into(
+        self,
+        offset: int,
+        descriptor: common_pb2.TensorDescriptor,
+        regions: list[tuple[int, int, int]],
+        deadline: float,
+        timeout_s: float,
+    ) -> float:
+        """READs the regions into the pool at `offset`; returns the seconds the read took."""
+        name = self._connect(descriptor)
+        local, address = [], self._pool_address + offset
+        for _, length, _ in regions:
+            local.append((address, length, 0))
+            address += length
+        tag = descriptor.notification_tag
+        doing = f"reading {tag!r} from agent {name!r}"
+        started = time.perf_counter()
+        handle = self._nixl(
+            doing,
+            lambda a: a.initialize_xfer(
+                "READ",
+                a.get_xfer_descs(local, "DRAM"),
+                a.get_xfer_descs(regions, "DRAM"),
+                name,
+                tag.encode(),
+            ),
+        )
+        outcome = "failed"
+        try:
+            state = self._nixl(doing, lambda a: a.transfer(handle))
+            pause = 0.0
+            while state == "PROC":
+                if time.monotonic() >= deadline:
+                    outcome = "timed out"
+                    raise TransferError(f"{doing}: no completion within {timeout_s} s")
+                time.sleep(pause)
+                pause = min(max(2 * pause, 50e-6), 1e-3)
+                state = self._nixl(doing, lambda a: a.check_xfer_state(handle))
+            if state != "DONE":
+                raise TransferError(f"{doing}: NIXL reported {state} (owner gone?)")
+            outcome = "done"
+        finally:
+            if outcome == "failed":
+                self._forget(name)
+            try:
+                self._nixl(doing, lambda a: a.release_xfer_handle(handle))
+            except TransferError as exc:
+                if outcome != "done":
+                    raise _StuckTransfer(str(exc)) from exc
+                log.warning("releasing a finished NIXL read failed: %s", exc)
+        return time.perf_counter() - started

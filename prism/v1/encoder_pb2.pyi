@@ -1,0 +1,34 @@
+from prism.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class EncodeRequest(_message.Message):
+    __slots__ = ("request_id", "images")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    images: _containers.RepeatedCompositeFieldContainer[_common_pb2.Image]
+    def __init__(self, request_id: _Optional[str] = ..., images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ...) -> None: ...
+
+class EncodeResponse(_message.Message):
+    __slots__ = ("handles",)
+    HANDLES_FIELD_NUMBER: _ClassVar[int]
+    handles: _containers.RepeatedCompositeFieldContainer[EmbeddingHandle]
+    def __init__(self, handles: _Optional[_Iterable[_Union[EmbeddingHandle, _Mapping]]] = ...) -> None: ...
+
+class EmbeddingHandle(_message.Message):
+    __slots__ = ("embeddings", "content_hash", "image_grid_thw", "cached")
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_GRID_THW_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
+    embeddings: _common_pb2.TensorDescriptor
+    content_hash: str
+    image_grid_thw: _containers.RepeatedScalarFieldContainer[int]
+    cached: bool
+    def __init__(self, embeddings: _Optional[_Union[_common_pb2.TensorDescriptor, _Mapping]] = ..., content_hash: _Optional[str] = ..., image_grid_thw: _Optional[_Iterable[int]] = ..., cached: _Optional[bool] = ...) -> None: ...
