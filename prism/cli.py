@@ -13,10 +13,16 @@ import os
 import signal
 import sys
 
+from prism.modes import MODES
 
-def _stage_args(parser: argparse.ArgumentParser, port: int) -> None:
+
+def _stage_args(parser: argparse.ArgumentParser, port: int, metrics: bool = True) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
     parser.add_argument("--port", type=int, default=port)
+    if metrics:
+        parser.add_argument(
+            "--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: none)"
+        )
 
 
 def _model_args(parser: argparse.ArgumentParser) -> None:
@@ -53,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run every stage of a mode as local processes")
-    serve.add_argument("--mode", default="epd", choices=["epd"])
+    serve.add_argument("--mode", default="epd", choices=MODES)
+    serve.add_argument("--encoders", type=int, default=1, help="encoder replicas (e/pd)")
+    serve.add_argument("--workers", type=int, default=1, help="aggregated worker replicas")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--http-port", type=int, default=8000)
     _model_args(serve)
@@ -65,15 +73,30 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(worker)
     worker.add_argument("--role", default="aggregated", choices=["aggregated"])
     worker.add_argument("--seed", type=int, default=0)
+    worker.add_argument(
+        "--enable-mm-embeds",
+        action="store_true",
+        help="take precomputed image embeddings (read over NIXL) instead of images",
+    )
+    worker.add_argument("--pool-mib", type=int, default=256, help="NIXL read buffer (MiB)")
+
+    encoder = sub.add_parser("encoder", help="EncoderService: vision tower + projector")
+    _stage_args(encoder, 50052)
+    _model_args(encoder)
+    encoder.add_argument("--pool-mib", type=int, default=256, help="NIXL embedding pool (MiB)")
+    encoder.add_argument("--cache-mib", type=int, default=256, help="embedding cache (MiB)")
+    encoder.add_argument(
+        "--lease-s", type=float, default=30.0, help="free unread embeddings after this long"
+    )
 
     processor = sub.add_parser("processor", help="the public InferenceService")
     _stage_args(processor, 50050)
     _model_args(processor)
-    processor.add_argument("--mode", default="epd", choices=["epd"])
+    processor.add_argument("--mode", default="epd", choices=MODES)
     _peer_arg(processor, "worker=127.0.0.1:50051")
 
     gateway = sub.add_parser("gateway", help="OpenAI REST API in front of a processor")
-    _stage_args(gateway, 8000)
+    _stage_args(gateway, 8000, metrics=False)
     _peer_arg(gateway, "processor=127.0.0.1:50050")
 
     model = sub.add_parser("model", help="tiny random-weight models for tests and demos")
@@ -121,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
                 max_model_len=args.max_model_len,
                 max_images=args.max_images,
                 kv_cache_gib=args.kv_cache_gib,
+                encoders=args.encoders,
+                workers=args.workers,
                 log_level=args.log_level,
             )
         )
@@ -131,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
         from prism.services import worker
 
         asyncio.run(worker.serve(args))
+        return 0
+    if args.command == "encoder":
+        from prism.services import encoder
+
+        asyncio.run(encoder.serve(args))
         return 0
     if args.command == "processor":
         from prism.services import processor

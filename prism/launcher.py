@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
+from prism.modes import MODES
 from prism.rpc import check_health
 
 _PR_SET_PDEATHSIG = 1
@@ -50,6 +51,7 @@ class Stage:
     address: str
     argv: list[str]
     healthy: Callable[[], bool]
+    metrics_url: str = ""
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen | None = None
 
@@ -65,57 +67,65 @@ class MeshConfig:
     max_model_len: int = 0
     max_images: int = 8
     kv_cache_gib: int = 1
+    encoders: int = 1
+    workers: int = 1
     log_level: str = "info"
+
+
+def _grpc_stage(name: str, host: str, argv: list[str]) -> Stage:
+    address = f"{host}:{free_port(host)}"
+    port = address.rsplit(":", 1)[1]
+    metrics_port = free_port(host)
+    return Stage(
+        name,
+        address,
+        [*argv, "--port", port, "--metrics-port", str(metrics_port)],
+        lambda: check_health(address),
+        metrics_url=f"http://{host}:{metrics_port}/metrics",
+    )
 
 
 def plan(config: MeshConfig) -> list[Stage]:
     """The stages of a mode, in start order, with their ports and peers."""
+    if config.mode not in MODES:
+        raise ValueError(f"unknown mode {config.mode!r}; choose from {', '.join(MODES)}")
     prism = [sys.executable, "-m", "prism.cli", "--log-level", config.log_level]
-    common = ["--model", config.model, "--host", config.host]
+    common = ["--model", config.model, "--host", config.host,
+              "--max-images", str(config.max_images)]  # fmt: skip
     if config.served_model_name:
         common += ["--served-model-name", config.served_model_name]
     if config.max_model_len:
         common += ["--max-model-len", str(config.max_model_len)]
-    worker_addr = f"{config.host}:{free_port(config.host)}"
-    processor_addr = f"{config.host}:{free_port(config.host)}"
-    worker = Stage(
-        "worker",
-        worker_addr,
-        [
-            *prism, "worker", *common,
-            "--port", worker_addr.rsplit(":", 1)[1],
-            "--role", "aggregated",
-            "--dtype", config.dtype,
-            "--max-images", str(config.max_images),
-            "--kv-cache-gib", str(config.kv_cache_gib),
-        ],
-        lambda: check_health(worker_addr),
-    )  # fmt: skip
-    processor = Stage(
+    engine = ["--dtype", config.dtype, "--kv-cache-gib", str(config.kv_cache_gib)]
+
+    encoders: list[Stage] = []
+    worker_flags = ["--role", "aggregated"]
+    if config.mode == "e/pd":
+        encoders = [
+            _grpc_stage(f"encoder-{i}", config.host, [*prism, "encoder", *common])
+            for i in range(config.encoders)
+        ]
+        worker_flags.append("--enable-mm-embeds")
+    workers = [
+        _grpc_stage(f"worker-{i}", config.host, [*prism, "worker", *common, *engine, *worker_flags])
+        for i in range(config.workers)
+    ]
+    peers = [f"encoder={s.address}" for s in encoders] + [f"worker={s.address}" for s in workers]
+    processor = _grpc_stage(
         "processor",
-        processor_addr,
-        [
-            *prism, "processor", *common,
-            "--port", processor_addr.rsplit(":", 1)[1],
-            "--mode", config.mode,
-            "--max-images", str(config.max_images),
-            "--peer", f"worker={worker_addr}",
-        ],
-        lambda: check_health(processor_addr),
+        config.host,
+        [*prism, "processor", *common, "--mode", config.mode,
+         *(arg for peer in peers for arg in ("--peer", peer))],
     )  # fmt: skip
     base_url = f"http://{config.host}:{config.http_port}"
     gateway = Stage(
         "gateway",
         base_url,
-        [
-            *prism, "gateway",
-            "--host", config.host,
-            "--port", str(config.http_port),
-            "--peer", f"processor={processor_addr}",
-        ],
+        [*prism, "gateway", "--host", config.host, "--port", str(config.http_port),
+         "--peer", f"processor={processor.address}"],
         lambda: http_ok(f"{base_url}/health"),
     )  # fmt: skip
-    stages = [worker, processor, gateway]
+    stages = [*encoders, *workers, processor, gateway]
     for stage in stages:
         # vLLM has its own logger; keep it as quiet as the stages were asked to be.
         stage.env.setdefault(
@@ -130,8 +140,12 @@ class Mesh:
     def __init__(self, stages: list[Stage]):
         self.stages = stages
 
+    def stage(self, name: str) -> Stage:
+        """The stage called `name`, or the first `name-N` replica."""
+        return next(s for s in self.stages if s.name in (name, f"{name}-0"))
+
     def address(self, name: str) -> str:
-        return next(stage.address for stage in self.stages if stage.name == name)
+        return self.stage(name).address
 
     def start(self, timeout: float = 300.0, log: IO | None = None) -> None:
         """Starts every stage (output to `log` if given) and waits until all are healthy."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import httpx
 import PIL.Image
 
+from prism.cache import ByteLru
 from prism.rpc import PrismError, invalid
 from prism.v1 import common_pb2
 
@@ -30,6 +31,8 @@ class MediaPolicy:
     max_images: int = 8
     fetch_timeout_s: float = 10.0
     max_redirects: int = 3
+    # Images fetched from http(s) URLs are kept this long (bytes) for repeated requests.
+    url_cache_bytes: int = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,13 @@ class LoadedImage:
 
     def to_proto(self) -> common_pb2.Image:
         return common_pb2.Image(data=self.data, mime_type=self.mime_type)
+
+
+def decode_image(data: bytes) -> PIL.Image.Image:
+    """Pixels of checked image bytes, decoded exactly as vLLM decodes its own inputs."""
+    from vllm.multimodal.media import ImageMediaIO  # heavy: only the stages that decode
+
+    return ImageMediaIO().load_bytes(data).media
 
 
 def unsupported(message: str, param: str) -> PrismError:
@@ -97,6 +107,9 @@ class ImageLoader:
 
     def __init__(self, policy: MediaPolicy | None = None):
         self.policy = policy or MediaPolicy()
+        self.url_cache: ByteLru[LoadedImage] = ByteLru(
+            self.policy.url_cache_bytes, size=lambda image: len(image.data)
+        )
         self._http = httpx.AsyncClient(
             follow_redirects=True,
             max_redirects=self.policy.max_redirects,
@@ -119,7 +132,12 @@ class ImageLoader:
         if scheme == "data":
             return check_image(parse_data_url(url, param), self.policy, param)
         if scheme in ("http", "https"):
-            return check_image(await self._fetch(url, param), self.policy, param)
+            cached = self.url_cache.get(url)
+            if cached is not None:
+                return cached
+            loaded = check_image(await self._fetch(url, param), self.policy, param)
+            self.url_cache.put(url, loaded)
+            return loaded
         raise invalid(f"unsupported image URL scheme {scheme!r}: use http, https or data", param)
 
     async def _fetch(self, url: str, param: str) -> bytes:

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+import urllib.request
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -21,11 +22,13 @@ from typing import ClassVar
 import numpy as np
 import PIL.Image
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from prism.launcher import Mesh, MeshConfig, free_port, plan
+from prism.modes import MODES
 from prism.tiny_models import build
 
 FAMILIES = ("llava", "qwen2-vl")
@@ -142,6 +145,17 @@ class RunningMesh:
     def worker(self) -> str:
         return self.mesh.address("worker")
 
+    def metrics(self, stage: str) -> dict[str, float]:
+        """Current samples of a stage's /metrics: {name{labels}: value}."""
+        with urllib.request.urlopen(self.mesh.stage(stage).metrics_url, timeout=5) as reply:
+            text = reply.read().decode()
+        samples = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+                samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+        return samples
+
     def log_tail(self, n: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
@@ -159,12 +173,17 @@ def start_mesh(family: str, mode: str, model: Path, log_dir: Path) -> RunningMes
     return RunningMesh(family, mode, str(model), mesh, log_path)
 
 
-@pytest.fixture(scope="session", params=FAMILIES)
+MESHES = [(family, mode) for family in FAMILIES for mode in MODES]
+
+
+@pytest.fixture(
+    scope="session", params=MESHES, ids=[f"{f}-{m.replace('/', '-')}" for f, m in MESHES]
+)
 def mesh(request, models, oracle, tmp_path_factory):
-    """An EPD mesh per family; the oracle for the family runs first (one engine at a time)."""
-    family = request.param
+    """A mesh per family and mode; the family's oracle runs first (one engine at a time)."""
+    family, mode = request.param
     oracle(family)
-    running = start_mesh(family, "epd", models[family], tmp_path_factory.mktemp("logs"))
+    running = start_mesh(family, mode, models[family], tmp_path_factory.mktemp("logs"))
     yield running
     running.mesh.stop()
 

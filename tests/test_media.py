@@ -76,6 +76,8 @@ def test_loader_fetches_from_loopback(image_server):
         try:
             image = await loader.load(common_pb2.Image(url=url), "p")
             assert image.data == png(7)
+            assert (await loader.load(common_pb2.Image(url=url), "p")).data == png(7)
+            assert (loader.url_cache.stats.hits, loader.url_cache.stats.misses) == (1, 1)
             with pytest.raises(PrismError, match="HTTP 404"):
                 await loader.load(common_pb2.Image(url=missing), "p")
             raw = await loader.load(common_pb2.Image(data=png(7), mime_type="image/png"), "p")

@@ -19,12 +19,21 @@ import grpc
 from transformers import AutoTokenizer
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 
-from prism import rpc
+from prism import rpc, telemetry
 from prism.media import ImageLoader, LoadedImage, MediaPolicy
+from prism.modes import ROLES
 from prism.registry import RoundRobin, StaticRegistry
 from prism.rpc import PrismError, invalid
 from prism.sampling import to_vllm
-from prism.v1 import common_pb2, engine_pb2, engine_pb2_grpc, inference_pb2, inference_pb2_grpc
+from prism.v1 import (
+    common_pb2,
+    encoder_pb2,
+    encoder_pb2_grpc,
+    engine_pb2,
+    engine_pb2_grpc,
+    inference_pb2,
+    inference_pb2_grpc,
+)
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +72,6 @@ class _Active:
     aborted: bool = False
 
 
-# The roles each mode's pipeline calls.
-ROLES_BY_MODE = {"epd": ("worker",)}
-
-
 @dataclass
 class Pipeline:
     """Runs one request through the stages of a mode; yields the worker's replies."""
@@ -80,12 +85,12 @@ class Pipeline:
             self._channels[address] = rpc.channel(address)
         return self._channels[address]
 
-    def stub(self, role: str) -> engine_pb2_grpc.EngineServiceStub:
-        return engine_pb2_grpc.EngineServiceStub(self._channel(self.router.pick(role)))
+    def channel(self, role: str) -> grpc.aio.Channel:
+        return self._channel(self.router.pick(role))
 
     async def ready(self) -> bool:
         """True when every role of the mode has at least one serving instance."""
-        for role in ROLES_BY_MODE[self.mode]:
+        for role in ROLES[self.mode]:
             addresses = self.router.registry.endpoints(role)
             checks = [rpc.is_serving(self._channel(a)) for a in addresses]
             if not any(await asyncio.gather(*checks)):
@@ -96,20 +101,27 @@ class Pipeline:
         for channel in self._channels.values():
             await channel.close()
 
-    def start(
+    async def start(
         self,
         request_id: str,
         prompt_ids: list[int],
         images: list[LoadedImage],
         sampling: common_pb2.SamplingParams,
     ) -> grpc.aio.UnaryStreamCall:
+        """Runs the stages before generation and opens the worker's token stream."""
         request = engine_pb2.GenerateRequest(
-            request_id=request_id,
-            prompt_token_ids=prompt_ids,
-            sampling=sampling,
-            images=[image.to_proto() for image in images],
+            request_id=request_id, prompt_token_ids=prompt_ids, sampling=sampling
         )
-        return self.stub("worker").Generate(request)
+        images_pb = [image.to_proto() for image in images]
+        if images_pb and "encoder" in ROLES[self.mode]:
+            encoder = encoder_pb2_grpc.EncoderServiceStub(self.channel("encoder"))
+            encoded = await encoder.Encode(
+                encoder_pb2.EncodeRequest(request_id=request_id, images=images_pb)
+            )
+            request.image_embeddings.extend(encoded.handles)
+        else:
+            request.images.extend(images_pb)
+        return engine_pb2_grpc.EngineServiceStub(self.channel("worker")).Generate(request)
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
@@ -198,7 +210,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         )
         if request_id in self._active:
             raise invalid(f"request id {request_id!r} is already running", "request_id")
-        active = _Active(self.pipeline.start(request_id, prompt_ids, images, sampling))
+        active = _Active(await self.pipeline.start(request_id, prompt_ids, images, sampling))
         self._active[request_id] = active
         prompt_tokens = len(prompt_ids)
         sent = 0
@@ -321,8 +333,8 @@ def context_length(model: str) -> int:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    if args.mode not in ROLES_BY_MODE:
-        raise ValueError(f"unknown mode {args.mode!r}; choose from {', '.join(ROLES_BY_MODE)}")
+    if args.mode not in ROLES:
+        raise ValueError(f"unknown mode {args.mode!r}; choose from {', '.join(ROLES)}")
     registry = StaticRegistry.from_pairs(args.peer)
     pipeline = Pipeline(args.mode, RoundRobin(registry))
     loader = ImageLoader(MediaPolicy(max_images=args.max_images))
@@ -337,6 +349,11 @@ async def serve(args: argparse.Namespace) -> None:
         f"{args.host}:{args.port}",
         lambda s: inference_pb2_grpc.add_InferenceServiceServicer_to_server(servicer, s),
         [SERVICE],
+    )
+    telemetry.serve_metrics(
+        args.metrics_port,
+        args.host,
+        [telemetry.cache_collector("prism_image_cache", "Image URL", loader.url_cache.stats)],
     )
     log.info("processor (%s) serving %s on %s:%d", args.mode, args.model, args.host, server.port)
     readiness = asyncio.create_task(_track_readiness(server, pipeline))

@@ -10,19 +10,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
+import torch
 from vllm import AsyncEngineArgs, TokensPrompt
 from vllm.exceptions import VLLMClientError
-from vllm.multimodal.media import ImageMediaIO
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from prism import rpc
-from prism.rpc import invalid
+from prism import rpc, telemetry
+from prism.media import decode_image
+from prism.rpc import PrismError, invalid
 from prism.sampling import to_vllm
-from prism.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+from prism.transfer import TransferAgent, TransferError
+from prism.v1 import common_pb2, encoder_pb2, engine_pb2, engine_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,7 @@ _FINISH = {
 
 def engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
     return AsyncEngineArgs(
+        enable_mm_embeds=args.enable_mm_embeds,
         model=args.model,
         served_model_name=args.served_model_name or None,
         dtype=args.dtype,
@@ -49,22 +52,53 @@ def engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
     )
 
 
+def embeddings_input(
+    handles: list[encoder_pb2.EmbeddingHandle], tensors: list[torch.Tensor]
+) -> object:
+    """Precomputed embeddings in the form vLLM takes for the model's family."""
+    if any(handle.image_grid_thw for handle in handles):
+        # Qwen2-VL: one (tokens, hidden) block for all images, and each image's grid.
+        grid = torch.tensor([list(handle.image_grid_thw) for handle in handles])
+        return {"image_embeds": torch.cat(tensors), "image_grid_thw": grid}
+    if len({tensor.shape for tensor in tensors}) == 1:
+        # A 3-D tensor is read as (images, tokens, hidden); a 2-D one would be many images.
+        return torch.stack(tensors)
+    return tensors
+
+
 class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
-    def __init__(self, engine: AsyncLLM, role: str):
+    def __init__(self, engine: AsyncLLM, role: str, transfer: TransferAgent | None = None):
         self.engine = engine
         self.role = role
-        self._media = ImageMediaIO()
+        self.transfer = transfer
         self._running: set[str] = set()
 
-    def _decode_images(self, images: list[common_pb2.Image]) -> list:
-        # vLLM's own loader, so pixels match what plain vLLM makes of the same bytes.
+    @staticmethod
+    def _decode_images(images: list[common_pb2.Image]) -> list:
         decoded = []
         for index, image in enumerate(images):
             try:
-                decoded.append(self._media.load_bytes(image.data).media)
+                decoded.append(decode_image(image.data))
             except ValueError as exc:
                 raise invalid(str(exc), param=f"images[{index}]") from None
         return decoded
+
+    async def _fetch(self, handles: Sequence[encoder_pb2.EmbeddingHandle]) -> object:
+        if self.transfer is None:
+            raise invalid("this worker takes images, not embeddings", "image_embeddings")
+        transfer = self.transfer
+        try:
+            tensors = await asyncio.gather(
+                *(asyncio.to_thread(transfer.fetch, h.embeddings) for h in handles)
+            )
+        except TransferError as exc:
+            raise PrismError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"image embeddings could not be read: {exc}",
+                reason="EMBEDDINGS_UNAVAILABLE",
+                param="image_embeddings",
+            ) from None
+        return embeddings_input(list(handles), list(tensors))
 
     @rpc.rpc_errors
     async def Generate(
@@ -79,9 +113,13 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             request.sampling, stop=None, detokenize=False, output_kind=RequestOutputKind.DELTA
         )
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        if request.images and request.image_embeddings:
+            raise invalid("send images or image_embeddings, not both", "image_embeddings")
         if request.images:
             images = await asyncio.to_thread(self._decode_images, list(request.images))
             prompt["multi_modal_data"] = {"image": images}
+        elif request.image_embeddings:
+            prompt["multi_modal_data"] = {"image": await self._fetch(request.image_embeddings)}
         self._running.add(request.request_id)
         first = True
         try:
@@ -115,15 +153,20 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
 
 async def serve(args: argparse.Namespace) -> None:
     engine = AsyncLLM.from_engine_args(engine_args(args))
-    servicer = EngineServicer(engine, args.role)
+    transfer = TransferAgent(pool_bytes=args.pool_mib * 2**20) if args.enable_mm_embeds else None
+    servicer = EngineServicer(engine, args.role, transfer)
     server = await rpc.start_server(
         f"{args.host}:{args.port}",
         lambda s: engine_pb2_grpc.add_EngineServiceServicer_to_server(servicer, s),
         [SERVICE],
     )
+    collectors = [telemetry.transfer_collector(transfer)] if transfer else []
+    telemetry.serve_metrics(args.metrics_port, args.host, collectors)
     await server.set_serving([SERVICE])
     log.info("worker (%s) serving %s on %s:%d", args.role, args.model, args.host, server.port)
     try:
         await rpc.wait_for_termination(server, [SERVICE])
     finally:
         engine.shutdown()
+        if transfer is not None:
+            transfer.close()

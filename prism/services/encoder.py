@@ -1,0 +1,191 @@
+"""The encoder stage: `EncoderService` runs the vision tower and projector in torch.
+
+Embeddings are computed once per image (an LRU cache keyed by the model and the image
+bytes skips repeats), copied into memory registered with NIXL at start-up, and answered
+as descriptors; the worker pulls the bytes itself. A slice is freed when the reader's
+notification arrives, or when its lease runs out unread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import logging
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import grpc
+import torch
+from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+
+from prism import rpc, telemetry
+from prism.cache import ByteLru
+from prism.media import ImageLoader, LoadedImage, MediaPolicy, decode_image
+from prism.rpc import invalid
+from prism.transfer import TransferAgent
+from prism.v1 import encoder_pb2, encoder_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE = encoder_pb2.DESCRIPTOR.services_by_name["EncoderService"].full_name
+
+
+@dataclass(frozen=True)
+class Embedding:
+    """One image's embeddings and what the LLM needs besides them to place its tokens."""
+
+    tensor: torch.Tensor
+    image_grid_thw: tuple[int, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.numel() * self.tensor.element_size()
+
+
+class VisionEncoder:
+    """The family's own HF image processor and vision path (tower + projector)."""
+
+    def __init__(self, model: str, dtype: torch.dtype = torch.float32):
+        self.config = AutoConfig.from_pretrained(model)
+        self.image_processor = AutoProcessor.from_pretrained(model).image_processor
+        full = AutoModelForImageTextToText.from_pretrained(model, dtype=dtype)
+        full.eval()
+        self.model = full.model
+        # The language model is never run here; drop its weights.
+        self.model.language_model = None
+        del full
+        # torch runs one batch at a time on all cores; concurrent batches only contend.
+        self._lock = threading.Lock()
+
+    def _feature_kwargs(self) -> dict:
+        if self.config.model_type == "llava":
+            return {
+                "vision_feature_layer": self.config.vision_feature_layer,
+                "vision_feature_select_strategy": self.config.vision_feature_select_strategy,
+            }
+        return {}
+
+    def encode(self, images: Sequence[bytes]) -> list[Embedding]:
+        pixels = [decode_image(data) for data in images]
+        inputs = self.image_processor(images=pixels, return_tensors="pt")
+        grid = inputs.get("image_grid_thw")
+        kwargs = self._feature_kwargs()
+        if grid is not None:
+            kwargs["image_grid_thw"] = grid
+        with self._lock, torch.inference_mode():
+            output = self.model.get_image_features(pixel_values=inputs["pixel_values"], **kwargs)
+        features = output.pooler_output
+        return [
+            Embedding(
+                feature.contiguous(),
+                tuple(int(v) for v in grid[i].tolist()) if grid is not None else (),
+            )
+            for i, feature in enumerate(features)
+        ]
+
+
+class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
+    def __init__(
+        self,
+        model_id: str,
+        vision: VisionEncoder,
+        agent: TransferAgent,
+        loader: ImageLoader,
+        cache: ByteLru[Embedding],
+        lease_s: float,
+    ):
+        self.model_id = model_id
+        self.vision = vision
+        self.agent = agent
+        self.loader = loader
+        self.cache = cache
+        self.lease_s = lease_s
+
+    def content_hash(self, image: LoadedImage) -> str:
+        digest = hashlib.sha256(self.model_id.encode() + b"\0" + image.data)
+        return digest.hexdigest()
+
+    def _encode_and_publish(
+        self, request_id: str, images: list[LoadedImage]
+    ) -> list[encoder_pb2.EmbeddingHandle]:
+        keys = [self.content_hash(image) for image in images]
+        found = [self.cache.get(key) for key in keys]
+        missing = [i for i, embedding in enumerate(found) if embedding is None]
+        if missing:
+            # One batch for every image of the request that the cache did not have.
+            fresh = self.vision.encode([images[i].data for i in missing])
+            for i, embedding in zip(missing, fresh, strict=True):
+                found[i] = embedding
+                self.cache.put(keys[i], embedding)
+        handles = []
+        for i, (key, embedding) in enumerate(zip(keys, found, strict=True)):
+            assert embedding is not None
+            # Unique per publication: NIXL matches notifications by prefix.
+            tag = f"{request_id}/{i}/{uuid.uuid4().hex}"
+            descriptor = self.agent.publish(embedding.tensor, tag, lease_s=self.lease_s)
+            handles.append(
+                encoder_pb2.EmbeddingHandle(
+                    embeddings=descriptor,
+                    content_hash=key,
+                    image_grid_thw=embedding.image_grid_thw,
+                    cached=i not in missing,
+                )
+            )
+        return handles
+
+    @rpc.rpc_errors
+    async def Encode(
+        self, request: encoder_pb2.EncodeRequest, context: grpc.aio.ServicerContext
+    ) -> encoder_pb2.EncodeResponse:
+        if not request.images:
+            raise invalid("images must not be empty", "images")
+        limit = self.loader.policy.max_images
+        if len(request.images) > limit:
+            raise invalid(f"at most {limit} images per request", "images")
+        images = await asyncio.gather(
+            *(self.loader.load(image, f"images[{i}]") for i, image in enumerate(request.images))
+        )
+        request_id = request.request_id or uuid.uuid4().hex
+        handles = await asyncio.to_thread(self._encode_and_publish, request_id, images)
+        return encoder_pb2.EncodeResponse(handles=handles)
+
+
+async def _release_read_embeddings(agent: TransferAgent, period: float = 0.02) -> None:
+    """Frees slices whose readers have notified, and reclaims expired leases."""
+    while True:
+        await asyncio.to_thread(agent.poll)
+        await asyncio.sleep(period)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    vision = await asyncio.to_thread(VisionEncoder, args.model)
+    agent = TransferAgent(pool_bytes=args.pool_mib * 2**20, lease_s=args.lease_s)
+    loader = ImageLoader(MediaPolicy(max_images=args.max_images))
+    cache: ByteLru[Embedding] = ByteLru(args.cache_mib * 2**20, size=lambda e: e.nbytes)
+    servicer = EncoderServicer(args.model, vision, agent, loader, cache, args.lease_s)
+    server = await rpc.start_server(
+        f"{args.host}:{args.port}",
+        lambda s: encoder_pb2_grpc.add_EncoderServiceServicer_to_server(servicer, s),
+        [SERVICE],
+    )
+    telemetry.serve_metrics(
+        args.metrics_port,
+        args.host,
+        [
+            telemetry.transfer_collector(agent),
+            telemetry.cache_collector("prism_embedding_cache", "Embedding", cache.stats),
+            telemetry.cache_collector("prism_image_cache", "Image URL", loader.url_cache.stats),
+        ],
+    )
+    await server.set_serving([SERVICE])
+    releaser = asyncio.create_task(_release_read_embeddings(agent))
+    log.info("encoder serving %s on %s:%d", args.model, args.host, server.port)
+    try:
+        await rpc.wait_for_termination(server, [SERVICE])
+    finally:
+        releaser.cancel()
+        await loader.close()
+        agent.close()
