@@ -1,7 +1,7 @@
 PY := .venv/bin/python
 PROTOS := $(wildcard protos/prism/v1/*.proto)
 
-.PHONY: setup demo test lint protos check-protos
+.PHONY: setup demo test lint protos check-protos bench-transfer
 
 setup:
 	scripts/setup.sh
@@ -11,6 +11,10 @@ demo:
 
 test:
 	$(PY) -m pytest -q
+
+# Not a test: NIXL vs inline protobuf vs memcpy, written to bench/results/transfer.json.
+bench-transfer:
+	$(PY) bench/transfer.py --out bench/results/transfer.json
 
 lint:
 	.venv/bin/ruff check .
