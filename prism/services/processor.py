@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import grpc
 from transformers import AutoTokenizer
@@ -46,6 +47,9 @@ _ROLE_NAMES = {
     # OpenAI's developer role plays the system role for models that know no other.
     inference_pb2.ROLE_DEVELOPER: "system",
 }
+
+
+Response = TypeVar("Response", inference_pb2.ChatResponse, inference_pb2.CompleteResponse)
 
 
 @dataclass
@@ -246,6 +250,25 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             self._active.pop(request_id, None)
         raise PrismError(grpc.StatusCode.INTERNAL, "worker stream ended without a finish reason")
 
+    async def _stream(
+        self,
+        response_type: type[Response],
+        request_id: str,
+        prompt_ids: list[int],
+        images: list[LoadedImage],
+        sampling: common_pb2.SamplingParams,
+    ) -> AsyncIterator[Response]:
+        """Chat and Complete answer alike: one message per delta, usage on the last."""
+        async for delta in self._generate(request_id, prompt_ids, images, sampling):
+            yield response_type(
+                request_id=request_id,
+                model=self.served_model_name,
+                text=delta.text,
+                token_ids=delta.token_ids,
+                finish_reason=delta.finish_reason,
+                usage=delta.usage,
+            )
+
     @rpc.rpc_errors
     async def Chat(
         self, request: inference_pb2.ChatRequest, context: grpc.aio.ServicerContext
@@ -255,15 +278,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         conversation, image_refs = self._conversation(list(request.messages))
         prompt_ids = self._prompt_ids(conversation)
         images = await asyncio.gather(*(self.loader.load(img, p) for img, p in image_refs))
-        async for delta in self._generate(request_id, prompt_ids, images, request.sampling):
-            yield inference_pb2.ChatResponse(
-                request_id=request_id,
-                model=self.served_model_name,
-                text=delta.text,
-                token_ids=delta.token_ids,
-                finish_reason=delta.finish_reason,
-                usage=delta.usage,
-            )
+        replies = self._stream(
+            inference_pb2.ChatResponse, request_id, prompt_ids, images, request.sampling
+        )
+        async for reply in replies:
+            yield reply
 
     @rpc.rpc_errors
     async def Complete(
@@ -281,15 +300,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 raise invalid(f"prompt token ids must be below {vocab}", "prompt")
         else:
             raise invalid("prompt must not be empty", "prompt")
-        async for delta in self._generate(request_id, prompt_ids, [], request.sampling):
-            yield inference_pb2.CompleteResponse(
-                request_id=request_id,
-                model=self.served_model_name,
-                text=delta.text,
-                token_ids=delta.token_ids,
-                finish_reason=delta.finish_reason,
-                usage=delta.usage,
-            )
+        replies = self._stream(
+            inference_pb2.CompleteResponse, request_id, prompt_ids, [], request.sampling
+        )
+        async for reply in replies:
+            yield reply
 
     @rpc.rpc_errors
     async def ListModels(
