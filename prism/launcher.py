@@ -8,6 +8,7 @@ the kernel if the launcher itself dies, so no stage outlives it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -155,6 +156,9 @@ class Mesh:
                 env={**os.environ, **stage.env},
                 stdout=log,
                 stderr=subprocess.STDOUT if log else None,
+                # Its own process group, so that stop() also reaches the processes a stage
+                # spawned (vLLM's engine core) even when the stage itself died abruptly.
+                start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
         deadline = time.monotonic() + timeout
@@ -186,6 +190,10 @@ class Mesh:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        for process in running:
+            # ProcessLookupError: nothing of that stage is left.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
 
 
 class _StopRequested(Exception):

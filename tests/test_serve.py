@@ -40,8 +40,12 @@ def test_demo_streams_an_answer_and_stops_the_mesh(models):
     assert not leftovers
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
-def test_serve_leaves_no_orphans(models, sig):
+@pytest.mark.parametrize(
+    "target,sig",
+    [("serve", signal.SIGTERM), ("serve", signal.SIGKILL), ("worker", signal.SIGKILL)],
+    ids=["sigterm", "sigkill", "worker-sigkill"],
+)
+def test_serve_leaves_no_orphans(models, target, sig):
     port = free_port()
     serve = subprocess.Popen(
         [sys.executable, "-m", "prism.cli", "--log-level", "warning", "serve", "--mode", "epd",
@@ -57,7 +61,12 @@ def test_serve_leaves_no_orphans(models, sig):
         descendants = psutil.Process(serve.pid).children(recursive=True)
         # worker, its vLLM engine core, processor and gateway at least.
         assert len(descendants) >= 4
-        os.kill(serve.pid, sig)
+        if target == "serve":
+            os.kill(serve.pid, sig)
+        else:
+            # A stage that dies abruptly takes the mesh down, its engine process included.
+            worker = next(p for p in descendants if " worker " in " ".join(p.cmdline()))
+            worker.send_signal(sig)
         serve.wait(timeout=60)
         alive = wait_gone(descendants, timeout=60)
         assert not alive, [p.cmdline() for p in alive]
