@@ -41,8 +41,17 @@ def text_message(text: str) -> inference_pb2.ChatMessage:
 def endless(request_id: str) -> engine_pb2.GenerateRequest:
     return engine_pb2.GenerateRequest(
         request_id=request_id, prompt_token_ids=[5, 6, 7],
-        sampling=greedy(1000, ignore_eos=True),
+        sampling=greedy(2000, ignore_eos=True),
     )  # fmt: skip
+
+
+def abort_once_running(abort, timeout: float = 30.0) -> None:
+    """Sends Abort until it lands: the request registers a moment after its call starts, and
+    waiting for a first token instead races a fast engine to the end of its tokens."""
+    deadline = time.monotonic() + timeout
+    while not abort():
+        assert time.monotonic() < deadline, "the request never showed up as running"
+        time.sleep(0.005)
 
 
 def test_generate_streams_token_ids(mesh):
@@ -75,8 +84,8 @@ def test_generate_rejects_a_prompt_longer_than_the_context(mesh):
 def test_engine_abort_ends_a_running_request(mesh):
     stub = engine(mesh)
     call = stub.Generate(endless("contract-abort"), timeout=120)
-    next(call)
-    assert stub.Abort(engine_pb2.EngineServiceAbortRequest(request_id="contract-abort")).aborted
+    abort = engine_pb2.EngineServiceAbortRequest(request_id="contract-abort")
+    abort_once_running(lambda: stub.Abort(abort).aborted)
     last = list(call)[-1]
     assert last.finish_reason == common_pb2.FINISH_REASON_ABORT
     reply = stub.Abort(engine_pb2.EngineServiceAbortRequest(request_id="contract-abort"))
@@ -157,14 +166,14 @@ def test_abort_by_request_id(mesh):
     stub = inference(mesh)
     request = inference_pb2.CompleteRequest(
         request_id="contract-public-abort", model=mesh.model, text="Once upon a time",
-        sampling=greedy(1000, ignore_eos=True),
+        sampling=greedy(2000, ignore_eos=True),
     )  # fmt: skip
     stream = stub.Complete(request, timeout=120)
-    next(stream)
-    assert stub.Abort(inference_pb2.AbortRequest(request_id="contract-public-abort")).aborted
+    abort = inference_pb2.AbortRequest(request_id="contract-public-abort")
+    abort_once_running(lambda: stub.Abort(abort).aborted)
     replies = list(stream)
     assert replies[-1].finish_reason == common_pb2.FINISH_REASON_ABORT
-    assert replies[-1].usage.completion_tokens < 1000
+    assert replies[-1].usage.completion_tokens < 2000
     assert not stub.Abort(inference_pb2.AbortRequest(request_id="contract-public-abort")).aborted
 
 

@@ -71,7 +71,8 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         self.engine = engine
         self.role = role
         self.transfer = transfer
-        self._running: set[str] = set()
+        # Running request ids -> whether an Abort came for them.
+        self._running: dict[str, bool] = {}
 
     @staticmethod
     def _decode_images(images: list[common_pb2.Image]) -> list:
@@ -120,7 +121,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             prompt["multi_modal_data"] = {"image": images}
         elif request.image_embeddings:
             prompt["multi_modal_data"] = {"image": await self._fetch(request.image_embeddings)}
-        self._running.add(request.request_id)
+        self._running[request.request_id] = False
         first = True
         try:
             async for output in self.engine.generate(prompt, params, request.request_id):
@@ -135,11 +136,14 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                         completion.finish_reason or "", common_pb2.FINISH_REASON_STOP
                     )
                 yield reply
+                if self._running.get(request.request_id) and not output.finished:
+                    # vLLM drops an abort that comes before it knows the request: repeat it.
+                    await self.engine.abort(request.request_id)
         except (ValueError, VLLMClientError) as exc:
             # vLLM rejects bad prompts (too long, image count) with these.
             raise invalid(str(exc), param=getattr(exc, "parameter", None)) from None
         finally:
-            self._running.discard(request.request_id)
+            self._running.pop(request.request_id, None)
 
     @rpc.rpc_errors
     async def Abort(
@@ -147,6 +151,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     ) -> engine_pb2.EngineServiceAbortResponse:
         running = request.request_id in self._running
         if running:
+            self._running[request.request_id] = True
             await self.engine.abort(request.request_id)
         return engine_pb2.EngineServiceAbortResponse(aborted=running)
 
