@@ -145,8 +145,11 @@ class Server:
     server: grpc.aio.Server
     health: health.aio.HealthServicer
     port: int
+    draining: bool = False
 
     async def set_serving(self, services: Iterable[str], serving: bool = True) -> None:
+        if serving and self.draining:
+            return  # a server shutting down never reports SERVING again
         status = (
             health_pb2.HealthCheckResponse.SERVING
             if serving
@@ -225,5 +228,6 @@ async def wait_for_termination(server: Server, services: Iterable[str], grace: f
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    server.draining = True
     await server.set_serving(services, serving=False)
     await server.server.stop(grace)

@@ -188,6 +188,6 @@ def test_unknown_model_is_not_found(mesh):
 def test_health_and_reflection(mesh):
     for address, service in ((mesh.processor, "prism.v1.InferenceService"),
                              (mesh.worker, "prism.v1.EngineService")):  # fmt: skip
-        assert rpc.check_health(address, service)
+        assert rpc.check_health(address, service, timeout=10)
         services = ProtoReflectionDescriptorDatabase(rpc.sync_channel(address)).get_services()
         assert service in services and "grpc.health.v1.Health" in services

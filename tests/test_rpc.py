@@ -59,10 +59,35 @@ def test_health_starts_not_serving_then_serves():
             assert not await asyncio.to_thread(rpc.check_health, address)
             await server.set_serving(["x.Service"])
             assert await asyncio.to_thread(rpc.check_health, address, "x.Service")
+            server.draining = True
+            await server.set_serving(["x.Service"], serving=False)
+            await server.set_serving(["x.Service"])
+            assert not await asyncio.to_thread(rpc.check_health, address, "x.Service")
         finally:
             await server.server.stop(0)
 
     asyncio.run(run())
+
+
+def test_readiness_tolerates_isolated_probe_failures():
+    from prism.services.processor import _track_readiness
+
+    probes = iter([True, False, False, True, False, False, False, True])
+    reported: list[bool] = []
+
+    class Pipeline:
+        async def ready(self) -> bool:
+            return next(probes)
+
+    class Server:
+        async def set_serving(self, services, serving=True):
+            reported.append(serving)
+            if len(reported) == 8:
+                raise asyncio.CancelledError
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(_track_readiness(Server(), Pipeline(), period=0))
+    assert reported == [True, True, True, True, True, True, False, True]
 
 
 def test_static_registry_round_robin():

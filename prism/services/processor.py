@@ -380,8 +380,16 @@ async def serve(args: argparse.Namespace) -> None:
         await pipeline.close()
 
 
-async def _track_readiness(server: rpc.Server, pipeline: Pipeline, period: float = 1.0) -> None:
-    """Reports SERVING only while the stages this processor calls are serving."""
+async def _track_readiness(
+    server: rpc.Server, pipeline: Pipeline, period: float = 1.0, failure_threshold: int = 3
+) -> None:
+    """Reports SERVING only while the stages this processor calls are serving.
+
+    Like a Kubernetes probe, one slow health check on a busy stage is not an outage: the
+    processor turns NOT_SERVING after `failure_threshold` failed probes in a row.
+    """
+    failures = failure_threshold
     while True:
-        await server.set_serving([SERVICE], await pipeline.ready())
+        failures = 0 if await pipeline.ready() else failures + 1
+        await server.set_serving([SERVICE], failures < failure_threshold)
         await asyncio.sleep(period)
