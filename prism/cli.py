@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 
-from prism.modes import MODES
+from prism.modes import MODES, WORKER_ROLES
 
 
 def _stage_args(parser: argparse.ArgumentParser, port: int, metrics: bool = True) -> None:
@@ -60,8 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run every stage of a mode as local processes")
     serve.add_argument("--mode", default="epd", choices=MODES)
-    serve.add_argument("--encoders", type=int, default=1, help="encoder replicas (e/pd)")
-    serve.add_argument("--workers", type=int, default=1, help="aggregated worker replicas")
+    serve.add_argument("--encoders", type=int, default=1, help="encoder replicas (e/pd, e/p/d)")
+    serve.add_argument(
+        "--workers", type=int, default=1, help="aggregated worker replicas (epd, e/pd)"
+    )
+    serve.add_argument(
+        "--prefill-workers", type=int, default=1, help="prefill worker replicas (e/p/d, ep/d)"
+    )
+    serve.add_argument(
+        "--decode-workers", type=int, default=1, help="decode worker replicas (e/p/d, ep/d)"
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--http-port", type=int, default=8000)
     _model_args(serve)
@@ -71,12 +79,33 @@ def build_parser() -> argparse.ArgumentParser:
     _stage_args(worker, 50051)
     _model_args(worker)
     _engine_args(worker)
-    worker.add_argument("--role", default="aggregated", choices=["aggregated"])
+    worker.add_argument(
+        "--role",
+        default="aggregated",
+        choices=WORKER_ROLES,
+        help="aggregated: whole answers; prefill (images as embeddings) and encode_prefill "
+        "(images as pixels): the prompt's KV cache and first token; decode: the rest",
+    )
     worker.add_argument("--seed", type=int, default=0)
     worker.add_argument(
         "--enable-mm-embeds",
         action="store_true",
-        help="take precomputed image embeddings (read over NIXL) instead of images",
+        help="take precomputed image embeddings (read over NIXL) instead of images "
+        "(implied by --role prefill)",
+    )
+    worker.add_argument(
+        "--kv-host",
+        default="",
+        help="address of the KV side channel that decode workers connect to (default: --host)",
+    )
+    worker.add_argument(
+        "--kv-port", type=int, default=0, help="KV side channel port (default: a free port)"
+    )
+    worker.add_argument(
+        "--kv-lease-s",
+        type=int,
+        default=30,
+        help="prefill roles: free a prompt's KV after this long if no decode reads it",
     )
     worker.add_argument("--pool-mib", type=int, default=256, help="NIXL read buffer (MiB)")
 
@@ -146,12 +175,21 @@ def main(argv: list[str] | None = None) -> int:
                 kv_cache_gib=args.kv_cache_gib,
                 encoders=args.encoders,
                 workers=args.workers,
+                prefill_workers=args.prefill_workers,
+                decode_workers=args.decode_workers,
                 log_level=args.log_level,
             )
         )
     if args.command == "worker":
         # vLLM reads these when the engine starts; they must be set before.
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)
+        if args.role != "aggregated":
+            from prism.launcher import free_port
+
+            args.kv_host = args.kv_host or args.host
+            args.kv_port = args.kv_port or free_port(args.kv_host)
+            os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = args.kv_host
+            os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(args.kv_port)
         _resolve_dtype(args)
         from prism.services import worker
 

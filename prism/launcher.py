@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -22,16 +23,40 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
-from prism.modes import MODES
+from prism.modes import MODES, PREFILL_ROLE, ROLES
 from prism.rpc import check_health
 
 _PR_SET_PDEATHSIG = 1
 
 
+def _ephemeral_ports() -> range:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = map(int, f.read().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A port free now, outside the kernel's ephemeral range.
+
+    The port is bound later, by a stage that may take a minute to start; meanwhile the
+    engines open many outgoing and listening sockets on kernel-chosen ephemeral ports,
+    one of which could otherwise take it.
+    """
+    ephemeral = _ephemeral_ports()
+    for _ in range(1000):
+        port = random.randrange(10000, 65536)
+        if port in ephemeral:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise OSError("no free port")
 
 
 def _die_with_parent() -> None:
@@ -44,6 +69,16 @@ def http_ok(url: str, timeout: float = 1.0) -> bool:
             return response.status == 200
     except (urllib.error.URLError, OSError):
         return False
+
+
+def _core_slices(engines: int) -> list[str]:
+    """CPU cores for each engine's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND): engines
+    that share cores run many times slower on the CPU backend."""
+    cores = os.cpu_count() or 1
+    if engines > cores:
+        return [str(i % cores) for i in range(engines)]
+    size = cores // engines
+    return [f"{i * size}-{(i + 1) * size - 1}" for i in range(engines)]
 
 
 @dataclass
@@ -70,6 +105,8 @@ class MeshConfig:
     kv_cache_gib: int = 1
     encoders: int = 1
     workers: int = 1
+    prefill_workers: int = 1
+    decode_workers: int = 1
     log_level: str = "info"
 
 
@@ -99,19 +136,34 @@ def plan(config: MeshConfig) -> list[Stage]:
         common += ["--max-model-len", str(config.max_model_len)]
     engine = ["--dtype", config.dtype, "--kv-cache-gib", str(config.kv_cache_gib)]
 
-    encoders: list[Stage] = []
-    worker_flags = ["--role", "aggregated"]
-    if config.mode == "e/pd":
-        encoders = [
-            _grpc_stage(f"encoder-{i}", config.host, [*prism, "encoder", *common])
-            for i in range(config.encoders)
-        ]
-        worker_flags.append("--enable-mm-embeds")
-    workers = [
-        _grpc_stage(f"worker-{i}", config.host, [*prism, "worker", *common, *engine, *worker_flags])
-        for i in range(config.workers)
+    roles = ROLES[config.mode]
+    encoders = [
+        _grpc_stage(f"encoder-{i}", config.host, [*prism, "encoder", *common])
+        for i in range(config.encoders if "encoder" in roles else 0)
     ]
-    peers = [f"encoder={s.address}" for s in encoders] + [f"worker={s.address}" for s in workers]
+
+    def workers(name: str, count: int, flags: list[str]) -> list[Stage]:
+        argv = [*prism, "worker", *common, *engine, *flags]
+        return [_grpc_stage(f"{name}-{i}", config.host, argv) for i in range(count)]
+
+    if "decode" in roles:
+        by_role = {
+            "prefill": workers(
+                "prefill", config.prefill_workers, ["--role", PREFILL_ROLE[config.mode]]
+            ),
+            "decode": workers("decode", config.decode_workers, ["--role", "decode"]),
+        }
+        for stage in by_role["prefill"] + by_role["decode"]:
+            stage.argv += ["--kv-port", str(free_port(config.host))]
+    else:
+        flags = ["--role", "aggregated"] + (["--enable-mm-embeds"] if encoders else [])
+        by_role = {"worker": workers("worker", config.workers, flags)}
+    engines = [stage for stages in by_role.values() for stage in stages]
+    if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        for stage, cores in zip(engines, _core_slices(len(engines)), strict=True):
+            stage.env["VLLM_CPU_OMP_THREADS_BIND"] = cores
+    by_role["encoder"] = encoders
+    peers = [f"{role}={s.address}" for role, stages in by_role.items() for s in stages]
     processor = _grpc_stage(
         "processor",
         config.host,
@@ -126,7 +178,7 @@ def plan(config: MeshConfig) -> list[Stage]:
          "--peer", f"processor={processor.address}"],
         lambda: http_ok(f"{base_url}/health"),
     )  # fmt: skip
-    stages = [*encoders, *workers, processor, gateway]
+    stages = [*encoders, *engines, processor, gateway]
     for stage in stages:
         # vLLM has its own logger; keep it as quiet as the stages were asked to be.
         stage.env.setdefault(

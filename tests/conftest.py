@@ -145,6 +145,15 @@ class RunningMesh:
     def worker(self) -> str:
         return self.mesh.address("worker")
 
+    @property
+    def engines(self) -> list[str]:
+        """Addresses of every worker stage, whatever its role."""
+        roles = ("worker", "prefill", "decode")
+        return [s.address for s in self.mesh.stages if s.name.rsplit("-", 1)[0] in roles]
+
+    def address(self, stage: str) -> str:
+        return self.mesh.address(stage)
+
     def metrics(self, stage: str) -> dict[str, float]:
         """Current samples of a stage's /metrics: {name{labels}: value}."""
         with urllib.request.urlopen(self.mesh.stage(stage).metrics_url, timeout=5) as reply:

@@ -14,6 +14,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 from transformers import AutoTokenizer
 
 from prism import rpc
+from prism.modes import ROLES
 from prism.rpc import PrismError
 from prism.v1 import common_pb2, engine_pb2, engine_pb2_grpc, inference_pb2, inference_pb2_grpc
 
@@ -21,6 +22,9 @@ pytestmark = pytest.mark.e2e
 
 
 def engine(mesh) -> engine_pb2_grpc.EngineServiceStub:
+    """The aggregated worker (the prefill and decode roles have their own tests)."""
+    if "decode" in ROLES[mesh.mode]:
+        pytest.skip("no aggregated worker in this mode")
     return engine_pb2_grpc.EngineServiceStub(rpc.sync_channel(mesh.worker))
 
 
@@ -186,8 +190,9 @@ def test_unknown_model_is_not_found(mesh):
 
 
 def test_health_and_reflection(mesh):
-    for address, service in ((mesh.processor, "prism.v1.InferenceService"),
-                             (mesh.worker, "prism.v1.EngineService")):  # fmt: skip
+    stages = [(mesh.processor, "prism.v1.InferenceService")]
+    stages += [(address, "prism.v1.EngineService") for address in mesh.engines]
+    for address, service in stages:
         assert rpc.check_health(address, service, timeout=10)
         services = ProtoReflectionDescriptorDatabase(rpc.sync_channel(address)).get_services()
         assert service in services and "grpc.health.v1.Health" in services

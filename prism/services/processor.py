@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -70,19 +71,37 @@ class _DetokenizerRequest:
     prompt_embeds: None = None
 
 
+CallT = TypeVar("CallT", bound=grpc.aio.Call)
+
+
 @dataclass
-class _Active:
-    call: grpc.aio.UnaryStreamCall
+class Call:
+    """The stage call a request is waiting on, so that an Abort can cancel it."""
+
+    current: grpc.aio.Call | None = None
     aborted: bool = False
+
+    def track(self, call: CallT) -> CallT:
+        self.current = call
+        if self.aborted:
+            call.cancel()
+        return call
+
+    def abort(self) -> None:
+        self.aborted = True
+        if self.current is not None:
+            self.current.cancel()
 
 
 @dataclass
 class Pipeline:
-    """Runs one request through the stages of a mode; yields the worker's replies."""
+    """Runs one request through the stages of a mode; yields the worker replies."""
 
     mode: str
     router: RoundRobin
     _channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
+    # Releases of prefill KV still in flight (kept referenced until done).
+    _releases: set[asyncio.Task] = field(default_factory=set)
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         if address not in self._channels:
@@ -91,6 +110,9 @@ class Pipeline:
 
     def channel(self, role: str) -> grpc.aio.Channel:
         return self._channel(self.router.pick(role))
+
+    def _engine(self, address: str) -> engine_pb2_grpc.EngineServiceStub:
+        return engine_pb2_grpc.EngineServiceStub(self._channel(address))
 
     async def ready(self) -> bool:
         """True when every role of the mode has at least one serving instance."""
@@ -102,30 +124,114 @@ class Pipeline:
         return True
 
     async def close(self) -> None:
+        for task in list(self._releases):
+            await task
         for channel in self._channels.values():
             await channel.close()
 
-    async def start(
+    async def run(
         self,
         request_id: str,
         prompt_ids: list[int],
         images: list[LoadedImage],
         sampling: common_pb2.SamplingParams,
-    ) -> grpc.aio.UnaryStreamCall:
-        """Runs the stages before generation and opens the worker's token stream."""
+        call: Call,
+    ) -> AsyncIterator[engine_pb2.GenerateResponse]:
+        """Runs the stages of the mode; stage calls go through `call` so they can be aborted."""
         request = engine_pb2.GenerateRequest(
             request_id=request_id, prompt_token_ids=prompt_ids, sampling=sampling
         )
         images_pb = [image.to_proto() for image in images]
         if images_pb and "encoder" in ROLES[self.mode]:
             encoder = encoder_pb2_grpc.EncoderServiceStub(self.channel("encoder"))
-            encoded = await encoder.Encode(
-                encoder_pb2.EncodeRequest(request_id=request_id, images=images_pb)
+            encoded = await call.track(
+                encoder.Encode(encoder_pb2.EncodeRequest(request_id=request_id, images=images_pb))
             )
             request.image_embeddings.extend(encoded.handles)
         else:
             request.images.extend(images_pb)
-        return engine_pb2_grpc.EngineServiceStub(self.channel("worker")).Generate(request)
+        if "decode" in ROLES[self.mode]:
+            replies = self._prefill_then_decode(request, call)
+        else:
+            replies = call.track(self._engine(self.router.pick("worker")).Generate(request))
+        async for reply in replies:
+            yield reply
+
+    async def _prefill_then_decode(
+        self, request: engine_pb2.GenerateRequest, call: Call
+    ) -> AsyncIterator[engine_pb2.GenerateResponse]:
+        """Prefill computes the prompt's KV cache and the first token, which goes out at
+        once; decode reads the cache and generates the rest."""
+        if not request.sampling.HasField("seed"):
+            # Both engines draw the first token; one seed makes them draw the same one.
+            request.sampling.seed = secrets.randbits(63)
+        prefill_address = self.router.pick("prefill")
+        prefilled = engine_pb2.GenerateResponse()
+        async for reply in call.track(self._engine(prefill_address).Generate(request)):
+            prefilled.MergeFrom(reply)
+        if not prefilled.HasField("kv_transfer_params"):
+            raise PrismError(
+                grpc.StatusCode.INTERNAL,
+                f"prefill worker {prefill_address} returned no KV transfer parameters",
+            )
+        # Until decode has read the KV cache, prefill holds it for this request.
+        held = True
+        try:
+            first = list(prefilled.token_ids)
+            finished = prefilled.finish_reason == common_pb2.FINISH_REASON_STOP or (
+                request.sampling.HasField("max_tokens") and request.sampling.max_tokens <= 1
+            )
+            yield engine_pb2.GenerateResponse(
+                token_ids=first,
+                prompt_tokens=prefilled.prompt_tokens,
+                cached_tokens=prefilled.cached_tokens,
+                finish_reason=(
+                    prefilled.finish_reason if finished else common_pb2.FINISH_REASON_UNSPECIFIED
+                ),
+            )
+            if finished:
+                return
+            decode_request = engine_pb2.GenerateRequest(
+                request_id=request.request_id,
+                prompt_token_ids=request.prompt_token_ids,
+                sampling=request.sampling,
+                kv_transfer_params=prefilled.kv_transfer_params,
+                image_layouts=prefilled.image_layouts,
+            )
+            decode = call.track(self._engine(self.router.pick("decode")).Generate(decode_request))
+            async for reply in decode:
+                if held:
+                    # Decode draws the first token again, from the same KV cache.
+                    held = False
+                    again = reply.token_ids[: len(first)]
+                    if list(again) != first:
+                        log.warning(
+                            "request %s: decode drew %s as the first token, prefill %s",
+                            request.request_id, list(again), first,
+                        )  # fmt: skip
+                    del reply.token_ids[: len(first)]
+                    reply.prompt_tokens = 0
+                yield reply
+        finally:
+            if held:
+                self._release(prefill_address, request.request_id)
+
+    def _release(self, address: str, request_id: str) -> None:
+        """Tells a prefill worker to free the KV cache it holds for a decode that won't
+        come. In the background: the request may be unwinding from a cancellation."""
+
+        async def release() -> None:
+            try:
+                await self._engine(address).Abort(
+                    engine_pb2.EngineServiceAbortRequest(request_id=request_id), timeout=10
+                )
+            except grpc.aio.AioRpcError as exc:
+                log.warning("could not free the KV cache of %s on %s: %s", request_id, address,
+                            exc.details())  # fmt: skip
+
+        task = asyncio.create_task(release())
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
 
 
 class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
@@ -143,7 +249,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         self.loader = loader
         self.max_model_len = max_model_len
         self.created = int(time.time())
-        self._active: dict[str, _Active] = {}
+        self._active: dict[str, Call] = {}
 
     def _check_model(self, model: str) -> None:
         if model and model != self.served_model_name:
@@ -214,12 +320,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         )
         if request_id in self._active:
             raise invalid(f"request id {request_id!r} is already running", "request_id")
-        active = _Active(await self.pipeline.start(request_id, prompt_ids, images, sampling))
-        self._active[request_id] = active
+        call = self._active[request_id] = Call()
+        replies = self.pipeline.run(request_id, prompt_ids, images, sampling, call)
         prompt_tokens = len(prompt_ids)
         sent = 0
         try:
-            async for reply in active.call:
+            async for reply in replies:
                 if reply.prompt_tokens:
                     prompt_tokens = reply.prompt_tokens
                 finish = reply.finish_reason
@@ -239,14 +345,15 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 yield Delta(text, list(token_ids), finish, _usage(prompt_tokens, sent))
                 return
         except asyncio.CancelledError:
-            if not active.aborted:
+            if not call.aborted:
                 raise
             yield Delta("", [], common_pb2.FINISH_REASON_ABORT, _usage(prompt_tokens, sent))
             return
         except grpc.aio.AioRpcError as exc:
             raise PrismError.from_rpc_error(exc) from None
         finally:
-            active.call.cancel()
+            # Closing the pipeline cancels its open stage call and frees what it holds.
+            await replies.aclose()
             self._active.pop(request_id, None)
         raise PrismError(grpc.StatusCode.INTERNAL, "worker stream ended without a finish reason")
 
@@ -322,11 +429,10 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     async def Abort(
         self, request: inference_pb2.AbortRequest, context: grpc.aio.ServicerContext
     ) -> inference_pb2.AbortResponse:
-        active = self._active.get(request.request_id)
-        if active is None:
+        call = self._active.get(request.request_id)
+        if call is None:
             return inference_pb2.AbortResponse(aborted=False)
-        active.aborted = True
-        active.call.cancel()
+        call.abort()
         return inference_pb2.AbortResponse(aborted=True)
 
 

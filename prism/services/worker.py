@@ -1,8 +1,13 @@
-"""The worker stage: `EngineService` on one vLLM `AsyncLLM`.
+"""The worker stage: `EngineService` on one vLLM `AsyncLLM`, in one role.
 
 The worker takes token ids (never text) and streams token ids back; templating,
 detokenization and stop strings are the processor's. Cancelling a `Generate` call, or
 `Abort`, aborts the request inside vLLM so its KV blocks are freed at once.
+
+The prefill roles run the prompt with one output token and hand back, with that token,
+where the prompt's KV cache waits (vLLM's NixlConnector) and how each image was laid out
+in the prompt; the decode role reads that cache and generates the answer. The processor
+carries both from one to the other.
 """
 
 from __future__ import annotations
@@ -10,16 +15,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
 
 import grpc
 import torch
-from vllm import AsyncEngineArgs, TokensPrompt
+from vllm import AsyncEngineArgs, SamplingParams, TokensPrompt
+from vllm.config import KVTransferConfig
 from vllm.exceptions import VLLMClientError
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from prism import rpc, telemetry
+from prism import kv_transfer, rpc, telemetry
 from prism.media import decode_image
 from prism.rpc import PrismError, invalid
 from prism.sampling import to_vllm
@@ -37,9 +45,31 @@ _FINISH = {
 }
 
 
+PREFILL_ROLES = ("prefill", "encode_prefill")
+# Roles that take images as embeddings: `prefill` reads them from the encoder; `decode`
+# gets placeholders, since the images' KV comes from prefill.
+_EMBEDS_ROLES = ("prefill", "decode")
+# How long Abort keeps trying to free a prefill's KV that the connector does not hold yet.
+_RELEASE_WAIT_S = 2.0
+
+
 def engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
+    disaggregated = args.role != "aggregated"
+    kv_config = (
+        KVTransferConfig(
+            kv_connector="NixlConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config={"kv_lease_duration": args.kv_lease_s},
+        )
+        if disaggregated
+        else None
+    )
     return AsyncEngineArgs(
-        enable_mm_embeds=args.enable_mm_embeds,
+        enable_mm_embeds=args.enable_mm_embeds or args.role in _EMBEDS_ROLES,
+        kv_transfer_config=kv_config,
+        worker_extension_cls=(
+            "prism.services.kv_release.KvRelease" if args.role in PREFILL_ROLES else ""
+        ),
         model=args.model,
         served_model_name=args.served_model_name or None,
         dtype=args.dtype,
@@ -52,13 +82,11 @@ def engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
     )
 
 
-def embeddings_input(
-    handles: list[encoder_pb2.EmbeddingHandle], tensors: list[torch.Tensor]
-) -> object:
+def embeddings_input(tensors: list[torch.Tensor], grids: Sequence[Sequence[int]]) -> object:
     """Precomputed embeddings in the form vLLM takes for the model's family."""
-    if any(handle.image_grid_thw for handle in handles):
+    if any(grids):
         # Qwen2-VL: one (tokens, hidden) block for all images, and each image's grid.
-        grid = torch.tensor([list(handle.image_grid_thw) for handle in handles])
+        grid = torch.tensor([list(thw) for thw in grids])
         return {"image_embeds": torch.cat(tensors), "image_grid_thw": grid}
     if len({tensor.shape for tensor in tensors}) == 1:
         # A 3-D tensor is read as (images, tokens, hidden); a 2-D one would be many images.
@@ -66,13 +94,41 @@ def embeddings_input(
     return tensors
 
 
+def image_layouts(engine_input: Mapping[str, Any]) -> list[engine_pb2.ImageLayout]:
+    """How vLLM laid out each image of a rendered prompt: what a decode engine needs."""
+    if engine_input.get("type") != "multimodal":
+        return []
+    layouts = []
+    items = engine_input["mm_kwargs"].get("image", [])
+    hashes = engine_input["mm_hashes"].get("image", [])
+    for index, placeholder in enumerate(engine_input["mm_placeholders"].get("image", [])):
+        item = items[index]
+        grid = item["image_grid_thw"].data.tolist() if "image_grid_thw" in item else []
+        layouts.append(
+            engine_pb2.ImageLayout(
+                uuid=hashes[index], num_tokens=placeholder.length, image_grid_thw=grid
+            )
+        )
+    return layouts
+
+
 class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
-    def __init__(self, engine: AsyncLLM, role: str, transfer: TransferAgent | None = None):
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        role: str,
+        transfer: TransferAgent | None = None,
+        kv_lease_s: float = 30.0,
+    ):
         self.engine = engine
         self.role = role
         self.transfer = transfer
+        self.kv_lease_s = kv_lease_s
         # Running request ids -> whether an Abort came for them.
         self._running: dict[str, bool] = {}
+        # Prefill roles: request id -> (engine request id, end of lease) while its KV
+        # cache waits for a decode.
+        self._held: dict[str, tuple[str, float]] = {}
 
     @staticmethod
     def _decode_images(images: list[common_pb2.Image]) -> list:
@@ -99,7 +155,73 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 reason="EMBEDDINGS_UNAVAILABLE",
                 param="image_embeddings",
             ) from None
-        return embeddings_input(list(handles), list(tensors))
+        return embeddings_input(list(tensors), [h.image_grid_thw for h in handles])
+
+    def _placeholders(self, layouts: Sequence[engine_pb2.ImageLayout]) -> object:
+        """Zero embeddings shaped like prefill's: they are never read, since the images'
+        KV comes from prefill, but they make vLLM lay out the prompt the same way."""
+        config = self.engine.model_config
+        hidden = config.get_inputs_embeds_size()
+        tensors = [torch.zeros(layout.num_tokens, hidden, dtype=config.dtype) for layout in layouts]
+        return embeddings_input(tensors, [layout.image_grid_thw for layout in layouts])
+
+    def _params(self, request: engine_pb2.GenerateRequest) -> SamplingParams:
+        # Stop strings need text: the processor applies them, the engine never sees them.
+        common: dict[str, Any] = dict(
+            stop=None, detokenize=False, output_kind=RequestOutputKind.DELTA
+        )
+        if self.role in PREFILL_ROLES:
+            # One token, then the KV cache waits for a decode worker. min_tokens still
+            # bars end-of-sequence from that token as it would in one engine.
+            return to_vllm(
+                request.sampling,
+                **common,
+                max_tokens=1,
+                min_tokens=min(request.sampling.min_tokens, 1),
+                extra_args={"kv_transfer_params": {"do_remote_decode": True}},
+            )
+        if self.role == "decode":
+            if not request.HasField("kv_transfer_params"):
+                raise invalid("a decode worker needs kv_transfer_params", "kv_transfer_params")
+            kv_params = kv_transfer.to_vllm(request.kv_transfer_params)
+            return to_vllm(request.sampling, **common, extra_args={"kv_transfer_params": kv_params})
+        if request.HasField("kv_transfer_params"):
+            raise invalid("an aggregated worker takes no kv_transfer_params", "kv_transfer_params")
+        return to_vllm(request.sampling, **common)
+
+    async def _prompt(self, request: engine_pb2.GenerateRequest) -> TokensPrompt:
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        given = [f for f in ("images", "image_embeddings", "image_layouts") if getattr(request, f)]
+        if len(given) > 1:
+            raise invalid(f"send one of images, image_embeddings, image_layouts, not {given}")
+        if request.images:
+            images = await asyncio.to_thread(self._decode_images, list(request.images))
+            prompt["multi_modal_data"] = {"image": images}
+        elif request.image_embeddings:
+            prompt["multi_modal_data"] = {"image": await self._fetch(request.image_embeddings)}
+        elif request.image_layouts:
+            if self.role != "decode":
+                raise invalid("only a decode worker takes image_layouts", "image_layouts")
+            layouts = request.image_layouts
+            prompt["multi_modal_data"] = {"image": self._placeholders(layouts)}
+            # The image's identity keeps decode's prefix cache from mixing up images whose
+            # placeholders look alike.
+            prompt["multi_modal_uuids"] = {"image": [layout.uuid or None for layout in layouts]}
+        return prompt
+
+    def _finish_reason(self, reason: str | None, request: engine_pb2.GenerateRequest) -> int:
+        if reason == "error":
+            if self.role == "decode":
+                kv = request.kv_transfer_params
+                raise PrismError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    "the prompt's KV cache could not be read from the prefill engine "
+                    f"{kv.remote_engine_id} at {kv.remote_host}:{kv.remote_port}",
+                    reason="KV_TRANSFER_FAILED",
+                    param="kv_transfer_params",
+                )
+            raise PrismError(grpc.StatusCode.INTERNAL, "the engine failed the request")
+        return _FINISH.get(reason or "", common_pb2.FINISH_REASON_STOP)
 
     @rpc.rpc_errors
     async def Generate(
@@ -109,22 +231,21 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             raise invalid("request_id is required", "request_id")
         if not request.prompt_token_ids:
             raise invalid("prompt_token_ids is empty", "prompt_token_ids")
-        # Stop strings need text: the processor applies them, the engine never sees them.
-        params = to_vllm(
-            request.sampling, stop=None, detokenize=False, output_kind=RequestOutputKind.DELTA
-        )
-        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
-        if request.images and request.image_embeddings:
-            raise invalid("send images or image_embeddings, not both", "image_embeddings")
-        if request.images:
-            images = await asyncio.to_thread(self._decode_images, list(request.images))
-            prompt["multi_modal_data"] = {"image": images}
-        elif request.image_embeddings:
-            prompt["multi_modal_data"] = {"image": await self._fetch(request.image_embeddings)}
-        self._running[request.request_id] = False
+        params = self._params(request)
+        prompt = await self._prompt(request)
+        request_id = request.request_id
+        self._running[request_id] = False
         first = True
         try:
-            async for output in self.engine.generate(prompt, params, request.request_id):
+            engine_input: Any = prompt
+            layouts: list[engine_pb2.ImageLayout] = []
+            if self.role in PREFILL_ROLES and "multi_modal_data" in prompt:
+                # Rendered here rather than inside generate() to learn the image layouts.
+                (engine_input,) = await self.engine.renderer.render_cmpl_async(
+                    [prompt], skip_mm_cache=True
+                )
+                layouts = image_layouts(engine_input)
+            async for output in self.engine.generate(engine_input, params, request_id):
                 completion = output.outputs[0]
                 reply = engine_pb2.GenerateResponse(token_ids=completion.token_ids)
                 if first:
@@ -132,18 +253,44 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                     reply.cached_tokens = output.num_cached_tokens or 0
                     first = False
                 if output.finished:
-                    reply.finish_reason = _FINISH.get(
-                        completion.finish_reason or "", common_pb2.FINISH_REASON_STOP
-                    )
+                    reply.finish_reason = self._finish_reason(completion.finish_reason, request)
+                    if output.kv_transfer_params and self.role in PREFILL_ROLES:
+                        reply.kv_transfer_params.CopyFrom(
+                            kv_transfer.to_proto(output.kv_transfer_params)
+                        )
+                        reply.image_layouts.extend(layouts)
+                        self._hold(request_id, output.kv_transfer_params["remote_request_id"])
                 yield reply
-                if self._running.get(request.request_id) and not output.finished:
+                if self._running.get(request_id) and not output.finished:
                     # vLLM drops an abort that comes before it knows the request: repeat it.
-                    await self.engine.abort(request.request_id)
+                    await self.engine.abort(request_id)
         except (ValueError, VLLMClientError) as exc:
             # vLLM rejects bad prompts (too long, image count) with these.
             raise invalid(str(exc), param=getattr(exc, "parameter", None)) from None
         finally:
-            self._running.pop(request.request_id, None)
+            self._running.pop(request_id, None)
+
+    def _hold(self, request_id: str, engine_request_id: str) -> None:
+        now = time.monotonic()
+        for stale in [k for k, (_, until) in self._held.items() if until <= now]:
+            del self._held[stale]
+        self._held[request_id] = (engine_request_id, now + self.kv_lease_s)
+
+    async def _release(self, request_id: str) -> bool:
+        """Frees the KV cache a prefill holds for `request_id`, if it still holds it."""
+        held = self._held.pop(request_id, None)
+        if held is None:
+            return False
+        engine_request_id, until = held
+        # The connector learns of a finished request at the engine's next step.
+        deadline = min(until, time.monotonic() + _RELEASE_WAIT_S)
+        while True:
+            (released,) = await self.engine.collective_rpc(
+                "prism_release_kv", args=(engine_request_id,)
+            )
+            if released or time.monotonic() >= deadline:
+                return released
+            await asyncio.sleep(0.02)
 
     @rpc.rpc_errors
     async def Abort(
@@ -153,13 +300,15 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         if running:
             self._running[request.request_id] = True
             await self.engine.abort(request.request_id)
-        return engine_pb2.EngineServiceAbortResponse(aborted=running)
+        released = await self._release(request.request_id)
+        return engine_pb2.EngineServiceAbortResponse(aborted=running or released)
 
 
 async def serve(args: argparse.Namespace) -> None:
     engine = AsyncLLM.from_engine_args(engine_args(args))
-    transfer = TransferAgent(pool_bytes=args.pool_mib * 2**20) if args.enable_mm_embeds else None
-    servicer = EngineServicer(engine, args.role, transfer)
+    reads_embeddings = args.enable_mm_embeds or args.role == "prefill"
+    transfer = TransferAgent(pool_bytes=args.pool_mib * 2**20) if reads_embeddings else None
+    servicer = EngineServicer(engine, args.role, transfer, args.kv_lease_s)
     server = await rpc.start_server(
         f"{args.host}:{args.port}",
         lambda s: engine_pb2_grpc.add_EngineServiceServicer_to_server(servicer, s),
@@ -169,6 +318,8 @@ async def serve(args: argparse.Namespace) -> None:
     telemetry.serve_metrics(args.metrics_port, args.host, collectors)
     await server.set_serving([SERVICE])
     log.info("worker (%s) serving %s on %s:%d", args.role, args.model, args.host, server.port)
+    if args.role != "aggregated":
+        log.info("worker (%s) KV side channel on %s:%d", args.role, args.kv_host, args.kv_port)
     try:
         await rpc.wait_for_termination(server, [SERVICE])
     finally:

@@ -1,3 +1,4 @@
+from google.protobuf import struct_pb2 as _struct_pb2
 from prism.v1 import common_pb2 as _common_pb2
 from prism.v1 import encoder_pb2 as _encoder_pb2
 from google.protobuf.internal import containers as _containers
@@ -9,30 +10,97 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "images", "image_embeddings")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "images", "image_embeddings", "kv_transfer_params", "image_layouts")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     IMAGE_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_LAYOUTS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
     images: _containers.RepeatedCompositeFieldContainer[_common_pb2.Image]
     image_embeddings: _containers.RepeatedCompositeFieldContainer[_encoder_pb2.EmbeddingHandle]
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ..., image_embeddings: _Optional[_Iterable[_Union[_encoder_pb2.EmbeddingHandle, _Mapping]]] = ...) -> None: ...
+    kv_transfer_params: KvTransferParams
+    image_layouts: _containers.RepeatedCompositeFieldContainer[ImageLayout]
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ..., image_embeddings: _Optional[_Iterable[_Union[_encoder_pb2.EmbeddingHandle, _Mapping]]] = ..., kv_transfer_params: _Optional[_Union[KvTransferParams, _Mapping]] = ..., image_layouts: _Optional[_Iterable[_Union[ImageLayout, _Mapping]]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("token_ids", "finish_reason", "prompt_tokens", "cached_tokens")
+    __slots__ = ("token_ids", "finish_reason", "prompt_tokens", "cached_tokens", "kv_transfer_params", "image_layouts")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_LAYOUTS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finish_reason: _common_pb2.FinishReason
     prompt_tokens: int
     cached_tokens: int
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+    kv_transfer_params: KvTransferParams
+    image_layouts: _containers.RepeatedCompositeFieldContainer[ImageLayout]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., kv_transfer_params: _Optional[_Union[KvTransferParams, _Mapping]] = ..., image_layouts: _Optional[_Iterable[_Union[ImageLayout, _Mapping]]] = ...) -> None: ...
+
+class KvTransferParams(_message.Message):
+    __slots__ = ("do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id", "remote_host", "remote_port", "tp_size", "dcp_size", "pp_size", "remote_num_tokens", "remote_prefill_cached_tokens", "remote_blocks_expiry_time", "transfer_mode", "remote_block_size", "extra")
+    class ExtraEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _struct_pb2.Value
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ...) -> None: ...
+    DO_REMOTE_PREFILL_FIELD_NUMBER: _ClassVar[int]
+    DO_REMOTE_DECODE_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_HOST_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_PORT_FIELD_NUMBER: _ClassVar[int]
+    TP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DCP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_PREFILL_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_BLOCKS_EXPIRY_TIME_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_MODE_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_FIELD_NUMBER: _ClassVar[int]
+    do_remote_prefill: bool
+    do_remote_decode: bool
+    remote_block_ids: _containers.RepeatedCompositeFieldContainer[KvBlockIds]
+    remote_engine_id: str
+    remote_request_id: str
+    remote_host: str
+    remote_port: int
+    tp_size: int
+    dcp_size: int
+    pp_size: int
+    remote_num_tokens: int
+    remote_prefill_cached_tokens: int
+    remote_blocks_expiry_time: float
+    transfer_mode: str
+    remote_block_size: int
+    extra: _containers.MessageMap[str, _struct_pb2.Value]
+    def __init__(self, do_remote_prefill: _Optional[bool] = ..., do_remote_decode: _Optional[bool] = ..., remote_block_ids: _Optional[_Iterable[_Union[KvBlockIds, _Mapping]]] = ..., remote_engine_id: _Optional[str] = ..., remote_request_id: _Optional[str] = ..., remote_host: _Optional[str] = ..., remote_port: _Optional[int] = ..., tp_size: _Optional[int] = ..., dcp_size: _Optional[int] = ..., pp_size: _Optional[int] = ..., remote_num_tokens: _Optional[int] = ..., remote_prefill_cached_tokens: _Optional[int] = ..., remote_blocks_expiry_time: _Optional[float] = ..., transfer_mode: _Optional[str] = ..., remote_block_size: _Optional[int] = ..., extra: _Optional[_Mapping[str, _struct_pb2.Value]] = ...) -> None: ...
+
+class KvBlockIds(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ImageLayout(_message.Message):
+    __slots__ = ("uuid", "num_tokens", "image_grid_thw")
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_GRID_THW_FIELD_NUMBER: _ClassVar[int]
+    uuid: str
+    num_tokens: int
+    image_grid_thw: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, uuid: _Optional[str] = ..., num_tokens: _Optional[int] = ..., image_grid_thw: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EngineServiceAbortRequest(_message.Message):
     __slots__ = ("request_id",)

@@ -28,6 +28,11 @@ if _version_not_supported:
 class EngineServiceStub:
     """A worker: one vLLM engine in one role. It takes token ids, never text, and streams
     token ids back; the processor does templating, detokenization and stop strings.
+
+    Roles: `aggregated` generates the whole answer. `prefill` (images as embeddings) and
+    `encode_prefill` (images as pixels) compute the prompt's KV cache and the first token,
+    then hold the cache for a decode worker; `decode` reads that cache with NIXL and
+    generates the answer without recomputing the prompt.
     """
 
     def __init__(self, channel):
@@ -51,6 +56,11 @@ class EngineServiceStub:
 class EngineServiceServicer:
     """A worker: one vLLM engine in one role. It takes token ids, never text, and streams
     token ids back; the processor does templating, detokenization and stop strings.
+
+    Roles: `aggregated` generates the whole answer. `prefill` (images as embeddings) and
+    `encode_prefill` (images as pixels) compute the prompt's KV cache and the first token,
+    then hold the cache for a decode worker; `decode` reads that cache with NIXL and
+    generates the answer without recomputing the prompt.
     """
 
     def Generate(self, request, context):
@@ -61,7 +71,8 @@ class EngineServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Abort(self, request, context):
-        """Aborts a running request by id.
+        """Aborts a running request by id; on a prefill worker it also frees the KV cache
+        held for a decode that will not come.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -91,6 +102,11 @@ def add_EngineServiceServicer_to_server(servicer, server):
 class EngineService:
     """A worker: one vLLM engine in one role. It takes token ids, never text, and streams
     token ids back; the processor does templating, detokenization and stop strings.
+
+    Roles: `aggregated` generates the whole answer. `prefill` (images as embeddings) and
+    `encode_prefill` (images as pixels) compute the prompt's KV cache and the first token,
+    then hold the cache for a decode worker; `decode` reads that cache with NIXL and
+    generates the answer without recomputing the prompt.
     """
 
     @staticmethod

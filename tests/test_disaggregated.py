@@ -1,0 +1,175 @@
+"""The prefill and decode roles (E/P/D and EP/D meshes): the KV cache really crosses from
+prefill to decode, failures end with a clear status, and no KV blocks are left behind."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import grpc
+import pytest
+from test_contracts import abort_once_running, greedy, inference, text_message
+
+from prism import rpc
+from prism.launcher import free_port
+from prism.modes import ROLES
+from prism.rpc import PrismError
+from prism.v1 import common_pb2, engine_pb2, engine_pb2_grpc, inference_pb2
+
+pytestmark = pytest.mark.e2e
+
+PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13]
+
+
+@pytest.fixture
+def pd(mesh):
+    if "decode" not in ROLES[mesh.mode]:
+        pytest.skip("no prefill/decode workers in this mode")
+    return mesh
+
+
+def stub(mesh, stage: str) -> engine_pb2_grpc.EngineServiceStub:
+    return engine_pb2_grpc.EngineServiceStub(rpc.sync_channel(mesh.address(stage)))
+
+
+def metric(mesh, stage: str, name: str, **labels: str) -> float:
+    """Sum of a stage's samples called `name` whose labels include `labels`."""
+    total = 0.0
+    for key, value in mesh.metrics(stage).items():
+        sample, _, label_text = key.partition("{")
+        if sample == name and all(f'{k}="{v}"' in label_text for k, v in labels.items()):
+            total += value
+    return total
+
+
+def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def kv_idle(mesh, stage: str) -> bool:
+    return metric(mesh, stage, "vllm:kv_cache_usage_perc") == 0
+
+
+def prefill(mesh, request_id: str, prompt=PROMPT, **sampling) -> engine_pb2.GenerateResponse:
+    request = engine_pb2.GenerateRequest(
+        request_id=request_id, prompt_token_ids=prompt, sampling=greedy(8, **sampling)
+    )
+    merged = engine_pb2.GenerateResponse()
+    for reply in stub(mesh, "prefill").Generate(request, timeout=60):
+        merged.MergeFrom(reply)
+    return merged
+
+
+def decode_request(request_id: str, prefilled: engine_pb2.GenerateResponse, prompt=PROMPT):
+    return engine_pb2.GenerateRequest(
+        request_id=request_id, prompt_token_ids=prompt, sampling=greedy(8),
+        kv_transfer_params=prefilled.kv_transfer_params,
+    )  # fmt: skip
+
+
+def test_prefill_returns_the_first_token_and_typed_kv_params(pd):
+    prefilled = prefill(pd, "pd-prefill")
+    try:
+        assert len(prefilled.token_ids) == 1
+        assert prefilled.finish_reason == common_pb2.FINISH_REASON_LENGTH
+        assert prefilled.prompt_tokens == len(PROMPT)
+        kv = prefilled.kv_transfer_params
+        assert kv.do_remote_prefill and not kv.do_remote_decode
+        assert kv.remote_engine_id and kv.remote_request_id and kv.remote_host == "127.0.0.1"
+        assert kv.remote_port > 0 and kv.transfer_mode == "pull"
+        assert kv.remote_num_tokens == len(PROMPT) and len(kv.remote_block_ids[0].ids) >= 1
+        assert (kv.tp_size, kv.dcp_size, kv.pp_size) == (1, 1, 1) and not kv.extra
+        assert eventually(lambda: not kv_idle(pd, "prefill")), "prefill holds the KV for decode"
+    finally:
+        stub(pd, "prefill").Abort(engine_pb2.EngineServiceAbortRequest(request_id="pd-prefill"))
+
+
+def test_decode_reads_the_prompt_kv_instead_of_recomputing_it(pd):
+    source = "vllm:prompt_tokens_by_source_total"
+    before = {
+        s: metric(pd, "decode", source, source=s) for s in ("external_kv_transfer", "local_compute")
+    }
+    prefilled = prefill(pd, "pd-transfer")
+    replies = list(stub(pd, "decode").Generate(decode_request("pd-transfer", prefilled)))
+    tokens = [t for reply in replies for t in reply.token_ids]
+    assert tokens[0] == prefilled.token_ids[0] and len(tokens) == 8
+    assert replies[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+
+    def grown() -> dict[str, float]:
+        return {s: metric(pd, "decode", source, source=s) - before[s] for s in before}
+
+    assert eventually(lambda: grown()["external_kv_transfer"] > 0)
+    # The whole prompt came over NIXL; at most its last token is recomputed locally.
+    assert grown()["external_kv_transfer"] >= len(PROMPT) - 1
+    assert grown()["local_compute"] <= 1
+    # Reading the KV released it on the prefill side.
+    assert eventually(lambda: kv_idle(pd, "prefill"))
+
+
+def test_decode_needs_kv_params(pd):
+    request = engine_pb2.GenerateRequest(
+        request_id="pd-no-kv", prompt_token_ids=PROMPT, sampling=greedy(4)
+    )
+    with pytest.raises(grpc.RpcError) as info:
+        list(stub(pd, "decode").Generate(request, timeout=30))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert PrismError.from_rpc_error(info.value).param == "kv_transfer_params"
+
+
+def test_decode_fails_cleanly_when_the_prefill_kv_is_unreachable(pd):
+    prefilled = prefill(pd, "pd-lost")
+    stub(pd, "prefill").Abort(engine_pb2.EngineServiceAbortRequest(request_id="pd-lost"))
+    lost = decode_request("pd-lost", prefilled)
+    # Nobody listens there: the handshake with the prefill engine cannot succeed.
+    lost.kv_transfer_params.remote_engine_id = "gone"
+    lost.kv_transfer_params.remote_port = free_port()
+    with pytest.raises(grpc.RpcError) as info:
+        list(stub(pd, "decode").Generate(lost, timeout=60))
+    error = PrismError.from_rpc_error(info.value)
+    assert error.code == grpc.StatusCode.UNAVAILABLE
+    assert error.reason == "KV_TRANSFER_FAILED" and "gone" in error.message
+    # Decode keeps serving, and frees what it had allocated for the failed request.
+    again = prefill(pd, "pd-after-lost")
+    replies = list(stub(pd, "decode").Generate(decode_request("pd-after-lost", again)))
+    assert sum(len(reply.token_ids) for reply in replies) == 8
+    assert eventually(lambda: kv_idle(pd, "decode") and kv_idle(pd, "prefill"))
+
+
+def test_prefill_abort_frees_kv_held_for_decode(pd):
+    prefill(pd, "pd-held")
+    assert eventually(lambda: not kv_idle(pd, "prefill"))
+    aborted = stub(pd, "prefill").Abort(engine_pb2.EngineServiceAbortRequest(request_id="pd-held"))
+    assert aborted.aborted
+    # Well before the connector's 30 s lease would have freed them.
+    assert eventually(lambda: kv_idle(pd, "prefill"), timeout=10)
+
+
+def test_aborted_request_leaves_no_kv_blocks(pd):
+    stub_ = inference(pd)
+    request = inference_pb2.ChatRequest(
+        request_id="pd-public-abort", messages=[text_message("Tell me everything.")],
+        sampling=greedy(2000, ignore_eos=True),
+    )  # fmt: skip
+    stream = stub_.Chat(request, timeout=120)
+    first = next(stream)
+    assert first.token_ids, "the first token comes from prefill, before decode"
+    abort = inference_pb2.AbortRequest(request_id="pd-public-abort")
+    abort_once_running(lambda: stub_.Abort(abort).aborted)
+    replies = list(stream)
+    assert replies[-1].finish_reason == common_pb2.FINISH_REASON_ABORT
+    assert eventually(lambda: kv_idle(pd, "prefill") and kv_idle(pd, "decode"))
+
+
+def test_client_disconnect_leaves_no_kv_blocks(pd):
+    request = inference_pb2.ChatRequest(
+        messages=[text_message("Tell me a long story.")], sampling=greedy(2000, ignore_eos=True)
+    )
+    stream = inference(pd).Chat(request, timeout=120)
+    next(stream)
+    stream.cancel()
+    assert eventually(lambda: kv_idle(pd, "prefill") and kv_idle(pd, "decode"))
