@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import random
 import signal
@@ -59,8 +60,11 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise OSError("no free port")
 
 
-def _die_with_parent() -> None:
+def _prepare_child(cpus: set[int]) -> None:
+    """Runs in the child before exec: dies with the launcher, keeps to its cores."""
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
 
 
 def http_ok(url: str, timeout: float = 1.0) -> bool:
@@ -71,14 +75,15 @@ def http_ok(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
-def _core_slices(engines: int) -> list[str]:
-    """CPU cores for each engine's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND): engines
-    that share cores run many times slower on the CPU backend."""
-    cores = os.cpu_count() or 1
-    if engines > cores:
-        return [str(i % cores) for i in range(engines)]
-    size = cores // engines
-    return [f"{i * size}-{(i + 1) * size - 1}" for i in range(engines)]
+def _core_slices(engines: int) -> list[set[int]]:
+    """The CPU cores of each engine. On the CPU backend, engines whose OpenMP threads
+    share cores run many times slower, and an engine holding KV for a decode polls
+    without pause: each engine, with all its processes, stays on its own cores."""
+    cores = sorted(os.sched_getaffinity(0))
+    if engines > len(cores):
+        return [{cores[i % len(cores)]} for i in range(engines)]
+    size = len(cores) // engines
+    return [set(cores[i * size : (i + 1) * size]) for i in range(engines)]
 
 
 @dataclass
@@ -89,6 +94,8 @@ class Stage:
     healthy: Callable[[], bool]
     metrics_url: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    # CPU cores the stage's processes may run on (all when empty).
+    cpus: set[int] = field(default_factory=set)
     process: subprocess.Popen | None = None
 
 
@@ -161,7 +168,8 @@ def plan(config: MeshConfig) -> list[Stage]:
     engines = [stage for stages in by_role.values() for stage in stages]
     if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         for stage, cores in zip(engines, _core_slices(len(engines)), strict=True):
-            stage.env["VLLM_CPU_OMP_THREADS_BIND"] = cores
+            stage.cpus = cores
+            stage.env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(cores)))
     by_role["encoder"] = encoders
     peers = [f"{role}={s.address}" for role, stages in by_role.items() for s in stages]
     processor = _grpc_stage(
@@ -211,7 +219,7 @@ class Mesh:
                 # Its own process group, so that stop() also reaches the processes a stage
                 # spawned (vLLM's engine core) even when the stage itself died abruptly.
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=functools.partial(_prepare_child, stage.cpus),
             )
         deadline = time.monotonic() + timeout
         pending = list(self.stages)
