@@ -166,7 +166,8 @@ def plan(config: MeshConfig) -> list[Stage]:
         flags = ["--role", "aggregated"] + (["--enable-mm-embeds"] if encoders else [])
         by_role = {"worker": workers("worker", config.workers, flags)}
     engines = [stage for stages in by_role.values() for stage in stages]
-    if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+    # One engine alone keeps vLLM's own binding.
+    if len(engines) > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         for stage, cores in zip(engines, _core_slices(len(engines)), strict=True):
             stage.cpus = cores
             stage.env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(cores)))

@@ -41,14 +41,15 @@ def test_demo_streams_an_answer_and_stops_the_mesh(models):
 
 
 @pytest.mark.parametrize(
-    "target,sig",
-    [("serve", signal.SIGTERM), ("serve", signal.SIGKILL), ("worker", signal.SIGKILL)],
-    ids=["sigterm", "sigkill", "worker-sigkill"],
-)
-def test_serve_leaves_no_orphans(models, target, sig):
+    "mode,target,sig",
+    [("epd", "serve", signal.SIGTERM), ("epd", "serve", signal.SIGKILL),
+     ("epd", "worker", signal.SIGKILL), ("e/p/d", "serve", signal.SIGTERM)],
+    ids=["sigterm", "sigkill", "worker-sigkill", "e-p-d-sigterm"],
+)  # fmt: skip
+def test_serve_leaves_no_orphans(models, mode, target, sig):
     port = free_port()
     serve = subprocess.Popen(
-        [sys.executable, "-m", "prism.cli", "--log-level", "warning", "serve", "--mode", "epd",
+        [sys.executable, "-m", "prism.cli", "--log-level", "warning", "serve", "--mode", mode,
          "--model", str(models["qwen2-vl"]), "--http-port", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
