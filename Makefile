@@ -1,7 +1,7 @@
 PY := .venv/bin/python
 PROTOS := $(wildcard protos/prism/v1/*.proto)
 
-.PHONY: setup demo test lint protos check-protos bench-transfer
+.PHONY: setup demo test lint protos check-protos bench-transfer bench-modes
 
 setup:
 	scripts/setup.sh
@@ -15,6 +15,11 @@ test:
 # Not a test: NIXL vs inline protobuf vs memcpy, written to bench/results/transfer.json.
 bench-transfer:
 	$(PY) bench/transfer.py --out bench/results/transfer.json
+
+# Not a test: TTFT and total latency of one request in each mode, on the tiny LLaVA.
+bench-modes:
+	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
+	$(PY) bench/modes.py --model models/tiny-llava --out bench/results/modes.json
 
 lint:
 	.venv/bin/ruff check .
