@@ -1,7 +1,10 @@
 """Shared fixtures: tiny models, the offline-vLLM oracle, images and running meshes.
 
 Engines are expensive (about 20 s each on 2 cores), so everything that starts one is
-session-scoped and shared; at most one mesh runs at a time.
+session-scoped and shared; at most one mesh runs at a time. Tests that start meshes of
+their own (`own_mesh`) run first, before any shared mesh is up: an idle prefill or decode
+engine still keeps a core busy (NIXL's progress thread), and two meshes at once on a
+small machine starve each other.
 """
 
 from __future__ import annotations
@@ -33,6 +36,11 @@ from prism.tiny_models import build
 
 FAMILIES = ("llava", "qwen2-vl")
 ROOT = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    own = [item for item in items if item.get_closest_marker("own_mesh")]
+    items[:] = own + [item for item in items if not item.get_closest_marker("own_mesh")]
 
 
 def png(seed: int, size: tuple[int, int] = (64, 48)) -> bytes:
