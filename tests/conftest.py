@@ -38,9 +38,17 @@ FAMILIES = ("llava", "qwen2-vl")
 ROOT = Path(__file__).parent
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    own = [item for item in items if item.get_closest_marker("own_mesh")]
-    items[:] = own + [item for item in items if not item.get_closest_marker("own_mesh")]
+    """Own meshes first, then tests without a mesh, then the shared meshes one by one
+    (a stable sort: pytest has already grouped the tests of each shared mesh)."""
+
+    def rank(item: pytest.Item) -> int:
+        if item.get_closest_marker("own_mesh"):
+            return 0
+        return 2 if "mesh" in getattr(item, "fixturenames", ()) else 1
+
+    items.sort(key=rank)
 
 
 def png(seed: int, size: tuple[int, int] = (64, 48)) -> bytes:
