@@ -16,7 +16,9 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -36,6 +38,16 @@ from prism.tiny_models import build
 
 FAMILIES = ("llava", "qwen2-vl")
 ROOT = Path(__file__).parent
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 15.0, period: float = 0.1) -> bool:
+    """Whether `predicate` turns true within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(period)
+    return predicate()
 
 
 @pytest.hookimpl(trylast=True)

@@ -3,11 +3,9 @@ prefill to decode, failures end with a clear status, and no KV blocks are left b
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 import grpc
 import pytest
+from conftest import wait_for
 from test_contracts import abort_once_running, greedy, inference, text_message
 
 from prism import rpc
@@ -40,15 +38,6 @@ def metric(mesh, stage: str, name: str, **labels: str) -> float:
         if sample == name and all(f'{k}="{v}"' in label_text for k, v in labels.items()):
             total += value
     return total
-
-
-def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def kv_idle(mesh, stage: str) -> bool:
@@ -84,7 +73,7 @@ def test_prefill_returns_the_first_token_and_typed_kv_params(pd):
         assert kv.remote_port > 0 and kv.transfer_mode == "pull"
         assert kv.remote_num_tokens == len(PROMPT) and len(kv.remote_block_ids[0].ids) >= 1
         assert (kv.tp_size, kv.dcp_size, kv.pp_size) == (1, 1, 1) and not kv.extra
-        assert eventually(lambda: not kv_idle(pd, "prefill")), "prefill holds the KV for decode"
+        assert wait_for(lambda: not kv_idle(pd, "prefill")), "prefill holds the KV for decode"
     finally:
         stub(pd, "prefill").Abort(engine_pb2.EngineServiceAbortRequest(request_id="pd-prefill"))
 
@@ -103,12 +92,12 @@ def test_decode_reads_the_prompt_kv_instead_of_recomputing_it(pd):
     def grown() -> dict[str, float]:
         return {s: metric(pd, "decode", source, source=s) - before[s] for s in before}
 
-    assert eventually(lambda: grown()["external_kv_transfer"] > 0)
+    assert wait_for(lambda: grown()["external_kv_transfer"] > 0)
     # The whole prompt came over NIXL; at most its last token is recomputed locally.
     assert grown()["external_kv_transfer"] >= len(PROMPT) - 1
     assert grown()["local_compute"] <= 1
     # Reading the KV released it on the prefill side.
-    assert eventually(lambda: kv_idle(pd, "prefill"))
+    assert wait_for(lambda: kv_idle(pd, "prefill"))
 
 
 def test_decode_needs_kv_params(pd):
@@ -137,16 +126,16 @@ def test_decode_fails_cleanly_when_the_prefill_kv_is_unreachable(pd):
     again = prefill(pd, "pd-after-lost")
     replies = list(stub(pd, "decode").Generate(decode_request("pd-after-lost", again)))
     assert sum(len(reply.token_ids) for reply in replies) == 8
-    assert eventually(lambda: kv_idle(pd, "decode") and kv_idle(pd, "prefill"))
+    assert wait_for(lambda: kv_idle(pd, "decode") and kv_idle(pd, "prefill"))
 
 
 def test_prefill_abort_frees_kv_held_for_decode(pd):
     prefill(pd, "pd-held")
-    assert eventually(lambda: not kv_idle(pd, "prefill"))
+    assert wait_for(lambda: not kv_idle(pd, "prefill"))
     aborted = stub(pd, "prefill").Abort(engine_pb2.EngineServiceAbortRequest(request_id="pd-held"))
     assert aborted.aborted
     # Well before the connector's 30 s lease would have freed them.
-    assert eventually(lambda: kv_idle(pd, "prefill"), timeout=10)
+    assert wait_for(lambda: kv_idle(pd, "prefill"), timeout=10)
 
 
 def test_aborted_request_leaves_no_kv_blocks(pd):
@@ -162,7 +151,7 @@ def test_aborted_request_leaves_no_kv_blocks(pd):
     abort_once_running(lambda: stub_.Abort(abort).aborted)
     replies = list(stream)
     assert replies[-1].finish_reason == common_pb2.FINISH_REASON_ABORT
-    assert eventually(lambda: kv_idle(pd, "prefill") and kv_idle(pd, "decode"))
+    assert wait_for(lambda: kv_idle(pd, "prefill") and kv_idle(pd, "decode"))
 
 
 def test_client_disconnect_leaves_no_kv_blocks(pd):
@@ -172,4 +161,4 @@ def test_client_disconnect_leaves_no_kv_blocks(pd):
     stream = inference(pd).Chat(request, timeout=120)
     next(stream)
     stream.cancel()
-    assert eventually(lambda: kv_idle(pd, "prefill") and kv_idle(pd, "decode"))
+    assert wait_for(lambda: kv_idle(pd, "prefill") and kv_idle(pd, "decode"))

@@ -11,7 +11,7 @@ import grpc
 import openai
 import pytest
 import torch
-from conftest import CASES, data_url, image_part, png, user
+from conftest import CASES, data_url, image_part, png, user, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from prism import rpc
@@ -24,15 +24,6 @@ from prism.v1 import common_pb2, encoder_pb2, encoder_pb2_grpc, engine_pb2, engi
 pytestmark = pytest.mark.e2e
 
 POOL = "prism_nixl_pool_bytes_in_use"
-
-
-def wait_for(predicate, timeout: float = 15.0, period: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(period)
-    return predicate()
 
 
 class Encoder:
