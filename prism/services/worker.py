@@ -49,8 +49,8 @@ PREFILL_ROLES = ("prefill", "encode_prefill")
 # Roles that take images as embeddings: `prefill` reads them from the encoder; `decode`
 # gets placeholders, since the images' KV comes from prefill.
 _EMBEDS_ROLES = ("prefill", "decode")
-# How long Abort keeps trying to free a prefill's KV that the connector does not hold yet.
-_RELEASE_WAIT_S = 2.0
+# Longest pause between tries to free a prefill's KV that the connector does not hold yet.
+_RELEASE_POLL_MAX_S = 0.25
 
 
 def engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
@@ -129,6 +129,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         # Prefill roles: request id -> (engine request id, end of lease) while its KV
         # cache waits for a decode.
         self._held: dict[str, tuple[str, float]] = {}
+        self._releases: set[asyncio.Task] = set()
 
     @staticmethod
     def _decode_images(images: list[common_pb2.Image]) -> list:
@@ -276,21 +277,28 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             del self._held[stale]
         self._held[request_id] = (engine_request_id, now + self.kv_lease_s)
 
-    async def _release(self, request_id: str) -> bool:
-        """Frees the KV cache a prefill holds for `request_id`, if it still holds it."""
+    def _release(self, request_id: str) -> bool:
+        """Starts freeing the KV cache a prefill holds for `request_id`; False if none."""
         held = self._held.pop(request_id, None)
         if held is None:
             return False
-        engine_request_id, until = held
-        # The connector learns of a finished request at the engine's next step.
-        deadline = min(until, time.monotonic() + _RELEASE_WAIT_S)
-        while True:
+        task = asyncio.create_task(self._end_lease(*held))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+        return True
+
+    async def _end_lease(self, engine_request_id: str, until: float) -> None:
+        # The connector learns of a finished request at the engine's next step, which a
+        # busy machine may delay: keep trying, less often, until the lease would end anyway.
+        pause = 0.02
+        while time.monotonic() < until:
             (released,) = await self.engine.collective_rpc(
                 "prism_release_kv", args=(engine_request_id,)
             )
-            if released or time.monotonic() >= deadline:
-                return released
-            await asyncio.sleep(0.02)
+            if released:
+                return
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _RELEASE_POLL_MAX_S)
 
     @rpc.rpc_errors
     async def Abort(
@@ -300,7 +308,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         if running:
             self._running[request.request_id] = True
             await self.engine.abort(request.request_id)
-        released = await self._release(request.request_id)
+        released = self._release(request.request_id)
         return engine_pb2.EngineServiceAbortResponse(aborted=running or released)
 
 
