@@ -13,7 +13,9 @@ import os
 import signal
 import sys
 
+from prism import registry
 from prism.modes import MODES, WORKER_ROLES
+from prism.routing import POLICIES
 
 
 def _stage_args(parser: argparse.ArgumentParser, port: int, metrics: bool = True) -> None:
@@ -43,14 +45,25 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-gib", type=int, default=1, help="KV cache size on CPU (GiB)")
 
 
-def _peer_arg(parser: argparse.ArgumentParser, example: str) -> None:
+def _routing_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--peer",
-        action="append",
-        default=[],
-        metavar="ROLE=HOST:PORT",
-        help=f"static registry entry, repeatable (e.g. {example})",
+        "--routing",
+        default="round-robin",
+        choices=POLICIES,
+        help="how the processor picks among the replicas of a stage",
     )
+
+
+def _forwarded_registry_args(args: argparse.Namespace) -> list[str]:
+    """`prism serve`'s registry flags, as every stage it starts takes them."""
+    if args.registry == "static":
+        return []
+    forwarded = ["--registry", args.registry]
+    for flag in ("advertise_host", "consul_token", "consul_check_interval",
+                 "consul_check_timeout", "consul_deregister_after"):  # fmt: skip
+        if getattr(args, flag):
+            forwarded += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
+    return forwarded
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,15 +78,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers", type=int, default=1, help="aggregated worker replicas (epd, e/pd)"
     )
     serve.add_argument(
-        "--prefill-workers", type=int, default=1, help="prefill worker replicas (e/p/d, ep/d)"
+        "--prefill",
+        "--prefill-workers",
+        dest="prefill_workers",
+        type=int,
+        default=1,
+        help="prefill worker replicas (e/p/d, ep/d)",
     )
     serve.add_argument(
-        "--decode-workers", type=int, default=1, help="decode worker replicas (e/p/d, ep/d)"
+        "--decode",
+        "--decode-workers",
+        dest="decode_workers",
+        type=int,
+        default=1,
+        help="decode worker replicas (e/p/d, ep/d)",
     )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--http-port", type=int, default=8000)
     _model_args(serve)
     _engine_args(serve)
+    _routing_arg(serve)
+    registry.add_arguments(serve, sidecar=False)
 
     worker = sub.add_parser("worker", help="EngineService on a vLLM engine")
     _stage_args(worker, 50051)
@@ -108,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="prefill roles: free a prompt's KV after this long if no decode reads it",
     )
     worker.add_argument("--pool-mib", type=int, default=256, help="NIXL read buffer (MiB)")
+    registry.add_arguments(worker)
 
     encoder = sub.add_parser("encoder", help="EncoderService: vision tower + projector")
     _stage_args(encoder, 50052)
@@ -117,16 +143,18 @@ def build_parser() -> argparse.ArgumentParser:
     encoder.add_argument(
         "--lease-s", type=float, default=30.0, help="free unread embeddings after this long"
     )
+    registry.add_arguments(encoder)
 
     processor = sub.add_parser("processor", help="the public InferenceService")
     _stage_args(processor, 50050)
     _model_args(processor)
     processor.add_argument("--mode", default="epd", choices=MODES)
-    _peer_arg(processor, "worker=127.0.0.1:50051")
+    _routing_arg(processor)
+    registry.add_arguments(processor, peers="worker=127.0.0.1:50051")
 
     gateway = sub.add_parser("gateway", help="OpenAI REST API in front of a processor")
     _stage_args(gateway, 8000, metrics=False)
-    _peer_arg(gateway, "processor=127.0.0.1:50050")
+    registry.add_arguments(gateway, peers="processor=127.0.0.1:50050")
 
     model = sub.add_parser("model", help="tiny random-weight models for tests and demos")
     model_sub = model.add_subparsers(dest="model_command", required=True)
@@ -177,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
                 workers=args.workers,
                 prefill_workers=args.prefill_workers,
                 decode_workers=args.decode_workers,
+                routing=args.routing,
+                registry_args=_forwarded_registry_args(args),
                 log_level=args.log_level,
             )
         )
@@ -186,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.role != "aggregated":
             from prism.launcher import free_port
 
-            args.kv_host = args.kv_host or args.host
+            args.kv_host = args.kv_host or registry.advertise_host(args)
             args.kv_port = args.kv_port or free_port(args.kv_host)
             os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = args.kv_host
             os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(args.kv_port)

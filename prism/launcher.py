@@ -114,6 +114,9 @@ class MeshConfig:
     workers: int = 1
     prefill_workers: int = 1
     decode_workers: int = 1
+    routing: str = "round-robin"
+    # Registry flags for every stage (e.g. --registry consul://...); none: the static one.
+    registry_args: list[str] = field(default_factory=list)
     log_level: str = "info"
 
 
@@ -136,7 +139,7 @@ def plan(config: MeshConfig) -> list[Stage]:
         raise ValueError(f"unknown mode {config.mode!r}; choose from {', '.join(MODES)}")
     prism = [sys.executable, "-m", "prism.cli", "--log-level", config.log_level]
     common = ["--model", config.model, "--host", config.host,
-              "--max-images", str(config.max_images)]  # fmt: skip
+              "--max-images", str(config.max_images), *config.registry_args]  # fmt: skip
     if config.served_model_name:
         common += ["--served-model-name", config.served_model_name]
     if config.max_model_len:
@@ -172,19 +175,26 @@ def plan(config: MeshConfig) -> list[Stage]:
             stage.cpus = cores
             stage.env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(cores)))
     by_role["encoder"] = encoders
-    peers = [f"{role}={s.address}" for role, stages in by_role.items() for s in stages]
+
+    def peers(by_role: dict[str, list[Stage]]) -> list[str]:
+        # A dynamic registry tells each stage where its peers are.
+        if config.registry_args:
+            return []
+        return [arg for role, stages in by_role.items() for s in stages
+                for arg in ("--peer", f"{role}={s.address}")]  # fmt: skip
+
     processor = _grpc_stage(
         "processor",
         config.host,
-        [*prism, "processor", *common, "--mode", config.mode,
-         *(arg for peer in peers for arg in ("--peer", peer))],
+        [*prism, "processor", *common, "--mode", config.mode, "--routing", config.routing,
+         *peers(by_role)],
     )  # fmt: skip
     base_url = f"http://{config.host}:{config.http_port}"
     gateway = Stage(
         "gateway",
         base_url,
         [*prism, "gateway", "--host", config.host, "--port", str(config.http_port),
-         "--peer", f"processor={processor.address}"],
+         *config.registry_args, *peers({"processor": [processor]})],
         lambda: http_ok(f"{base_url}/health"),
     )  # fmt: skip
     stages = [*encoders, *engines, processor, gateway]
@@ -201,6 +211,8 @@ class Mesh:
 
     def __init__(self, stages: list[Stage]):
         self.stages = stages
+        # Replicas that died while others of their stage kept serving.
+        self._lost: set[str] = set()
 
     def stage(self, name: str) -> Stage:
         """The stage called `name`, or the first `name-N` replica."""
@@ -233,10 +245,25 @@ class Mesh:
             if pending:
                 time.sleep(0.5)
 
-    def check_alive(self) -> None:
+    def check_alive(self, spare_replicas: bool = False) -> None:
+        """Raises if a stage has exited. With `spare_replicas`, a replica that died while
+        another replica of its stage lives is only reported: the processor routes
+        around it."""
         for stage in self.stages:
-            if stage.process is not None and stage.process.poll() is not None:
+            if stage.process is None or stage.process.poll() is None:
+                continue
+            kind = stage.name.rpartition("-")[0]
+            survivors = [
+                s for s in self.stages
+                if s.name.rpartition("-")[0] == kind and s.process and s.process.poll() is None
+            ]  # fmt: skip
+            if not (spare_replicas and kind and survivors):
                 raise RuntimeError(f"{stage.name} exited with code {stage.process.returncode}")
+            if stage.name not in self._lost:
+                self._lost.add(stage.name)
+                code = stage.process.returncode
+                left = f"{len(survivors)} {kind} replica(s) left"
+                print(f"prism: {stage.name} exited with code {code}; {left}", file=sys.stderr)
 
     def stop(self, grace: float = 15.0) -> None:
         # Front first, so no new work reaches the stages behind it.
@@ -277,7 +304,7 @@ def run(config: MeshConfig) -> int:
             flush=True,
         )
         while True:
-            mesh.check_alive()
+            mesh.check_alive(spare_replicas=True)
             time.sleep(0.5)
     except _StopRequested:
         return 0

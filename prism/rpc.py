@@ -12,7 +12,7 @@ import functools
 import inspect
 import logging
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
 import grpc
@@ -20,6 +20,8 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
+
+from prism.v1 import load_pb2, load_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -159,12 +161,27 @@ class Server:
             await self.health.set(name, status)
 
 
+class LoadServicer(load_pb2_grpc.LoadServiceServicer):
+    def __init__(self, in_flight: Callable[[], int]):
+        self._in_flight = in_flight
+
+    async def GetLoad(
+        self, request: load_pb2.GetLoadRequest, context: grpc.aio.ServicerContext
+    ) -> load_pb2.GetLoadResponse:
+        return load_pb2.GetLoadResponse(in_flight=self._in_flight())
+
+
+LOAD_SERVICE = load_pb2.DESCRIPTOR.services_by_name["LoadService"].full_name
+
+
 async def start_server(
     address: str,
     register: Callable[[grpc.aio.Server], None],
     service_names: Iterable[str],
+    in_flight: Callable[[], int] | None = None,
 ) -> Server:
-    """Starts a gRPC server with health checking, reflection and raised message limits.
+    """Starts a gRPC server with health checking, reflection and raised message limits,
+    and with `LoadService` when given a count of the requests in flight.
 
     Health reports NOT_SERVING until the caller says otherwise with `set_serving`.
     """
@@ -173,9 +190,14 @@ async def start_server(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = list(service_names)
+    extra = []
+    if in_flight is not None:
+        load_pb2_grpc.add_LoadServiceServicer_to_server(LoadServicer(in_flight), server)
+        extra.append(LOAD_SERVICE)
     reflection.enable_server_reflection(
         [
             *names,
+            *extra,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
         ],
@@ -221,8 +243,14 @@ def check_health(address: str, service: str = "", timeout: float = 1.0) -> bool:
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-async def wait_for_termination(server: Server, services: Iterable[str], grace: float = 5.0) -> None:
-    """Serves until SIGINT or SIGTERM, then reports NOT_SERVING and drains for `grace` s."""
+async def wait_for_termination(
+    server: Server,
+    services: Iterable[str],
+    grace: float = 5.0,
+    on_drain: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Serves until SIGINT or SIGTERM, then reports NOT_SERVING, calls `on_drain` (e.g. to
+    leave the registry, so that no new request is routed here) and drains for `grace` s."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -230,4 +258,6 @@ async def wait_for_termination(server: Server, services: Iterable[str], grace: f
     await stop.wait()
     server.draining = True
     await server.set_serving(services, serving=False)
+    if on_drain is not None:
+        await on_drain()
     await server.server.stop(grace)

@@ -4,13 +4,14 @@ from fastapi.testclient import TestClient
 
 from prism.gateway.app import create_app
 from prism.launcher import free_port
-from prism.registry import RoundRobin, StaticRegistry
+from prism.registry import StaticRegistry
+from prism.routing import Router
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
 def client(peers: dict[str, list[str]]) -> TestClient:
-    return TestClient(create_app(RoundRobin(StaticRegistry(peers))))
+    return TestClient(create_app(Router(StaticRegistry(peers))))
 
 
 def test_unreachable_processor_is_503():

@@ -6,7 +6,8 @@ import grpc
 import pytest
 
 from prism import rpc
-from prism.registry import RoundRobin, StaticRegistry
+from prism.registry import StaticRegistry
+from prism.routing import Router
 from prism.rpc import PrismError
 from prism.v1 import inference_pb2, inference_pb2_grpc
 
@@ -92,7 +93,7 @@ def test_readiness_tolerates_isolated_probe_failures():
 
 def test_static_registry_round_robin():
     registry = StaticRegistry.from_pairs(["worker=a:1", "worker=b:2", "processor=c:3"])
-    router = RoundRobin(registry)
+    router = Router(registry)
     assert [router.pick("worker") for _ in range(4)] == ["a:1", "b:2", "a:1", "b:2"]
     assert registry.endpoints("processor") == ["c:3"]
     with pytest.raises(PrismError) as info:

@@ -19,7 +19,8 @@ from starlette.exceptions import HTTPException
 
 from prism import rpc
 from prism.gateway import translate
-from prism.registry import RoundRobin, StaticRegistry
+from prism.registry import Instance, instance, open_registry
+from prism.routing import Router
 from prism.rpc import PrismError, invalid
 from prism.v1 import inference_pb2, inference_pb2_grpc
 
@@ -42,7 +43,7 @@ def _sse(payload: dict) -> bytes:
 
 
 class Gateway:
-    def __init__(self, router: RoundRobin):
+    def __init__(self, router: Router):
         self._router = router
         self._channels: dict[str, grpc.aio.Channel] = {}
 
@@ -132,13 +133,21 @@ async def _generate(
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
-def create_app(router: RoundRobin) -> FastAPI:
+def create_app(router: Router, me: Instance | None = None) -> FastAPI:
+    """The app, routing to the processors `router` finds; registered as `me` if given."""
     gateway = Gateway(router)
+    registry = router.registry
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        yield
-        await gateway.close()
+        await registry.watch("processor")
+        if me is not None:
+            await registry.register(me)
+        try:
+            yield
+        finally:
+            await registry.close()
+            await gateway.close()
 
     app = FastAPI(title="Prism", lifespan=lifespan)
 
@@ -265,6 +274,8 @@ def create_app(router: RoundRobin) -> FastAPI:
 
 
 def serve(args: argparse.Namespace) -> None:
-    app = create_app(RoundRobin(StaticRegistry.from_pairs(args.peer)))
+    app = create_app(
+        Router(open_registry(args)), instance(args, "gateway", args.port, health="http")
+    )
     log.info("gateway listening on http://%s:%d", args.host, args.port)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)

@@ -24,6 +24,8 @@ from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 from prism import rpc, telemetry
 from prism.cache import ByteLru
 from prism.media import ImageLoader, LoadedImage, MediaPolicy, decode_image
+from prism.modes import modes_served
+from prism.registry import instance, open_registry
 from prism.rpc import invalid
 from prism.transfer import TransferAgent
 from prism.v1 import encoder_pb2, encoder_pb2_grpc
@@ -103,6 +105,7 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
         self.loader = loader
         self.cache = cache
         self.lease_s = lease_s
+        self.in_flight = 0
 
     def content_hash(self, image: LoadedImage) -> str:
         digest = hashlib.sha256(self.model_id.encode() + b"\0" + image.data)
@@ -145,11 +148,15 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
         limit = self.loader.policy.max_images
         if len(request.images) > limit:
             raise invalid(f"at most {limit} images per request", "images")
-        images = await asyncio.gather(
-            *(self.loader.load(image, f"images[{i}]") for i, image in enumerate(request.images))
-        )
-        request_id = request.request_id or uuid.uuid4().hex
-        handles = await asyncio.to_thread(self._encode_and_publish, request_id, images)
+        self.in_flight += 1
+        try:
+            images = await asyncio.gather(
+                *(self.loader.load(image, f"images[{i}]") for i, image in enumerate(request.images))
+            )
+            request_id = request.request_id or uuid.uuid4().hex
+            handles = await asyncio.to_thread(self._encode_and_publish, request_id, images)
+        finally:
+            self.in_flight -= 1
         return encoder_pb2.EncodeResponse(handles=handles)
 
 
@@ -170,6 +177,7 @@ async def serve(args: argparse.Namespace) -> None:
         f"{args.host}:{args.port}",
         lambda s: encoder_pb2_grpc.add_EncoderServiceServicer_to_server(servicer, s),
         [SERVICE],
+        in_flight=lambda: servicer.in_flight,
     )
     telemetry.serve_metrics(
         args.metrics_port,
@@ -183,9 +191,12 @@ async def serve(args: argparse.Namespace) -> None:
     await server.set_serving([SERVICE])
     releaser = asyncio.create_task(_release_read_embeddings(agent))
     log.info("encoder serving %s on %s:%d", args.model, args.host, server.port)
+    registry = open_registry(args)
+    await registry.register(instance(args, "encoder", server.port, modes_served()))
     try:
-        await rpc.wait_for_termination(server, [SERVICE])
+        await rpc.wait_for_termination(server, [SERVICE], on_drain=registry.deregister)
     finally:
+        await registry.close()
         releaser.cancel()
         await loader.close()
         agent.close()

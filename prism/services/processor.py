@@ -13,7 +13,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -24,7 +24,8 @@ from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 from prism import rpc, telemetry
 from prism.media import ImageLoader, LoadedImage, MediaPolicy
 from prism.modes import ROLES
-from prism.registry import RoundRobin, StaticRegistry
+from prism.registry import discovery_tags, instance, open_registry
+from prism.routing import Router
 from prism.rpc import PrismError, invalid
 from prism.sampling import to_vllm
 from prism.v1 import (
@@ -35,6 +36,8 @@ from prism.v1 import (
     engine_pb2_grpc,
     inference_pb2,
     inference_pb2_grpc,
+    load_pb2,
+    load_pb2_grpc,
 )
 
 log = logging.getLogger(__name__)
@@ -72,6 +75,7 @@ class _DetokenizerRequest:
 
 
 CallT = TypeVar("CallT", bound=grpc.aio.Call)
+ReplyT = TypeVar("ReplyT")
 
 
 @dataclass
@@ -79,10 +83,13 @@ class Call:
     """The stage call a request is waiting on, so that an Abort can cancel it."""
 
     current: grpc.aio.Call | None = None
+    # The replica `current` went to.
+    address: str = ""
     aborted: bool = False
 
-    def track(self, call: CallT) -> CallT:
+    def track(self, call: CallT, address: str = "") -> CallT:
         self.current = call
+        self.address = address
         if self.aborted:
             call.cancel()
         return call
@@ -93,12 +100,21 @@ class Call:
             self.current.cancel()
 
 
+def _replica_gone(exc: grpc.aio.AioRpcError) -> bool:
+    """A failure that another replica of the role may not have: the replica is down or
+    draining. Not a decode that could not read a prefill's KV: that one is lost for all."""
+    return (
+        exc.code() == grpc.StatusCode.UNAVAILABLE
+        and PrismError.from_rpc_error(exc).reason != "KV_TRANSFER_FAILED"
+    )
+
+
 @dataclass
 class Pipeline:
     """Runs one request through the stages of a mode; yields the worker replies."""
 
     mode: str
-    router: RoundRobin
+    router: Router
     _channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
     # Releases of prefill KV still in flight (kept referenced until done).
     _releases: set[asyncio.Task] = field(default_factory=set)
@@ -108,26 +124,64 @@ class Pipeline:
             self._channels[address] = rpc.channel(address)
         return self._channels[address]
 
-    def channel(self, role: str) -> grpc.aio.Channel:
-        return self._channel(self.router.pick(role))
-
     def _engine(self, address: str) -> engine_pb2_grpc.EngineServiceStub:
         return engine_pb2_grpc.EngineServiceStub(self._channel(address))
 
+    async def _probe(self, address: str) -> bool:
+        channel = self._channel(address)
+        serving = await rpc.is_serving(channel)
+        in_flight = None
+        if serving and self.router.policy == "least-loaded":
+            try:
+                load = await load_pb2_grpc.LoadServiceStub(channel).GetLoad(
+                    load_pb2.GetLoadRequest(), timeout=1.0
+                )
+                in_flight = load.in_flight
+            except grpc.aio.AioRpcError:
+                pass  # e.g. a sidecar's upstream that balances by itself
+        self.router.report(address, serving, in_flight)
+        return serving
+
     async def ready(self) -> bool:
-        """True when every role of the mode has at least one serving instance."""
+        """Probes every replica of every role of the mode (health, and load when routing
+        by it); True when each role has at least one serving replica."""
+        ready = True
         for role in ROLES[self.mode]:
-            addresses = self.router.registry.endpoints(role)
-            checks = [rpc.is_serving(self._channel(a)) for a in addresses]
-            if not any(await asyncio.gather(*checks)):
-                return False
-        return True
+            probes = [self._probe(a) for a in self.router.registry.endpoints(role)]
+            ready = any(await asyncio.gather(*probes)) and ready
+        return ready
 
     async def close(self) -> None:
         for task in list(self._releases):
             await task
         for channel in self._channels.values():
             await channel.close()
+
+    async def _on_replica(
+        self, role: str, call: Call, start: Callable[[str], AsyncIterator[ReplyT]]
+    ) -> AsyncIterator[ReplyT]:
+        """Streams `start(address)` from a replica of `role`. If the replica turns out to be
+        gone before its first reply, tries once more on another one."""
+        tried: list[str] = []
+        while True:
+            address = self.router.pick(role, exclude=tried)
+            replied = False
+            try:
+                with self.router.using(address):
+                    async for reply in start(address):
+                        replied = True
+                        yield reply
+                return
+            except grpc.aio.AioRpcError as exc:
+                if replied or tried or call.aborted or not _replica_gone(exc):
+                    raise
+                self.router.mark_down(address)
+                tried.append(address)
+                if not [a for a in self.router.registry.endpoints(role) if a not in tried]:
+                    raise
+                log.warning(
+                    "%s %s unavailable (%s); trying another replica", role, address, exc.details()
+                )
 
     async def run(
         self,
@@ -143,19 +197,29 @@ class Pipeline:
         )
         images_pb = [image.to_proto() for image in images]
         if images_pb and "encoder" in ROLES[self.mode]:
-            encoder = encoder_pb2_grpc.EncoderServiceStub(self.channel("encoder"))
-            encoded = await call.track(
-                encoder.Encode(encoder_pb2.EncodeRequest(request_id=request_id, images=images_pb))
-            )
-            request.image_embeddings.extend(encoded.handles)
+            encode = encoder_pb2.EncodeRequest(request_id=request_id, images=images_pb)
+
+            async def encoded(address: str) -> AsyncIterator[encoder_pb2.EncodeResponse]:
+                stub = encoder_pb2_grpc.EncoderServiceStub(self._channel(address))
+                yield await call.track(stub.Encode(encode), address)
+
+            async for reply in self._on_replica("encoder", call, encoded):
+                request.image_embeddings.extend(reply.handles)
         else:
             request.images.extend(images_pb)
         if "decode" in ROLES[self.mode]:
             replies = self._prefill_then_decode(request, call)
         else:
-            replies = call.track(self._engine(self.router.pick("worker")).Generate(request))
+            replies = self._generate("worker", request, call)
         async for reply in replies:
             yield reply
+
+    def _generate(
+        self, role: str, request: engine_pb2.GenerateRequest, call: Call
+    ) -> AsyncIterator[engine_pb2.GenerateResponse]:
+        return self._on_replica(
+            role, call, lambda address: call.track(self._engine(address).Generate(request), address)
+        )
 
     async def _prefill_then_decode(
         self, request: engine_pb2.GenerateRequest, call: Call
@@ -165,10 +229,10 @@ class Pipeline:
         if not request.sampling.HasField("seed"):
             # Both engines draw the first token; one seed makes them draw the same one.
             request.sampling.seed = secrets.randbits(63)
-        prefill_address = self.router.pick("prefill")
         prefilled = engine_pb2.GenerateResponse()
-        async for reply in call.track(self._engine(prefill_address).Generate(request)):
+        async for reply in self._generate("prefill", request, call):
             prefilled.MergeFrom(reply)
+        prefill_address = call.address
         if not prefilled.HasField("kv_transfer_params"):
             raise PrismError(
                 grpc.StatusCode.INTERNAL,
@@ -198,8 +262,7 @@ class Pipeline:
                 kv_transfer_params=prefilled.kv_transfer_params,
                 image_layouts=prefilled.image_layouts,
             )
-            decode = call.track(self._engine(self.router.pick("decode")).Generate(decode_request))
-            async for reply in decode:
+            async for reply in self._generate("decode", decode_request, call):
                 if held:
                     # Decode draws the first token again, from the same KV cache.
                     held = False
@@ -456,12 +519,15 @@ def context_length(model: str) -> int:
 async def serve(args: argparse.Namespace) -> None:
     if args.mode not in ROLES:
         raise ValueError(f"unknown mode {args.mode!r}; choose from {', '.join(ROLES)}")
-    registry = StaticRegistry.from_pairs(args.peer)
-    pipeline = Pipeline(args.mode, RoundRobin(registry))
+    registry = open_registry(args)
+    served_model = args.served_model_name or args.model
+    for role in ROLES[args.mode]:
+        await registry.watch(role, discovery_tags(served_model, args.mode))
+    pipeline = Pipeline(args.mode, Router(registry, args.routing))
     loader = ImageLoader(MediaPolicy(max_images=args.max_images))
     servicer = InferenceServicer(
         args.model,
-        args.served_model_name or args.model,
+        served_model,
         pipeline,
         loader,
         args.max_model_len or context_length(args.model),
@@ -478,10 +544,12 @@ async def serve(args: argparse.Namespace) -> None:
     )
     log.info("processor (%s) serving %s on %s:%d", args.mode, args.model, args.host, server.port)
     readiness = asyncio.create_task(_track_readiness(server, pipeline))
+    await registry.register(instance(args, "processor", server.port, [args.mode]))
     try:
-        await rpc.wait_for_termination(server, [SERVICE])
+        await rpc.wait_for_termination(server, [SERVICE], on_drain=registry.deregister)
     finally:
         readiness.cancel()
+        await registry.close()
         await loader.close()
         await pipeline.close()
 

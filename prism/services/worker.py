@@ -29,6 +29,8 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from prism import kv_transfer, rpc, telemetry
 from prism.media import decode_image
+from prism.modes import MESH_ROLE, modes_served
+from prism.registry import instance, open_registry
 from prism.rpc import PrismError, invalid
 from prism.sampling import to_vllm
 from prism.transfer import TransferAgent, TransferError
@@ -271,6 +273,9 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         finally:
             self._running.pop(request_id, None)
 
+    def in_flight(self) -> int:
+        return len(self._running)
+
     def _hold(self, request_id: str, engine_request_id: str) -> None:
         now = time.monotonic()
         for stale in [k for k, (_, until) in self._held.items() if until <= now]:
@@ -321,6 +326,7 @@ async def serve(args: argparse.Namespace) -> None:
         f"{args.host}:{args.port}",
         lambda s: engine_pb2_grpc.add_EngineServiceServicer_to_server(servicer, s),
         [SERVICE],
+        in_flight=servicer.in_flight,
     )
     collectors = [telemetry.transfer_collector(transfer)] if transfer else []
     telemetry.serve_metrics(args.metrics_port, args.host, collectors)
@@ -328,9 +334,13 @@ async def serve(args: argparse.Namespace) -> None:
     log.info("worker (%s) serving %s on %s:%d", args.role, args.model, args.host, server.port)
     if args.role != "aggregated":
         log.info("worker (%s) KV side channel on %s:%d", args.role, args.kv_host, args.kv_port)
+    registry = open_registry(args)
+    modes = modes_served(args.role, args.enable_mm_embeds)
+    await registry.register(instance(args, MESH_ROLE[args.role], server.port, modes))
     try:
-        await rpc.wait_for_termination(server, [SERVICE])
+        await rpc.wait_for_termination(server, [SERVICE], on_drain=registry.deregister)
     finally:
+        await registry.close()
         engine.shutdown()
         if transfer is not None:
             transfer.close()

@@ -1,0 +1,178 @@
+"""Routing among replicas: the policies (pure logic) and the processor's retry on another
+replica, against small in-process EngineService servers."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+
+import grpc
+import pytest
+
+from prism import rpc
+from prism.launcher import free_port
+from prism.registry import StaticRegistry
+from prism.routing import Router
+from prism.rpc import PrismError
+from prism.services.processor import Call, Pipeline
+from prism.v1 import common_pb2, engine_pb2, engine_pb2_grpc, load_pb2, load_pb2_grpc
+
+
+def router(policy: str = "round-robin", **peers: list[str]) -> Router:
+    return Router(StaticRegistry(peers), policy, rng=random.Random(7))
+
+
+def test_round_robin_takes_each_role_in_turn():
+    r = router(worker=["a:1", "b:1", "c:1"], encoder=["e:1", "f:1"])
+    picks = [(r.pick("worker"), r.pick("encoder")) for _ in range(6)]
+    assert [w for w, _ in picks] == ["a:1", "b:1", "c:1"] * 2
+    assert [e for _, e in picks] == ["e:1", "f:1"] * 3
+
+
+def test_random_spreads_over_every_replica():
+    r = router("random", worker=["a:1", "b:1", "c:1"])
+    counts = collections.Counter(r.pick("worker") for _ in range(300))
+    assert set(counts) == {"a:1", "b:1", "c:1"} and min(counts.values()) > 60
+
+
+def test_least_loaded_follows_reports_and_open_calls():
+    r = router("least-loaded", worker=["a:1", "b:1", "c:1"])
+    r.report("a:1", True, in_flight=5)
+    r.report("b:1", True, in_flight=1)
+    r.report("c:1", True, in_flight=1)
+    # b and c tie: taken in turn.
+    assert {r.pick("worker"), r.pick("worker")} == {"b:1", "c:1"}
+    with r.using("b:1"), r.using("b:1"):
+        assert r.pick("worker") == "c:1"
+        with r.using("c:1"), r.using("c:1"), r.using("c:1"), r.using("c:1"), r.using("c:1"):
+            assert r.pick("worker") == "b:1"
+    assert r.load("b:1") == 1 and r.load("a:1") == 5
+
+
+def test_down_replicas_are_skipped_while_another_is_up():
+    r = router(worker=["a:1", "b:1"])
+    r.mark_down("a:1")
+    assert {r.pick("worker") for _ in range(4)} == {"b:1"}
+    r.report("b:1", serving=False)
+    # Everything down: try them anyway rather than refuse.
+    assert {r.pick("worker") for _ in range(4)} == {"a:1", "b:1"}
+    r.report("a:1", serving=True)
+    assert {r.pick("worker") for _ in range(4)} == {"a:1"}
+    assert r.pick("worker", exclude=["a:1"]) == "b:1"
+    with pytest.raises(PrismError) as info:
+        r.pick("worker", exclude=["a:1", "b:1"])
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(ValueError):
+        router("fastest")
+
+
+class FakeEngine(engine_pb2_grpc.EngineServiceServicer):
+    """Answers Generate with one token, or fails as told: before or after its first reply."""
+
+    def __init__(self, token: int, fail: PrismError | None = None, after_first: bool = False):
+        self.token, self.fail, self.after_first = token, fail, after_first
+        self.calls = 0
+
+    @rpc.rpc_errors
+    async def Generate(self, request, context):
+        self.calls += 1
+        if self.fail and not self.after_first:
+            raise self.fail
+        yield engine_pb2.GenerateResponse(token_ids=[self.token])
+        if self.fail:
+            raise self.fail
+        yield engine_pb2.GenerateResponse(finish_reason=common_pb2.FINISH_REASON_STOP)
+
+
+async def engines(*fakes: FakeEngine) -> list[rpc.Server]:
+    servers = []
+    for fake in fakes:
+        server = await rpc.start_server(
+            "127.0.0.1:0",
+            lambda s, fake=fake: engine_pb2_grpc.add_EngineServiceServicer_to_server(fake, s),
+            ["prism.v1.EngineService"],
+            in_flight=lambda fake=fake: fake.calls,
+        )
+        await server.set_serving(["prism.v1.EngineService"])
+        servers.append(server)
+    return servers
+
+
+async def generate(*fakes: FakeEngine, dead: int = 0) -> tuple[list[int], Pipeline]:
+    """Runs one EPD request over workers `fakes` (after `dead` addresses nobody serves)."""
+    servers = await engines(*fakes)
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(dead)]
+    addresses += [f"127.0.0.1:{s.port}" for s in servers]
+    pipeline = Pipeline("epd", Router(StaticRegistry({"worker": addresses})))
+    tokens: list[int] = []
+    try:
+        async for reply in pipeline.run("r1", [1, 2, 3], [], common_pb2.SamplingParams(), Call()):
+            tokens += reply.token_ids
+    finally:
+        await pipeline.close()
+        for server in servers:
+            await server.server.stop(None)
+    return tokens, pipeline
+
+
+GONE = PrismError(grpc.StatusCode.UNAVAILABLE, "shutting down")
+
+
+def test_a_replica_gone_before_its_first_reply_is_retried_on_another():
+    tokens, pipeline = asyncio.run(generate(FakeEngine(7), dead=1))
+    assert tokens == [7]
+    dead = pipeline.router.registry.endpoints("worker")[0]
+    # The dead one is out of rotation until a probe finds it serving.
+    assert pipeline.router.pick("worker") != dead
+    first, second = FakeEngine(1, fail=GONE), FakeEngine(2)
+    assert asyncio.run(generate(first, second))[0] == [2]
+    assert (first.calls, second.calls) == (1, 1)
+
+
+def test_only_one_retry_and_only_before_the_first_reply():
+    first, second = FakeEngine(1, fail=GONE), FakeEngine(2, fail=GONE)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        asyncio.run(generate(first, second))
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert (first.calls, second.calls) == (1, 1)
+    # After a first token, another replica cannot take over: the error goes to the caller.
+    first, second = FakeEngine(1, fail=GONE, after_first=True), FakeEngine(2)
+    with pytest.raises(grpc.aio.AioRpcError):
+        asyncio.run(generate(first, second))
+    assert second.calls == 0
+
+
+def test_errors_that_another_replica_would_repeat_are_not_retried():
+    lost = PrismError(grpc.StatusCode.UNAVAILABLE, "KV gone", reason="KV_TRANSFER_FAILED")
+    for fail in (lost, PrismError(grpc.StatusCode.INVALID_ARGUMENT, "bad")):
+        first, second = FakeEngine(1, fail=fail), FakeEngine(2)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            asyncio.run(generate(first, second))
+        assert info.value.code() == fail.code
+        assert second.calls == 0
+
+
+def test_probes_report_health_and_load():
+    async def main() -> None:
+        busy, idle = FakeEngine(1), FakeEngine(2)
+        busy.calls = 4
+        servers = await engines(busy, idle)
+        addresses = [f"127.0.0.1:{s.port}" for s in servers]
+        pipeline = Pipeline("epd", Router(StaticRegistry({"worker": addresses}), "least-loaded"))
+        assert await pipeline.ready()
+        assert [pipeline.router.load(a) for a in addresses] == [4, 0]
+        assert pipeline.router.pick("worker") == addresses[1]
+        reply = await load_pb2_grpc.LoadServiceStub(pipeline._channel(addresses[0])).GetLoad(
+            load_pb2.GetLoadRequest()
+        )
+        assert reply.in_flight == 4
+        await servers[1].set_serving(["prism.v1.EngineService"], serving=False)
+        assert await pipeline.ready()  # one replica is enough
+        assert pipeline.router.pick("worker") == addresses[0]
+        for server in servers:
+            await server.server.stop(None)
+        assert not await pipeline.ready()
+        await pipeline.close()
+
+    asyncio.run(main())
