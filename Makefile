@@ -25,6 +25,7 @@ lint:
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/buf lint
+	.venv/bin/check-jsonschema --builtin-schema vendor.compose-spec compose.yaml
 	$(MAKE) check-protos
 
 # Stubs are generated with grpc_tools (the protoc that matches the grpcio runtime).

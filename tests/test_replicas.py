@@ -1,0 +1,62 @@
+"""Replicas behind the Consul registry: real processes, registered with the Consul double
+(tests/consul_double.py: no Consul binary can be installed here), routed among by the
+processor, and a replica lost to SIGKILL taken out of rotation."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import openai
+import pytest
+from conftest import data_url, png, start_mesh, user, wait_for
+from consul_double import ConsulDouble
+
+pytestmark = [pytest.mark.e2e, pytest.mark.own_mesh]
+
+
+def served(mesh, stage: str) -> float:
+    """Requests the vLLM engine of `stage` has finished."""
+    return sum(
+        v for k, v in mesh.metrics(stage).items() if k.startswith("vllm:request_success_total")
+    )
+
+
+def test_requests_spread_over_two_workers_and_survive_losing_one(models, tmp_path):
+    with ConsulDouble() as consul:
+        registry = ["--registry", consul.url, "--consul-check-interval", "500ms"]
+        mesh = start_mesh("llava", "epd", models["llava"], tmp_path, workers=2,
+                          registry_args=registry)  # fmt: skip
+        try:
+            # Every stage registered itself, and Consul's checks pass for all of them.
+            names = sorted(r.definition["Name"] for r in consul.services.values())
+            assert names == ["prism-gateway", "prism-processor", "prism-worker", "prism-worker"]
+            assert len(consul.passing("prism-worker")) == 2
+            client = openai.OpenAI(base_url=mesh.base_url, api_key="unused", max_retries=0)
+            image = data_url(png(3))
+
+            def ask(i: int) -> None:
+                reply = client.chat.completions.create(
+                    model=mesh.model,
+                    messages=user(f"Picture {i}?", {"type": "image_url",
+                                                    "image_url": {"url": image}}),
+                    max_tokens=4,
+                    temperature=0,
+                )  # fmt: skip
+                assert reply.choices[0].finish_reason in ("length", "stop")
+
+            workers = ["worker-0", "worker-1"]
+            for i in range(20):
+                ask(i)
+            assert [served(mesh, w) for w in workers] == [10, 10]
+
+            os.kill(mesh.mesh.stage("worker-1").process.pid, signal.SIGKILL)
+            for i in range(6):
+                ask(i)
+            assert served(mesh, "worker-0") == 16
+            # Consul's check found it gone too.
+            assert wait_for(lambda: len(consul.passing("prism-worker")) == 1)
+        finally:
+            mesh.mesh.stop()
+        # Every stage that stopped gracefully deregistered itself.
+        assert [r.definition["Name"] for r in consul.services.values()] == ["prism-worker"]
