@@ -196,3 +196,16 @@ def test_discovery_survives_the_agent_being_away():
 
     with ConsulDouble(token=TOKEN) as double:
         asyncio.run(main())
+
+
+def test_the_token_may_come_from_the_environment(monkeypatch):
+    monkeypatch.setenv("CONSUL_HTTP_TOKEN", TOKEN)
+
+    async def main() -> None:
+        reg = registry(double, token=None)
+        await reg.register(Instance("encoder", "127.0.0.1:50052", "tiny", ("e/pd",)))
+        assert double.requests[-1].headers["x-consul-token"] == TOKEN
+        await reg.close()
+
+    with ConsulDouble(token=TOKEN) as double:
+        asyncio.run(main())
