@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import signal
 import sys
 
-from prism import registry
+from prism import logs, registry
 from prism.modes import MODES, WORKER_ROLES
 from prism.routing import POLICIES
 
@@ -69,6 +68,12 @@ def _forwarded_registry_args(args: argparse.Namespace) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prism", description=__doc__)
     parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--log-format",
+        default="text",
+        choices=logs.FORMATS,
+        help="json: one object per line, with the request id",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run every stage of a mode as local processes")
@@ -183,10 +188,7 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure(args.log_level, args.log_format)
     if args.command == "serve":
         from prism.launcher import MeshConfig, run
 
@@ -208,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                 routing=args.routing,
                 registry_args=_forwarded_registry_args(args),
                 log_level=args.log_level,
+                log_format=args.log_format,
             )
         )
     if args.command == "worker":

@@ -118,6 +118,7 @@ class MeshConfig:
     # Registry flags for every stage (e.g. --registry consul://...); none: the static one.
     registry_args: list[str] = field(default_factory=list)
     log_level: str = "info"
+    log_format: str = "text"
 
 
 def _grpc_stage(name: str, host: str, argv: list[str]) -> Stage:
@@ -137,7 +138,8 @@ def plan(config: MeshConfig) -> list[Stage]:
     """The stages of a mode, in start order, with their ports and peers."""
     if config.mode not in MODES:
         raise ValueError(f"unknown mode {config.mode!r}; choose from {', '.join(MODES)}")
-    prism = [sys.executable, "-m", "prism.cli", "--log-level", config.log_level]
+    prism = [sys.executable, "-m", "prism.cli", "--log-level", config.log_level,
+             "--log-format", config.log_format]  # fmt: skip
     common = ["--model", config.model, "--host", config.host,
               "--max-images", str(config.max_images), *config.registry_args]  # fmt: skip
     if config.served_model_name:
@@ -196,6 +198,7 @@ def plan(config: MeshConfig) -> list[Stage]:
         [*prism, "gateway", "--host", config.host, "--port", str(config.http_port),
          *config.registry_args, *peers({"processor": [processor]})],
         lambda: http_ok(f"{base_url}/health"),
+        metrics_url=f"{base_url}/metrics",
     )  # fmt: skip
     stages = [*encoders, *engines, processor, gateway]
     for stage in stages:

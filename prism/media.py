@@ -17,6 +17,7 @@ import PIL.Image
 
 from prism.cache import ByteLru
 from prism.rpc import PrismError, invalid
+from prism.tracing import tracer
 from prism.v1 import common_pb2
 
 MIME_BY_FORMAT = {"JPEG": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp"}
@@ -120,6 +121,16 @@ class ImageLoader:
         await self._http.aclose()
 
     async def load(self, image: common_pb2.Image, param: str) -> LoadedImage:
+        with tracer.start_as_current_span("image.load") as span:
+            loaded = await self._load(image, param)
+            span.set_attributes({
+                "prism.image.param": param, "prism.image.bytes": len(loaded.data),
+                "prism.image.mime_type": loaded.mime_type,
+                "prism.image.width": loaded.width, "prism.image.height": loaded.height,
+            })  # fmt: skip
+            return loaded
+
+    async def _load(self, image: common_pb2.Image, param: str) -> LoadedImage:
         source = image.WhichOneof("source")
         if source == "data":
             if image.mime_type and image.mime_type.lower() not in MIME_BY_FORMAT.values():

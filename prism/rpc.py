@@ -21,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
+from prism import logs, tracing
 from prism.v1 import load_pb2, load_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -115,8 +116,23 @@ def _status_for(exc: BaseException) -> PrismError:
     return PrismError(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 
 
+def _adopt_request_id(context: grpc.aio.ServicerContext) -> None:
+    """Takes the caller's `x-request-id`, for this RPC's log lines and onward calls."""
+    for key, value in context.invocation_metadata() or ():
+        if key == logs.HEADER:
+            logs.REQUEST_ID.set(value)
+            return
+
+
+def call_metadata() -> tuple[tuple[str, str], ...]:
+    """Metadata for a call made on behalf of the current request: its request id."""
+    request_id = logs.REQUEST_ID.get()
+    return ((logs.HEADER, request_id),) if request_id else ()
+
+
 def rpc_errors(method: Callable) -> Callable:
-    """Turns exceptions raised by a servicer method into gRPC statuses with details.
+    """Turns exceptions raised by a servicer method into gRPC statuses with details, and
+    adopts the caller's request id.
 
     Works for unary and server-streaming (async generator) handlers alike.
     """
@@ -124,6 +140,7 @@ def rpc_errors(method: Callable) -> Callable:
 
         @functools.wraps(method)
         async def stream(self, request, context):
+            _adopt_request_id(context)
             try:
                 async for item in method(self, request, context):
                     yield item
@@ -134,6 +151,7 @@ def rpc_errors(method: Callable) -> Callable:
 
     @functools.wraps(method)
     async def unary(self, request, context):
+        _adopt_request_id(context)
         try:
             return await method(self, request, context)
         except Exception as exc:
@@ -185,7 +203,7 @@ async def start_server(
 
     Health reports NOT_SERVING until the caller says otherwise with `set_serving`.
     """
-    server = grpc.aio.server(options=_OPTIONS)
+    server = grpc.aio.server(options=_OPTIONS, interceptors=tracing.server_interceptors())
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -213,7 +231,9 @@ async def start_server(
 
 
 def channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(address, options=_OPTIONS)
+    return grpc.aio.insecure_channel(
+        address, options=_OPTIONS, interceptors=tracing.client_interceptors()
+    )
 
 
 def sync_channel(address: str) -> grpc.Channel:

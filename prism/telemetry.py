@@ -6,10 +6,11 @@ collectors here read them at scrape time, so nothing is counted twice.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import start_http_server
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -51,7 +52,6 @@ def transfer_collector(agent: TransferAgent) -> StatsCollector:
             "prism_nixl_reclaimed": ("counter", "Published tensors freed unread", s.reclaimed),
             "prism_nixl_bytes_read": ("counter", "Bytes read from peers", s.bytes_moved),
             "prism_nixl_reads": ("counter", "NIXL reads completed", s.transfers),
-            "prism_nixl_read_seconds": ("counter", "NIXL read seconds", s.transfer_seconds_total),
         }
 
     return StatsCollector(read)
@@ -69,3 +69,75 @@ def cache_collector(prefix: str, what: str, stats: CacheStats) -> StatsCollector
         }
 
     return StatsCollector(read)
+
+
+# Request metrics of the stages clients talk to: the gateway (endpoint: the HTTP path,
+# status: the HTTP code) and the processor (endpoint: the RPC, status: the gRPC code).
+_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            30.0, 60.0, 120.0)  # fmt: skip
+REQUESTS = Counter("prism_requests", "Requests answered, by final status", ["endpoint", "status"])
+IN_FLIGHT = Gauge("prism_requests_in_flight", "Requests being answered", ["endpoint"])
+WAITING = Gauge(
+    "prism_requests_waiting",
+    "Requests in flight without a first token yet: the queue depth as clients see it",
+    ["endpoint"],
+)
+TIME_TO_FIRST_TOKEN = Histogram(
+    "prism_time_to_first_token_seconds", "Time to first token", ["endpoint"], buckets=_SECONDS
+)
+INTER_TOKEN_LATENCY = Histogram(
+    "prism_inter_token_latency_seconds", "Time between tokens", ["endpoint"], buckets=_SECONDS
+)
+REQUEST_DURATION = Histogram(
+    "prism_request_duration_seconds",
+    "End-to-end time of requests that completed",
+    ["endpoint"],
+    buckets=_SECONDS,
+)
+PROMPT_TOKENS = Counter("prism_prompt_tokens", "Prompt tokens of answered requests", ["endpoint"])
+COMPLETION_TOKENS = Counter(
+    "prism_completion_tokens", "Tokens generated for answered requests", ["endpoint"]
+)
+NIXL_READ_SECONDS = Histogram(
+    "prism_nixl_read_seconds", "Time of one NIXL read of a tensor", ["tensor"], buckets=_SECONDS
+)
+
+
+class RequestTimer:
+    """Times one streamed request from its replies (messages with `token_ids` and, on the
+    last, `usage`): in flight, waiting, time to first token, between tokens, end to end."""
+
+    def __init__(self, endpoint: str):
+        self.endpoint = endpoint
+        self.start = time.perf_counter()
+        self.last: float | None = None
+        IN_FLIGHT.labels(endpoint).inc()
+        WAITING.labels(endpoint).inc()
+
+    def reply(self, message: Any) -> None:
+        count = len(message.token_ids)
+        if count:
+            now = time.perf_counter()
+            if self.last is None:
+                TIME_TO_FIRST_TOKEN.labels(self.endpoint).observe(now - self.start)
+                WAITING.labels(self.endpoint).dec()
+            else:
+                gap = (now - self.last) / count
+                for _ in range(count):
+                    INTER_TOKEN_LATENCY.labels(self.endpoint).observe(gap)
+            self.last = now
+        if message.HasField("usage"):
+            PROMPT_TOKENS.labels(self.endpoint).inc(message.usage.prompt_tokens)
+            COMPLETION_TOKENS.labels(self.endpoint).inc(message.usage.completion_tokens)
+
+    def finish(self, completed: bool) -> None:
+        if completed:
+            REQUEST_DURATION.labels(self.endpoint).observe(time.perf_counter() - self.start)
+        if self.last is None:
+            WAITING.labels(self.endpoint).dec()
+        IN_FLIGHT.labels(self.endpoint).dec()
+
+
+def gauge(name: str, help_text: str, read: Callable[[], float]) -> StatsCollector:
+    """A gauge read at scrape time."""
+    return StatsCollector(lambda: {name: ("gauge", help_text, read())})

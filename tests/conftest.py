@@ -200,7 +200,7 @@ class RunningMesh:
 def start_mesh(family: str, mode: str, model: Path, log_dir: Path, **config: Any) -> RunningMesh:
     """Starts a mesh; `config` sets further MeshConfig fields (replicas, registry)."""
     config = MeshConfig(
-        mode=mode, model=str(model), http_port=free_port(), log_level="warning", **config
+        mode=mode, model=str(model), http_port=free_port(), **{"log_level": "warning", **config}
     )
     mesh = Mesh(plan(config))
     log_path = log_dir / f"mesh-{family}-{mode.replace('/', '')}.log"

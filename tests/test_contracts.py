@@ -104,7 +104,8 @@ def test_engine_abort_ends_a_running_request(mesh):
     call = stub.Generate(endless("contract-abort"), timeout=120)
     abort = engine_pb2.EngineServiceAbortRequest(request_id="contract-abort")
     # The worker counts the request in its load until it ends.
-    assert wait_for(lambda: in_flight(mesh.worker) == 1)
+    assert next(call).token_ids
+    assert in_flight(mesh.worker) == 1
     abort_once_running(lambda: stub.Abort(abort).aborted)
     last = list(call)[-1]
     assert last.finish_reason == common_pb2.FINISH_REASON_ABORT

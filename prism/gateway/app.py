@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -14,10 +15,11 @@ from typing import Any
 import grpc
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
-from prism import rpc
+from prism import logs, rpc, telemetry, tracing
 from prism.gateway import translate
 from prism.registry import Instance, instance, open_registry
 from prism.routing import Router
@@ -86,24 +88,32 @@ async def _generate(
     include_usage: bool,
     chunk: Callable[[Any, bool], dict],
     final: Callable[[str, Any], dict],
+    endpoint: str,
 ) -> JSONResponse | StreamingResponse:
     """Runs a Chat or Complete call and answers as one JSON body or as SSE."""
+    timer = telemetry.RequestTimer(endpoint)
     try:
         first, rest = await _open_stream(call)
     except BaseException:
         call.cancel()
+        timer.finish(completed=False)
         raise
+    timer.reply(first)
     if not stream:
         text, last = [first.text], first
         try:
             async for message in rest:
+                timer.reply(message)
                 text.append(message.text)
                 last = message
         except grpc.aio.AioRpcError as exc:
             raise PrismError.from_rpc_error(exc) from None
+        finally:
+            timer.finish(completed=bool(last.finish_reason))
         return JSONResponse(final("".join(text), last))
 
     async def events() -> AsyncIterator[bytes]:
+        completed = False
         try:
             message, index = first, 0
             while True:
@@ -121,6 +131,8 @@ async def _generate(
                     message = await rest.__anext__()
                 except StopAsyncIteration:
                     break
+                timer.reply(message)
+            completed = True
             yield b"data: [DONE]\n\n"
         except grpc.aio.AioRpcError as exc:
             # Headers are gone already: report in the stream, as vLLM's server does.
@@ -129,8 +141,50 @@ async def _generate(
         finally:
             # A client that disconnects lands here: cancelling aborts the whole chain.
             call.cancel()
+            timer.finish(completed)
 
     return StreamingResponse(events(), media_type="text/event-stream")
+
+
+# Routes counted by path in the request metrics; anything else counts as "other".
+_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
+
+
+class RequestIdMiddleware:
+    """Gives every HTTP request an id (the client's `x-request-id` if it is a sane one),
+    returns it in the response headers and counts the request by its final status.
+
+    Pure ASGI rather than Starlette's BaseHTTPMiddleware, which would run the app in
+    another task and get in the way of streaming and disconnect handling."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(logs.HEADER.encode(), b"").decode("latin-1")
+        request_id = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        token = logs.REQUEST_ID.set(request_id)
+        status = 500
+
+        async def send_with_id(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = [*message.get("headers", []), (logs.HEADER.encode(), request_id.encode())]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            logs.REQUEST_ID.reset(token)
+            path = scope["path"]
+            if path.startswith("/v1/"):
+                endpoint = path if path in _ROUTES else "other"
+                telemetry.REQUESTS.labels(endpoint, str(status)).inc()
 
 
 def create_app(router: Router, me: Instance | None = None) -> FastAPI:
@@ -150,6 +204,9 @@ def create_app(router: Router, me: Instance | None = None) -> FastAPI:
             await gateway.close()
 
     app = FastAPI(title="Prism", lifespan=lifespan)
+    tracing.instrument_app(app)
+    # Outermost, so that the id is set before the request's span and every log line.
+    app.add_middleware(RequestIdMiddleware)
 
     @app.exception_handler(PrismError)
     async def prism_error(request: Request, exc: PrismError) -> JSONResponse:
@@ -163,6 +220,10 @@ def create_app(router: Router, me: Instance | None = None) -> FastAPI:
         body = translate.error_body(PrismError(code, str(exc.detail)))
         return JSONResponse(body, status_code=exc.status_code)
 
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
     @app.get("/health")
     async def health() -> JSONResponse:
         if await gateway.healthy():
@@ -172,7 +233,9 @@ def create_app(router: Router, me: Instance | None = None) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> JSONResponse:
         try:
-            reply = await gateway.stub().ListModels(inference_pb2.ListModelsRequest())
+            reply = await gateway.stub().ListModels(
+                inference_pb2.ListModelsRequest(), metadata=rpc.call_metadata()
+            )
         except grpc.aio.AioRpcError as exc:
             raise PrismError.from_rpc_error(exc) from None
         data = [
@@ -232,8 +295,10 @@ def create_app(router: Router, me: Instance | None = None) -> FastAPI:
                 "usage": translate.usage(last.usage),
             }
 
-        call = gateway.stub().Chat(message)
-        return await _generate(call, translate.wants_stream(body), include_usage, chunk, final)
+        call = gateway.stub().Chat(message, metadata=rpc.call_metadata())
+        return await _generate(
+            call, translate.wants_stream(body), include_usage, chunk, final, request.url.path
+        )
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -267,13 +332,16 @@ def create_app(router: Router, me: Instance | None = None) -> FastAPI:
                 "usage": translate.usage(last.usage),
             }
 
-        call = gateway.stub().Complete(message)
-        return await _generate(call, translate.wants_stream(body), include_usage, chunk, final)
+        call = gateway.stub().Complete(message, metadata=rpc.call_metadata())
+        return await _generate(
+            call, translate.wants_stream(body), include_usage, chunk, final, request.url.path
+        )
 
     return app
 
 
 def serve(args: argparse.Namespace) -> None:
+    tracing.setup("gateway")
     app = create_app(
         Router(open_registry(args)), instance(args, "gateway", args.port, health="http")
     )

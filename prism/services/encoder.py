@@ -21,12 +21,13 @@ import grpc
 import torch
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
-from prism import rpc, telemetry
+from prism import logs, rpc, telemetry, tracing
 from prism.cache import ByteLru
 from prism.media import ImageLoader, LoadedImage, MediaPolicy, decode_image
 from prism.modes import modes_served
 from prism.registry import instance, open_registry
 from prism.rpc import invalid
+from prism.tracing import tracer
 from prism.transfer import TransferAgent
 from prism.v1 import encoder_pb2, encoder_pb2_grpc
 
@@ -119,7 +120,11 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
         missing = [i for i, embedding in enumerate(found) if embedding is None]
         if missing:
             # One batch for every image of the request that the cache did not have.
-            fresh = self.vision.encode([images[i].data for i in missing])
+            with tracer.start_as_current_span("vision.encode") as span:
+                span.set_attributes({
+                    "prism.request_id": logs.REQUEST_ID.get(), "prism.images": len(missing),
+                })  # fmt: skip
+                fresh = self.vision.encode([images[i].data for i in missing])
             for i, embedding in zip(missing, fresh, strict=True):
                 found[i] = embedding
                 self.cache.put(keys[i], embedding)
@@ -157,6 +162,8 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
             handles = await asyncio.to_thread(self._encode_and_publish, request_id, images)
         finally:
             self.in_flight -= 1
+        cached = sum(handle.cached for handle in handles)
+        log.info("encoded %d images for %s (%d from the cache)", len(handles), request_id, cached)
         return encoder_pb2.EncodeResponse(handles=handles)
 
 
@@ -168,6 +175,7 @@ async def _release_read_embeddings(agent: TransferAgent, period: float = 0.02) -
 
 
 async def serve(args: argparse.Namespace) -> None:
+    tracing.setup("encoder")
     vision = await asyncio.to_thread(VisionEncoder, args.model)
     agent = TransferAgent(pool_bytes=args.pool_mib * 2**20, lease_s=args.lease_s)
     loader = ImageLoader(MediaPolicy(max_images=args.max_images))

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import grpc
+from opentelemetry import trace
 from transformers import AutoTokenizer
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 
-from prism import rpc, telemetry
+from prism import logs, rpc, telemetry, tracing
 from prism.media import ImageLoader, LoadedImage, MediaPolicy
 from prism.modes import ROLES
 from prism.registry import discovery_tags, instance, open_registry
@@ -75,7 +76,6 @@ class _DetokenizerRequest:
 
 
 CallT = TypeVar("CallT", bound=grpc.aio.Call)
-ReplyT = TypeVar("ReplyT")
 
 
 @dataclass
@@ -158,19 +158,29 @@ class Pipeline:
             await channel.close()
 
     async def _on_replica(
-        self, role: str, call: Call, start: Callable[[str], AsyncIterator[ReplyT]]
-    ) -> AsyncIterator[ReplyT]:
-        """Streams `start(address)` from a replica of `role`. If the replica turns out to be
-        gone before its first reply, tries once more on another one."""
+        self, role: str, call: Call, start: Callable[[str], grpc.aio.Call]
+    ) -> AsyncIterator:
+        """The replies of the call `start(address)` makes to a replica of `role` (one for a
+        unary call). If the replica turns out to be gone before its first reply, tries once
+        more on another one."""
         tried: list[str] = []
         while True:
             address = self.router.pick(role, exclude=tried)
             replied = False
             try:
                 with self.router.using(address):
-                    async for reply in start(address):
-                        replied = True
-                        yield reply
+                    stage_call = call.track(start(address), address)
+                    try:
+                        if isinstance(stage_call, grpc.aio.UnaryUnaryCall):
+                            yield await stage_call
+                        else:
+                            async for reply in stage_call:
+                                replied = True
+                                yield reply
+                    finally:
+                        # A request that ends early (stop string, abort, error elsewhere)
+                        # leaves the call open: end it here, not whenever it is collected.
+                        stage_call.cancel()
                 return
             except grpc.aio.AioRpcError as exc:
                 if replied or tried or call.aborted or not _replica_gone(exc):
@@ -199,9 +209,9 @@ class Pipeline:
         if images_pb and "encoder" in ROLES[self.mode]:
             encode = encoder_pb2.EncodeRequest(request_id=request_id, images=images_pb)
 
-            async def encoded(address: str) -> AsyncIterator[encoder_pb2.EncodeResponse]:
+            def encoded(address: str) -> grpc.aio.UnaryUnaryCall:
                 stub = encoder_pb2_grpc.EncoderServiceStub(self._channel(address))
-                yield await call.track(stub.Encode(encode), address)
+                return stub.Encode(encode, metadata=rpc.call_metadata())
 
             async for reply in self._on_replica("encoder", call, encoded):
                 request.image_embeddings.extend(reply.handles)
@@ -217,9 +227,10 @@ class Pipeline:
     def _generate(
         self, role: str, request: engine_pb2.GenerateRequest, call: Call
     ) -> AsyncIterator[engine_pb2.GenerateResponse]:
-        return self._on_replica(
-            role, call, lambda address: call.track(self._engine(address).Generate(request), address)
-        )
+        def start(address: str) -> grpc.aio.UnaryStreamCall:
+            return self._engine(address).Generate(request, metadata=rpc.call_metadata())
+
+        return self._on_replica(role, call, start)
 
     async def _prefill_then_decode(
         self, request: engine_pb2.GenerateRequest, call: Call
@@ -286,7 +297,9 @@ class Pipeline:
         async def release() -> None:
             try:
                 await self._engine(address).Abort(
-                    engine_pb2.EngineServiceAbortRequest(request_id=request_id), timeout=10
+                    engine_pb2.EngineServiceAbortRequest(request_id=request_id),
+                    timeout=10,
+                    metadata=rpc.call_metadata(),
                 )
             except grpc.aio.AioRpcError as exc:
                 log.warning("could not free the KV cache of %s on %s: %s", request_id, address,
@@ -406,6 +419,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                         yield Delta(text, list(token_ids))
                     continue
                 yield Delta(text, list(token_ids), finish, _usage(prompt_tokens, sent))
+                if reply.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
+                    # The stage ends its stream after its last reply: read to that end, so
+                    # that every stage sees its call complete rather than cancelled.
+                    async for _ in replies:
+                        pass
                 return
         except asyncio.CancelledError:
             if not call.aborted:
@@ -439,12 +457,55 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 usage=delta.usage,
             )
 
+    async def _observed(
+        self, endpoint: str, request_id: str, replies: AsyncIterator[Response]
+    ) -> AsyncIterator[Response]:
+        """`replies`, counted in the metrics and described on the RPC's span."""
+        if not logs.REQUEST_ID.get():
+            logs.REQUEST_ID.set(request_id)
+        span = trace.get_current_span()
+        span.set_attributes({
+            "prism.request_id": logs.REQUEST_ID.get(), "prism.engine_request_id": request_id,
+            "prism.mode": self.pipeline.mode, "gen_ai.request.model": self.served_model_name,
+        })  # fmt: skip
+        timer = telemetry.RequestTimer(endpoint)
+        status = grpc.StatusCode.OK
+        try:
+            async for reply in replies:
+                timer.reply(reply)
+                if reply.HasField("usage"):
+                    span.set_attributes({
+                        "gen_ai.usage.input_tokens": reply.usage.prompt_tokens,
+                        "gen_ai.usage.output_tokens": reply.usage.completion_tokens,
+                    })  # fmt: skip
+                yield reply
+        except PrismError as exc:
+            status = exc.code
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            status = grpc.StatusCode.CANCELLED
+            raise
+        except Exception:
+            status = grpc.StatusCode.INTERNAL
+            raise
+        finally:
+            timer.finish(status == grpc.StatusCode.OK)
+            telemetry.REQUESTS.labels(endpoint, status.name).inc()
+            log.info("%s %s: %s after %.3f s", endpoint, request_id, status.name,
+                     time.perf_counter() - timer.start)  # fmt: skip
+
     @rpc.rpc_errors
     async def Chat(
         self, request: inference_pb2.ChatRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[inference_pb2.ChatResponse]:
-        self._check_model(request.model)
         request_id = request.request_id or f"chatcmpl-{uuid.uuid4().hex}"
+        async for reply in self._observed("Chat", request_id, self._chat(request_id, request)):
+            yield reply
+
+    async def _chat(
+        self, request_id: str, request: inference_pb2.ChatRequest
+    ) -> AsyncIterator[inference_pb2.ChatResponse]:
+        self._check_model(request.model)
         conversation, image_refs = self._conversation(list(request.messages))
         prompt_ids = self._prompt_ids(conversation)
         images = await asyncio.gather(*(self.loader.load(img, p) for img, p in image_refs))
@@ -458,8 +519,15 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     async def Complete(
         self, request: inference_pb2.CompleteRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[inference_pb2.CompleteResponse]:
-        self._check_model(request.model)
         request_id = request.request_id or f"cmpl-{uuid.uuid4().hex}"
+        replies = self._complete(request_id, request)
+        async for reply in self._observed("Complete", request_id, replies):
+            yield reply
+
+    async def _complete(
+        self, request_id: str, request: inference_pb2.CompleteRequest
+    ) -> AsyncIterator[inference_pb2.CompleteResponse]:
+        self._check_model(request.model)
         kind = request.WhichOneof("prompt")
         if kind == "text" and request.text:
             prompt_ids = self.tokenizer.encode(request.text)
@@ -519,6 +587,7 @@ def context_length(model: str) -> int:
 async def serve(args: argparse.Namespace) -> None:
     if args.mode not in ROLES:
         raise ValueError(f"unknown mode {args.mode!r}; choose from {', '.join(ROLES)}")
+    tracing.setup("processor")
     registry = open_registry(args)
     served_model = args.served_model_name or args.model
     for role in ROLES[args.mode]:

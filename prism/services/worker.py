@@ -27,12 +27,13 @@ from vllm.exceptions import VLLMClientError
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from prism import kv_transfer, rpc, telemetry
+from prism import kv_transfer, logs, rpc, telemetry, tracing
 from prism.media import decode_image
 from prism.modes import MESH_ROLE, modes_served
 from prism.registry import instance, open_registry
 from prism.rpc import PrismError, invalid
 from prism.sampling import to_vllm
+from prism.tracing import tracer
 from prism.transfer import TransferAgent, TransferError
 from prism.v1 import common_pb2, encoder_pb2, engine_pb2, engine_pb2_grpc
 
@@ -48,6 +49,9 @@ _FINISH = {
 
 
 PREFILL_ROLES = ("prefill", "encode_prefill")
+# The span of a request's work in the engine, by role.
+_SPAN_NAME = {"aggregated": "generate", "prefill": "prefill", "encode_prefill": "prefill",
+              "decode": "decode"}  # fmt: skip
 # Roles that take images as embeddings: `prefill` reads them from the encoder; `decode`
 # gets placeholders, since the images' KV comes from prefill.
 _EMBEDS_ROLES = ("prefill", "decode")
@@ -147,10 +151,22 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         if self.transfer is None:
             raise invalid("this worker takes images, not embeddings", "image_embeddings")
         transfer = self.transfer
+
+        def read(handle: encoder_pb2.EmbeddingHandle) -> torch.Tensor:
+            with tracer.start_as_current_span("nixl.read") as span:
+                start = time.perf_counter()
+                tensor = transfer.fetch(handle.embeddings)
+                seconds = time.perf_counter() - start
+                telemetry.NIXL_READ_SECONDS.labels("embeddings").observe(seconds)
+                span.set_attributes({
+                    "prism.nixl.bytes": tensor.numel() * tensor.element_size(),
+                    "prism.nixl.seconds": seconds,
+                    "prism.nixl.peer": handle.embeddings.agent_name,
+                })  # fmt: skip
+                return tensor
+
         try:
-            tensors = await asyncio.gather(
-                *(asyncio.to_thread(transfer.fetch, h.embeddings) for h in handles)
-            )
+            tensors = await asyncio.gather(*(asyncio.to_thread(read, h) for h in handles))
         except TransferError as exc:
             raise PrismError(
                 grpc.StatusCode.UNAVAILABLE,
@@ -248,25 +264,40 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                     [prompt], skip_mm_cache=True
                 )
                 layouts = image_layouts(engine_input)
-            async for output in self.engine.generate(engine_input, params, request_id):
-                completion = output.outputs[0]
-                reply = engine_pb2.GenerateResponse(token_ids=completion.token_ids)
-                if first:
-                    reply.prompt_tokens = len(output.prompt_token_ids or ())
-                    reply.cached_tokens = output.num_cached_tokens or 0
-                    first = False
-                if output.finished:
-                    reply.finish_reason = self._finish_reason(completion.finish_reason, request)
-                    if output.kv_transfer_params and self.role in PREFILL_ROLES:
-                        reply.kv_transfer_params.CopyFrom(
-                            kv_transfer.to_proto(output.kv_transfer_params)
-                        )
-                        reply.image_layouts.extend(layouts)
-                        self._hold(request_id, output.kv_transfer_params["remote_request_id"])
-                yield reply
-                if self._running.get(request_id) and not output.finished:
-                    # vLLM drops an abort that comes before it knows the request: repeat it.
-                    await self.engine.abort(request_id)
+            with tracer.start_as_current_span(_SPAN_NAME[self.role]) as span:
+                span.set_attributes({
+                    "prism.request_id": logs.REQUEST_ID.get(),
+                    "prism.engine_request_id": request_id,
+                })  # fmt: skip
+                generated = 0
+                async for output in self.engine.generate(engine_input, params, request_id):
+                    completion = output.outputs[0]
+                    generated += len(completion.token_ids)
+                    reply = engine_pb2.GenerateResponse(token_ids=completion.token_ids)
+                    if first:
+                        reply.prompt_tokens = len(output.prompt_token_ids or ())
+                        reply.cached_tokens = output.num_cached_tokens or 0
+                        span.set_attributes({
+                            "gen_ai.usage.input_tokens": reply.prompt_tokens,
+                            "prism.cached_tokens": reply.cached_tokens,
+                        })  # fmt: skip
+                        first = False
+                    if output.finished:
+                        span.set_attribute("gen_ai.usage.output_tokens", generated)
+                        log.info("%s %s: %d prompt tokens, %d generated, %s", self.role,
+                                 request_id, len(request.prompt_token_ids), generated,
+                                 completion.finish_reason)  # fmt: skip
+                        reply.finish_reason = self._finish_reason(completion.finish_reason, request)
+                        if output.kv_transfer_params and self.role in PREFILL_ROLES:
+                            reply.kv_transfer_params.CopyFrom(
+                                kv_transfer.to_proto(output.kv_transfer_params)
+                            )
+                            reply.image_layouts.extend(layouts)
+                            self._hold(request_id, output.kv_transfer_params["remote_request_id"])
+                    yield reply
+                    if self._running.get(request_id) and not output.finished:
+                        # vLLM drops an abort that comes before it knows the request: repeat it.
+                        await self.engine.abort(request_id)
         except (ValueError, VLLMClientError) as exc:
             # vLLM rejects bad prompts (too long, image count) with these.
             raise invalid(str(exc), param=getattr(exc, "parameter", None)) from None
@@ -318,6 +349,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
 
 
 async def serve(args: argparse.Namespace) -> None:
+    tracing.setup(MESH_ROLE[args.role])
     engine = AsyncLLM.from_engine_args(engine_args(args))
     reads_embeddings = args.enable_mm_embeds or args.role == "prefill"
     transfer = TransferAgent(pool_bytes=args.pool_mib * 2**20) if reads_embeddings else None
@@ -329,6 +361,11 @@ async def serve(args: argparse.Namespace) -> None:
         in_flight=servicer.in_flight,
     )
     collectors = [telemetry.transfer_collector(transfer)] if transfer else []
+    collectors.append(
+        telemetry.gauge(
+            "prism_engine_requests_in_flight", "Requests this worker runs", servicer.in_flight
+        )
+    )
     telemetry.serve_metrics(args.metrics_port, args.host, collectors)
     await server.set_serving([SERVICE])
     log.info("worker (%s) serving %s on %s:%d", args.role, args.model, args.host, server.port)

@@ -1,0 +1,98 @@
+"""Request ids, log lines and request metrics, without engines: the gateway in-process and
+the pieces on their own. The mesh-wide trace is in test_tracing.py."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client import REGISTRY
+
+from prism import logs, telemetry
+from prism.gateway.app import create_app
+from prism.launcher import free_port
+from prism.registry import StaticRegistry
+from prism.routing import Router
+from prism.v1 import common_pb2, inference_pb2
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+@pytest.fixture
+def root_logging():
+    """Puts the root logger's handlers and level back after a test that configures it."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def test_json_log_lines_carry_the_request_id(capsys, root_logging):
+    logs.configure("info", "json")
+    token = logs.REQUEST_ID.set("req-42")
+    try:
+        logging.getLogger("prism.test").info("hello %s", "there")
+    finally:
+        logs.REQUEST_ID.reset(token)
+    logging.getLogger("prism.test").warning("outside")
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    assert lines[0]["message"] == "hello there" and lines[0]["request_id"] == "req-42"
+    assert lines[0]["level"] == "INFO" and lines[0]["logger"] == "prism.test"
+    assert lines[1]["request_id"] == ""
+    logs.configure("info", "text")
+    with_id = logs.REQUEST_ID.set("req-43")
+    logging.getLogger("prism.test").info("plain")
+    logs.REQUEST_ID.reset(with_id)
+    assert "[req-43] plain" in capsys.readouterr().err
+
+
+def test_request_timer_counts_tokens_and_latencies():
+    endpoint = "test-timer"
+    timer = telemetry.RequestTimer(endpoint)
+    assert sample("prism_requests_in_flight", endpoint=endpoint) == 1
+    assert sample("prism_requests_waiting", endpoint=endpoint) == 1
+    timer.reply(inference_pb2.ChatResponse(token_ids=[1]))
+    assert sample("prism_requests_waiting", endpoint=endpoint) == 0
+    timer.reply(inference_pb2.ChatResponse(token_ids=[2, 3]))
+    usage = common_pb2.Usage(prompt_tokens=7, completion_tokens=4, total_tokens=11)
+    timer.reply(inference_pb2.ChatResponse(token_ids=[4], usage=usage))
+    timer.finish(completed=True)
+    assert sample("prism_time_to_first_token_seconds_count", endpoint=endpoint) == 1
+    # One observation per token after the first.
+    assert sample("prism_inter_token_latency_seconds_count", endpoint=endpoint) == 3
+    assert sample("prism_request_duration_seconds_count", endpoint=endpoint) == 1
+    assert sample("prism_prompt_tokens_total", endpoint=endpoint) == 7
+    assert sample("prism_completion_tokens_total", endpoint=endpoint) == 4
+    assert sample("prism_requests_in_flight", endpoint=endpoint) == 0
+    # A request that fails before its first token leaves nothing waiting.
+    telemetry.RequestTimer(endpoint).finish(completed=False)
+    assert sample("prism_requests_waiting", endpoint=endpoint) == 0
+    assert sample("prism_request_duration_seconds_count", endpoint=endpoint) == 1
+
+
+def test_gateway_returns_request_ids_and_counts_requests():
+    app = create_app(Router(StaticRegistry({"processor": [f"127.0.0.1:{free_port()}"]})))
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    path = "/v1/chat/completions"
+    before = sample("prism_requests_total", endpoint=path, status="503")
+    with TestClient(app) as c:
+        given = c.post(path, json=chat, headers={"x-request-id": "my-trace-7"})
+        assert given.status_code == 503 and given.headers["x-request-id"] == "my-trace-7"
+        made = c.post(path, json=chat)
+        assert len(made.headers["x-request-id"]) == 32
+        # An id that is not a sane token is replaced, not echoed.
+        bad = c.post(path, json=chat, headers={"x-request-id": "a b"})
+        assert bad.headers["x-request-id"] != "a b"
+        assert c.post(path, json={**chat, "n": "x"}).status_code == 400
+        assert sample("prism_requests_total", endpoint=path, status="503") == before + 3
+        assert sample("prism_requests_total", endpoint=path, status="400") >= 1
+        metrics = c.get("/metrics")
+        assert metrics.status_code == 200
+        assert f'prism_requests_total{{endpoint="{path}",status="503"}}' in metrics.text
+        c.get("/v1/anything/else")
+        assert sample("prism_requests_total", endpoint="other", status="404") >= 1
