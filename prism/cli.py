@@ -17,9 +17,41 @@ from prism.modes import MODES, WORKER_ROLES
 from prism.routing import POLICIES
 
 
+def _tls_args(parser: argparse.ArgumentParser) -> None:
+    tls = parser.add_argument_group("TLS between services (off unless --tls-cert is given)")
+    tls.add_argument("--tls-cert", default="", help="this service's certificate (PEM)")
+    tls.add_argument("--tls-key", default="", help="its private key (PEM)")
+    tls.add_argument(
+        "--tls-ca",
+        default="",
+        help="CA that signed the peers' certificates (PEM); servers then require client "
+        "certificates too (mutual TLS). Default: the system's roots, no client certificates",
+    )
+    tls.add_argument(
+        "--tls-server-name", default="", help="name to expect in servers' certificates"
+    )
+
+
+def _forward(args: argparse.Namespace, names: tuple[str, ...]) -> list[str]:
+    """The flags `names` of `args` that are set, as a command line for a stage."""
+    forwarded = []
+    for name in names:
+        if value := getattr(args, name):
+            forwarded += [f"--{name.replace('_', '-')}", str(value)]
+    return forwarded
+
+
 def _stage_args(parser: argparse.ArgumentParser, port: int, metrics: bool = True) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
     parser.add_argument("--port", type=int, default=port)
+    _tls_args(parser)
+    parser.add_argument(
+        "--shutdown-grace-s",
+        type=float,
+        default=10.0,
+        help="on SIGTERM: stop taking requests, let those in flight finish for this long, "
+        "then abort them",
+    )
     if metrics:
         parser.add_argument(
             "--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: none)"
@@ -44,6 +76,41 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-gib", type=int, default=1, help="KV cache size on CPU (GiB)")
 
 
+def _fetch_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--fetch-allow",
+        action="append",
+        default=[],
+        metavar="HOST|CIDR",
+        help="let image URLs reach this host name or network although it is not public "
+        "(loopback, private, link-local); repeatable. Default: public addresses only",
+    )
+
+
+def _gateway_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("PRISM_API_KEY", ""),
+        help="require 'Authorization: Bearer KEY' on /v1 (default: PRISM_API_KEY; none if unset)",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=float,
+        default=0,
+        help="seconds a generation may take before it ends with 504 (0: no limit)",
+    )
+
+
+def _limit_arg(parser: argparse.ArgumentParser, default: int = 256) -> None:
+    parser.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=default,
+        help="requests this stage takes at once; past it, RESOURCE_EXHAUSTED / HTTP 429 "
+        "with Retry-After (0: no bound)",
+    )
+
+
 def _routing_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--routing",
@@ -57,12 +124,8 @@ def _forwarded_registry_args(args: argparse.Namespace) -> list[str]:
     """`prism serve`'s registry flags, as every stage it starts takes them."""
     if args.registry == "static":
         return []
-    forwarded = ["--registry", args.registry]
-    for flag in ("advertise_host", "consul_token", "consul_check_interval",
-                 "consul_check_timeout", "consul_deregister_after"):  # fmt: skip
-        if getattr(args, flag):
-            forwarded += [f"--{flag.replace('_', '-')}", getattr(args, flag)]
-    return forwarded
+    return _forward(args, ("registry", "advertise_host", "consul_token", "consul_check_interval",
+                           "consul_check_timeout", "consul_deregister_after"))  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,6 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(serve)
     _engine_args(serve)
     _routing_arg(serve)
+    _fetch_args(serve)
+    _gateway_args(serve)
+    _limit_arg(serve)
+    _tls_args(serve)
     registry.add_arguments(serve, sidecar=False)
 
     worker = sub.add_parser("worker", help="EngineService on a vLLM engine")
@@ -138,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="prefill roles: free a prompt's KV after this long if no decode reads it",
     )
     worker.add_argument("--pool-mib", type=int, default=256, help="NIXL read buffer (MiB)")
+    _limit_arg(worker)
     registry.add_arguments(worker)
 
     encoder = sub.add_parser("encoder", help="EncoderService: vision tower + projector")
@@ -148,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     encoder.add_argument(
         "--lease-s", type=float, default=30.0, help="free unread embeddings after this long"
     )
+    _fetch_args(encoder)
+    _limit_arg(encoder)
     registry.add_arguments(encoder)
 
     processor = sub.add_parser("processor", help="the public InferenceService")
@@ -155,10 +225,20 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(processor)
     processor.add_argument("--mode", default="epd", choices=MODES)
     _routing_arg(processor)
+    _fetch_args(processor)
+    _limit_arg(processor)
+    processor.add_argument(
+        "--migration-limit",
+        type=int,
+        default=1,
+        help="times a request moves to another worker replica when the one streaming it dies",
+    )
     registry.add_arguments(processor, peers="worker=127.0.0.1:50051")
 
     gateway = sub.add_parser("gateway", help="OpenAI REST API in front of a processor")
     _stage_args(gateway, 8000, metrics=False)
+    _gateway_args(gateway)
+    _limit_arg(gateway)
     registry.add_arguments(gateway, peers="processor=127.0.0.1:50050")
 
     model = sub.add_parser("model", help="tiny random-weight models for tests and demos")
@@ -189,6 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     logs.configure(args.log_level, args.log_format)
+    if getattr(args, "tls_cert", ""):
+        from prism import rpc
+
+        rpc.configure_tls(
+            rpc.Tls.from_files(args.tls_cert, args.tls_key, args.tls_ca, args.tls_server_name)
+        )
     if args.command == "serve":
         from prism.launcher import MeshConfig, run
 
@@ -208,7 +294,12 @@ def main(argv: list[str] | None = None) -> int:
                 prefill_workers=args.prefill_workers,
                 decode_workers=args.decode_workers,
                 routing=args.routing,
+                fetch_allow=args.fetch_allow,
+                max_in_flight=args.max_in_flight,
+                request_timeout=args.request_timeout,
+                api_key=args.api_key,
                 registry_args=_forwarded_registry_args(args),
+                tls_args=_forward(args, ("tls_cert", "tls_key", "tls_ca", "tls_server_name")),
                 log_level=args.log_level,
                 log_format=args.log_format,
             )

@@ -115,8 +115,17 @@ class MeshConfig:
     prefill_workers: int = 1
     decode_workers: int = 1
     routing: str = "round-robin"
+    # Hosts or networks that image URLs may reach although not public (processor, encoder).
+    fetch_allow: list[str] = field(default_factory=list)
+    # The processor's bound on requests in flight (every stage has one; see --max-in-flight).
+    max_in_flight: int = 256
+    # Gateway: seconds a generation may take (0: no limit), and the API key clients must send.
+    request_timeout: float = 0
+    api_key: str = ""
     # Registry flags for every stage (e.g. --registry consul://...); none: the static one.
     registry_args: list[str] = field(default_factory=list)
+    # TLS flags for every stage (--tls-cert ...); none: plaintext gRPC.
+    tls_args: list[str] = field(default_factory=list)
     log_level: str = "info"
     log_format: str = "text"
 
@@ -141,16 +150,18 @@ def plan(config: MeshConfig) -> list[Stage]:
     prism = [sys.executable, "-m", "prism.cli", "--log-level", config.log_level,
              "--log-format", config.log_format]  # fmt: skip
     common = ["--model", config.model, "--host", config.host,
-              "--max-images", str(config.max_images), *config.registry_args]  # fmt: skip
+              "--max-images", str(config.max_images), *config.registry_args,
+              *config.tls_args]  # fmt: skip
     if config.served_model_name:
         common += ["--served-model-name", config.served_model_name]
     if config.max_model_len:
         common += ["--max-model-len", str(config.max_model_len)]
     engine = ["--dtype", config.dtype, "--kv-cache-gib", str(config.kv_cache_gib)]
+    fetch = [arg for allowed in config.fetch_allow for arg in ("--fetch-allow", allowed)]
 
     roles = ROLES[config.mode]
     encoders = [
-        _grpc_stage(f"encoder-{i}", config.host, [*prism, "encoder", *common])
+        _grpc_stage(f"encoder-{i}", config.host, [*prism, "encoder", *common, *fetch])
         for i in range(config.encoders if "encoder" in roles else 0)
     ]
 
@@ -188,7 +199,8 @@ def plan(config: MeshConfig) -> list[Stage]:
     processor = _grpc_stage(
         "processor",
         config.host,
-        [*prism, "processor", *common, "--mode", config.mode, "--routing", config.routing,
+        [*prism, "processor", *common, *fetch, "--mode", config.mode,
+         "--routing", config.routing, "--max-in-flight", str(config.max_in_flight),
          *peers(by_role)],
     )  # fmt: skip
     base_url = f"http://{config.host}:{config.http_port}"
@@ -196,9 +208,12 @@ def plan(config: MeshConfig) -> list[Stage]:
         "gateway",
         base_url,
         [*prism, "gateway", "--host", config.host, "--port", str(config.http_port),
-         *config.registry_args, *peers({"processor": [processor]})],
+         "--request-timeout", str(config.request_timeout),
+         *config.registry_args, *config.tls_args, *peers({"processor": [processor]})],
         lambda: http_ok(f"{base_url}/health"),
         metrics_url=f"{base_url}/metrics",
+        # In the environment rather than the command line, where `ps` would show it.
+        env={"PRISM_API_KEY": config.api_key},
     )  # fmt: skip
     stages = [*encoders, *engines, processor, gateway]
     for stage in stages:

@@ -12,12 +12,14 @@ import binascii
 import io
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 import PIL.Image
+import yarl
 
 from prism.cache import ByteLru
 from prism.rpc import PrismError, invalid
 from prism.tracing import tracer
+from prism.url_guard import Allowance, GuardedResolver, Refused, check_host
 from prism.v1 import common_pb2
 
 MIME_BY_FORMAT = {"JPEG": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp"}
@@ -30,8 +32,11 @@ class MediaPolicy:
     # Guards against decompression bombs: checked from the header, before decoding.
     max_image_pixels: int = 40_000_000
     max_images: int = 8
+    connect_timeout_s: float = 5.0
     fetch_timeout_s: float = 10.0
     max_redirects: int = 3
+    # Host names or networks (CIDR) that URLs may reach although they are not public.
+    fetch_allow: tuple[str, ...] = ()
     # Images fetched from http(s) URLs are kept this long (bytes) for repeated requests.
     url_cache_bytes: int = 64 * 1024 * 1024
 
@@ -104,21 +109,31 @@ def parse_data_url(url: str, param: str) -> bytes:
 
 
 class ImageLoader:
-    """Loads images for requests; one per process, reusing one HTTP client."""
+    """Loads images for requests; one per process, reusing one HTTP session.
+
+    Fetches follow redirects one hop at a time, each checked like the first, and reach
+    public addresses only (`prism.url_guard`) unless the policy's `fetch_allow` admits more.
+    Environment proxies are ignored: a proxy would connect where the guard cannot look.
+    """
+
+    _REDIRECTS = (301, 302, 303, 307, 308)
 
     def __init__(self, policy: MediaPolicy | None = None):
         self.policy = policy or MediaPolicy()
         self.url_cache: ByteLru[LoadedImage] = ByteLru(
             self.policy.url_cache_bytes, size=lambda image: len(image.data)
         )
-        self._http = httpx.AsyncClient(
-            follow_redirects=True,
-            max_redirects=self.policy.max_redirects,
-            timeout=httpx.Timeout(self.policy.fetch_timeout_s),
+        self.allowance = Allowance(self.policy.fetch_allow)
+        self._http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(resolver=GuardedResolver(self.allowance)),
+            timeout=aiohttp.ClientTimeout(
+                total=self.policy.fetch_timeout_s, connect=self.policy.connect_timeout_s
+            ),
+            trust_env=False,
         )
 
     async def close(self) -> None:
-        await self._http.aclose()
+        await self._http.close()
 
     async def load(self, image: common_pb2.Image, param: str) -> LoadedImage:
         with tracer.start_as_current_span("image.load") as span:
@@ -152,23 +167,36 @@ class ImageLoader:
         raise invalid(f"unsupported image URL scheme {scheme!r}: use http, https or data", param)
 
     async def _fetch(self, url: str, param: str) -> bytes:
-        limit = self.policy.max_image_bytes
         try:
-            async with self._http.stream("GET", url) as response:
-                if response.status_code != 200:
-                    raise invalid(f"fetching image failed: HTTP {response.status_code}", param)
-                declared = response.headers.get("content-length")
-                if declared and declared.isdigit() and int(declared) > limit:
-                    raise invalid(f"image is larger than the limit of {limit} bytes", param)
-                body = bytearray()
-                async for chunk in response.aiter_bytes():
-                    body += chunk
-                    if len(body) > limit:
-                        raise invalid(f"image is larger than the limit of {limit} bytes", param)
-                return bytes(body)
-        except httpx.TooManyRedirects:
-            raise invalid("fetching image failed: too many redirects", param) from None
-        except httpx.TimeoutException:
+            for _ in range(self.policy.max_redirects + 1):
+                target = yarl.URL(url)
+                if target.scheme not in ("http", "https") or not target.host:
+                    raise invalid(f"cannot fetch {url!r}: not an http(s) URL", param)
+                check_host(target.host, self.allowance)
+                async with self._http.get(target, allow_redirects=False) as response:
+                    if response.status in self._REDIRECTS and "Location" in response.headers:
+                        url = str(target.join(yarl.URL(response.headers["Location"])))
+                        continue
+                    if response.status != 200:
+                        raise invalid(f"fetching image failed: HTTP {response.status}", param)
+                    return await self._read(response, param)
+        except Refused as exc:
+            raise invalid(f"image URL refused: {exc}", param, reason="URL_REFUSED") from None
+        except TimeoutError:
             raise invalid("fetching image timed out", param) from None
-        except httpx.HTTPError as exc:
+        except aiohttp.ClientError as exc:
             raise invalid(f"fetching image failed: {exc}", param) from None
+        raise invalid(
+            f"fetching image failed: more than {self.policy.max_redirects} redirects", param
+        )
+
+    async def _read(self, response: aiohttp.ClientResponse, param: str) -> bytes:
+        limit = self.policy.max_image_bytes
+        if (response.content_length or 0) > limit:
+            raise invalid(f"image is larger than the limit of {limit} bytes", param)
+        body = bytearray()
+        async for chunk in response.content.iter_chunked(64 * 1024):
+            body += chunk
+            if len(body) > limit:
+                raise invalid(f"image is larger than the limit of {limit} bytes", param)
+        return bytes(body)

@@ -8,11 +8,12 @@ one place (`http_status`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -103,6 +104,34 @@ class PrismError(Exception):
         return cls(code, message or code.name, reason=reason, param=param, metadata=metadata)
 
 
+class InFlightLimit:
+    """A stage's bound on requests in flight: past it, RESOURCE_EXHAUSTED at once (the
+    gateway answers 429 with Retry-After) rather than an unbounded queue."""
+
+    RETRY_AFTER_S = 1
+
+    def __init__(self, limit: int, what: str = "requests"):
+        self.limit = limit
+        self.what = what
+        self.count = 0
+
+    @contextlib.contextmanager
+    def admit(self) -> Iterator[None]:
+        if self.limit and self.count >= self.limit:
+            raise PrismError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"overloaded: {self.count} {self.what} in flight, the limit is {self.limit}; "
+                "retry later",
+                reason="OVERLOADED",
+                metadata={"retry_after_s": str(self.RETRY_AFTER_S)},
+            )
+        self.count += 1
+        try:
+            yield
+        finally:
+            self.count -= 1
+
+
 def invalid(message: str, param: str | None = None, reason: str = "") -> PrismError:
     return PrismError(grpc.StatusCode.INVALID_ARGUMENT, message, reason=reason, param=param)
 
@@ -158,6 +187,50 @@ def rpc_errors(method: Callable) -> Callable:
             await context.abort_with_status(_status_for(exc).to_status())
 
     return unary
+
+
+@dataclass(frozen=True)
+class Tls:
+    """TLS between services: this process's certificate and key, and the CA that signed
+    its peers' (given a CA, servers also require client certificates: mutual TLS)."""
+
+    cert: bytes
+    key: bytes
+    ca: bytes | None = None
+    # Name to check in the servers' certificates instead of the dialed host.
+    server_name: str = ""
+
+    @classmethod
+    def from_files(cls, cert: str, key: str, ca: str = "", server_name: str = "") -> Tls:
+        def read(path: str) -> bytes:
+            with open(path, "rb") as f:
+                return f.read()
+
+        return cls(read(cert), read(key), read(ca) if ca else None, server_name)
+
+
+# Set once at start-up by `configure_tls`; plaintext when None.
+_tls: Tls | None = None
+
+
+def configure_tls(tls: Tls | None) -> None:
+    global _tls
+    _tls = tls
+
+
+def tls_enabled() -> bool:
+    return _tls is not None
+
+
+def _channel_options() -> list[tuple[str, object]]:
+    if _tls is not None and _tls.server_name:
+        return [*_OPTIONS, ("grpc.ssl_target_name_override", _tls.server_name)]
+    return _OPTIONS
+
+
+def _channel_credentials() -> grpc.ChannelCredentials:
+    assert _tls is not None
+    return grpc.ssl_channel_credentials(_tls.ca, _tls.key, _tls.cert)
 
 
 @dataclass
@@ -221,7 +294,13 @@ async def start_server(
         ],
         server,
     )
-    port = server.add_insecure_port(address)
+    if _tls is None:
+        port = server.add_insecure_port(address)
+    else:
+        credentials = grpc.ssl_server_credentials(
+            [(_tls.key, _tls.cert)], root_certificates=_tls.ca, require_client_auth=bool(_tls.ca)
+        )
+        port = server.add_secure_port(address, credentials)
     if port == 0:
         raise OSError(f"cannot bind gRPC server to {address}")
     await server.start()
@@ -231,13 +310,18 @@ async def start_server(
 
 
 def channel(address: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(
-        address, options=_OPTIONS, interceptors=tracing.client_interceptors()
+    interceptors = tracing.client_interceptors()
+    if _tls is None:
+        return grpc.aio.insecure_channel(address, _OPTIONS, interceptors=interceptors)
+    return grpc.aio.secure_channel(
+        address, _channel_credentials(), _channel_options(), interceptors=interceptors
     )
 
 
 def sync_channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(address, options=_OPTIONS)
+    if _tls is None:
+        return grpc.insecure_channel(address, options=_OPTIONS)
+    return grpc.secure_channel(address, _channel_credentials(), _channel_options())
 
 
 async def is_serving(channel: grpc.aio.Channel, service: str = "", timeout: float = 1.0) -> bool:
@@ -266,7 +350,7 @@ def check_health(address: str, service: str = "", timeout: float = 1.0) -> bool:
 async def wait_for_termination(
     server: Server,
     services: Iterable[str],
-    grace: float = 5.0,
+    grace: float = 10.0,
     on_drain: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Serves until SIGINT or SIGTERM, then reports NOT_SERVING, calls `on_drain` (e.g. to

@@ -174,10 +174,15 @@ class RunningMesh:
         return self.mesh.address("worker")
 
     @property
+    def engine_stages(self) -> list[str]:
+        """Names of every worker stage, whatever its role."""
+        roles = ("worker", "prefill", "decode")
+        return [s.name for s in self.mesh.stages if s.name.rsplit("-", 1)[0] in roles]
+
+    @property
     def engines(self) -> list[str]:
         """Addresses of every worker stage, whatever its role."""
-        roles = ("worker", "prefill", "decode")
-        return [s.address for s in self.mesh.stages if s.name.rsplit("-", 1)[0] in roles]
+        return [self.mesh.address(name) for name in self.engine_stages]
 
     def address(self, stage: str) -> str:
         return self.mesh.address(stage)
@@ -193,6 +198,15 @@ class RunningMesh:
                 samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
         return samples
 
+    def metric(self, stage: str, name: str, **labels: str) -> float:
+        """Sum of a stage's samples called `name` whose labels include `labels`."""
+        total = 0.0
+        for key, value in self.metrics(stage).items():
+            sample, _, label_text = key.partition("{")
+            if sample == name and all(f'{k}="{v}"' in label_text for k, v in labels.items()):
+                total += value
+        return total
+
     def log_tail(self, n: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
@@ -200,7 +214,10 @@ class RunningMesh:
 def start_mesh(family: str, mode: str, model: Path, log_dir: Path, **config: Any) -> RunningMesh:
     """Starts a mesh; `config` sets further MeshConfig fields (replicas, registry)."""
     config = MeshConfig(
-        mode=mode, model=str(model), http_port=free_port(), **{"log_level": "warning", **config}
+        mode=mode,
+        model=str(model),
+        http_port=free_port(),
+        **{"log_level": "warning", "fetch_allow": [ALLOWED_HOST], **config},
     )
     mesh = Mesh(plan(config))
     log_path = log_dir / f"mesh-{family}-{mode.replace('/', '')}.log"
@@ -230,8 +247,15 @@ def mesh(request, models, oracle, tmp_path_factory):
 
 class _ImageHandler(BaseHTTPRequestHandler):
     routes: ClassVar[dict[str, tuple[bytes, str]]] = {}
+    redirects: ClassVar[dict[str, str]] = {}
 
     def do_GET(self) -> None:
+        if self.path in self.redirects:
+            self.send_response(302)
+            self.send_header("Location", self.redirects[self.path])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         body, mime = self.routes.get(self.path, (b"not found", "text/plain"))
         self.send_response(200 if self.path in self.routes else 404)
         self.send_header("Content-Type", mime)
@@ -243,16 +267,24 @@ class _ImageHandler(BaseHTTPRequestHandler):
         pass
 
 
+# Meshes and loaders in tests may fetch from this name, though it is loopback.
+ALLOWED_HOST = "localhost"
+
+
 @pytest.fixture(scope="session")
 def image_server():
-    """A loopback HTTP server: `serve(path, body, mime)` returns the URL of that body."""
+    """A loopback HTTP server: `serve(path, body, mime)` returns the URL of that body, on
+    the host name the tests' meshes allow; `serve(path, location=URL)` redirects."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _ImageHandler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
 
-    def serve(path: str, body: bytes, mime: str = "image/png") -> str:
-        _ImageHandler.routes[path] = (body, mime)
-        return f"http://127.0.0.1:{server.server_port}{path}"
+    def serve(path: str, body: bytes = b"", mime: str = "image/png", location: str = "") -> str:
+        if location:
+            _ImageHandler.redirects[path] = location
+        else:
+            _ImageHandler.routes[path] = (body, mime)
+        return f"http://{ALLOWED_HOST}:{server.server_port}{path}"
 
     yield serve
     server.shutdown()

@@ -30,18 +30,8 @@ def stub(mesh, stage: str) -> engine_pb2_grpc.EngineServiceStub:
     return engine_pb2_grpc.EngineServiceStub(rpc.sync_channel(mesh.address(stage)))
 
 
-def metric(mesh, stage: str, name: str, **labels: str) -> float:
-    """Sum of a stage's samples called `name` whose labels include `labels`."""
-    total = 0.0
-    for key, value in mesh.metrics(stage).items():
-        sample, _, label_text = key.partition("{")
-        if sample == name and all(f'{k}="{v}"' in label_text for k, v in labels.items()):
-            total += value
-    return total
-
-
 def kv_idle(mesh, stage: str) -> bool:
-    return metric(mesh, stage, "vllm:kv_cache_usage_perc") == 0
+    return mesh.metric(stage, "vllm:kv_cache_usage_perc") == 0
 
 
 def prefill(mesh, request_id: str, prompt=PROMPT, **sampling) -> engine_pb2.GenerateResponse:
@@ -81,7 +71,7 @@ def test_prefill_returns_the_first_token_and_typed_kv_params(pd):
 def test_decode_reads_the_prompt_kv_instead_of_recomputing_it(pd):
     source = "vllm:prompt_tokens_by_source_total"
     before = {
-        s: metric(pd, "decode", source, source=s) for s in ("external_kv_transfer", "local_compute")
+        s: pd.metric("decode", source, source=s) for s in ("external_kv_transfer", "local_compute")
     }
     prefilled = prefill(pd, "pd-transfer")
     replies = list(stub(pd, "decode").Generate(decode_request("pd-transfer", prefilled)))
@@ -90,7 +80,7 @@ def test_decode_reads_the_prompt_kv_instead_of_recomputing_it(pd):
     assert replies[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
 
     def grown() -> dict[str, float]:
-        return {s: metric(pd, "decode", source, source=s) - before[s] for s in before}
+        return {s: pd.metric("decode", source, source=s) - before[s] for s in before}
 
     assert wait_for(lambda: grown()["external_kv_transfer"] > 0)
     # The whole prompt came over NIXL; at most its last token is recomputed locally.

@@ -6,7 +6,7 @@ import io
 
 import PIL.Image
 import pytest
-from conftest import png
+from conftest import ALLOWED_HOST, png
 
 from prism.media import ImageLoader, MediaPolicy, check_image, parse_data_url
 from prism.rpc import PrismError
@@ -72,7 +72,7 @@ def test_loader_fetches_from_loopback(image_server):
     missing = image_server("/exists.png", b"").replace("exists", "missing")
 
     async def run():
-        loader = ImageLoader()
+        loader = ImageLoader(MediaPolicy(fetch_allow=(ALLOWED_HOST,)))
         try:
             image = await loader.load(common_pb2.Image(url=url), "p")
             assert image.data == png(7)

@@ -73,10 +73,12 @@ class FakeEngine(engine_pb2_grpc.EngineServiceServicer):
     def __init__(self, token: int, fail: PrismError | None = None, after_first: bool = False):
         self.token, self.fail, self.after_first = token, fail, after_first
         self.calls = 0
+        self.requests: list[engine_pb2.GenerateRequest] = []
 
     @rpc.rpc_errors
     async def Generate(self, request, context):
         self.calls += 1
+        self.requests.append(request)
         if self.fail and not self.after_first:
             raise self.fail
         yield engine_pb2.GenerateResponse(token_ids=[self.token])
@@ -176,3 +178,32 @@ def test_probes_report_health_and_load():
         await pipeline.close()
 
     asyncio.run(main())
+
+
+def test_a_stream_cut_mid_way_resumes_on_another_replica():
+    async def main(limit: int) -> list[int]:
+        first = FakeEngine(1, fail=GONE, after_first=True)
+        second = FakeEngine(2)
+        servers = await engines(first, second)
+        addresses = [f"127.0.0.1:{s.port}" for s in servers]
+        pipeline = Pipeline("epd", Router(StaticRegistry({"worker": addresses})))
+        sampling = common_pb2.SamplingParams(max_tokens=5, min_tokens=3)
+        tokens: list[int] = []
+        try:
+            replies = pipeline.run_migrating("r1", [7, 8], [], sampling, Call(), limit)
+            async for reply in replies:
+                tokens += reply.token_ids
+        finally:
+            await pipeline.close()
+            for server in servers:
+                await server.server.stop(None)
+        (resumed,) = second.requests
+        # The second replica continues from the prompt and the token already streamed.
+        assert list(resumed.prompt_token_ids) == [7, 8, 1]
+        assert resumed.request_id == "r1-migrated-1"
+        assert (resumed.sampling.max_tokens, resumed.sampling.min_tokens) == (4, 2)
+        return tokens
+
+    assert asyncio.run(main(limit=1)) == [1, 2]
+    with pytest.raises(grpc.aio.AioRpcError):
+        asyncio.run(main(limit=0))

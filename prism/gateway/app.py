@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import logging
 import re
@@ -30,7 +31,12 @@ log = logging.getLogger(__name__)
 
 
 def _error(error: PrismError) -> JSONResponse:
-    return JSONResponse(translate.error_body(error), status_code=error.http_status)
+    headers = {}
+    if "retry_after_s" in error.metadata:
+        headers["Retry-After"] = error.metadata["retry_after_s"]
+    elif error.http_status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(translate.error_body(error), status_code=error.http_status, headers=headers)
 
 
 async def _json_body(request: Request) -> Any:
@@ -45,9 +51,12 @@ def _sse(payload: dict) -> bytes:
 
 
 class Gateway:
-    def __init__(self, router: Router):
+    def __init__(self, router: Router, request_timeout: float = 0):
         self._router = router
         self._channels: dict[str, grpc.aio.Channel] = {}
+        # The deadline of each generation (none when 0): past it, 504 and every stage
+        # aborts the request.
+        self.timeout = request_timeout or None
 
     def _channel(self) -> grpc.aio.Channel:
         address = self._router.pick("processor")
@@ -147,24 +156,29 @@ async def _generate(
 
 
 # Routes counted by path in the request metrics; anything else counts as "other".
-_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+_GENERATIONS = ("/v1/chat/completions", "/v1/completions")
+_ROUTES = (*_GENERATIONS, "/v1/models")
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 
 
-class RequestIdMiddleware:
-    """Gives every HTTP request an id (the client's `x-request-id` if it is a sane one),
-    returns it in the response headers and counts the request by its final status.
+class FrontDoor:
+    """What every HTTP request meets first: an id (the client's `x-request-id` if it is a
+    sane one, returned in the response headers), the API key when one is set, the bound
+    on generations in flight, and the count of requests by final status.
 
     Pure ASGI rather than Starlette's BaseHTTPMiddleware, which would run the app in
     another task and get in the way of streaming and disconnect handling."""
 
-    def __init__(self, app: Any):
+    def __init__(self, app: Any, api_key: str = "", max_in_flight: int = 0):
         self.app = app
+        self.api_key = api_key
+        self.limit = rpc.InFlightLimit(max_in_flight, "generations")
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        given = dict(scope["headers"]).get(logs.HEADER.encode(), b"").decode("latin-1")
+        headers = dict(scope["headers"])
+        given = headers.get(logs.HEADER.encode(), b"").decode("latin-1")
         request_id = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
         token = logs.REQUEST_ID.set(request_id)
         status = 500
@@ -177,19 +191,45 @@ class RequestIdMiddleware:
                 message = {**message, "headers": headers}
             await send(message)
 
+        path = scope["path"]
         try:
-            await self.app(scope, receive, send_with_id)
+            if path.startswith("/v1/"):
+                self._authorize(headers.get(b"authorization", b"").decode("latin-1"))
+            if path in _GENERATIONS:
+                with self.limit.admit():
+                    await self.app(scope, receive, send_with_id)
+            else:
+                await self.app(scope, receive, send_with_id)
+        except PrismError as error:
+            await _error(error)(scope, receive, send_with_id)
         finally:
             logs.REQUEST_ID.reset(token)
-            path = scope["path"]
             if path.startswith("/v1/"):
                 endpoint = path if path in _ROUTES else "other"
                 telemetry.REQUESTS.labels(endpoint, str(status)).inc()
 
+    def _authorize(self, authorization: str) -> None:
+        if not self.api_key:
+            return
+        scheme, _, key = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip(), self.api_key):
+            raise PrismError(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                reason="INVALID_API_KEY",
+            )
 
-def create_app(router: Router, me: Instance | None = None) -> FastAPI:
-    """The app, routing to the processors `router` finds; registered as `me` if given."""
-    gateway = Gateway(router)
+
+def create_app(
+    router: Router,
+    me: Instance | None = None,
+    api_key: str = "",
+    max_in_flight: int = 0,
+    request_timeout: float = 0,
+) -> FastAPI:
+    """The app, routing to the processors `router` finds; registered as `me` if given.
+    With `api_key`, /v1 requests need it as a Bearer token."""
+    gateway = Gateway(router, request_timeout)
     registry = router.registry
 
     @asynccontextmanager
@@ -206,7 +246,7 @@ def create_app(router: Router, me: Instance | None = None) -> FastAPI:
     app = FastAPI(title="Prism", lifespan=lifespan)
     tracing.instrument_app(app)
     # Outermost, so that the id is set before the request's span and every log line.
-    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(FrontDoor, api_key=api_key, max_in_flight=max_in_flight)
 
     @app.exception_handler(PrismError)
     async def prism_error(request: Request, exc: PrismError) -> JSONResponse:
@@ -295,7 +335,7 @@ def create_app(router: Router, me: Instance | None = None) -> FastAPI:
                 "usage": translate.usage(last.usage),
             }
 
-        call = gateway.stub().Chat(message, metadata=rpc.call_metadata())
+        call = gateway.stub().Chat(message, metadata=rpc.call_metadata(), timeout=gateway.timeout)
         return await _generate(
             call, translate.wants_stream(body), include_usage, chunk, final, request.url.path
         )
@@ -332,7 +372,9 @@ def create_app(router: Router, me: Instance | None = None) -> FastAPI:
                 "usage": translate.usage(last.usage),
             }
 
-        call = gateway.stub().Complete(message, metadata=rpc.call_metadata())
+        call = gateway.stub().Complete(
+            message, metadata=rpc.call_metadata(), timeout=gateway.timeout
+        )
         return await _generate(
             call, translate.wants_stream(body), include_usage, chunk, final, request.url.path
         )
@@ -343,7 +385,18 @@ def create_app(router: Router, me: Instance | None = None) -> FastAPI:
 def serve(args: argparse.Namespace) -> None:
     tracing.setup("gateway")
     app = create_app(
-        Router(open_registry(args)), instance(args, "gateway", args.port, health="http")
+        Router(open_registry(args)),
+        instance(args, "gateway", args.port, health="http"),
+        api_key=args.api_key,
+        max_in_flight=args.max_in_flight,
+        request_timeout=args.request_timeout,
     )
     log.info("gateway listening on http://%s:%d", args.host, args.port)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=args.shutdown_grace_s,
+    )

@@ -17,6 +17,7 @@ from typing import Any
 from consul import Check
 from consul.aio import Consul
 
+from prism import rpc
 from prism.registry import Instance
 
 log = logging.getLogger(__name__)
@@ -124,7 +125,9 @@ class ConsulRegistry:
         }
         if instance.health == "http":
             return Check.http(f"http://{instance.address}/health", **timing)
-        return Check.grpc(instance.address, **timing)
+        # Consul's agent dials the check itself: with TLS it needs the CA (and, for mutual
+        # TLS, a client certificate) in its own configuration.
+        return Check.grpc(instance.address, use_tls=rpc.tls_enabled() or None, **timing)
 
     async def register(self, instance: Instance) -> None:
         host, port = _split(instance.address)

@@ -99,6 +99,7 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
         loader: ImageLoader,
         cache: ByteLru[Embedding],
         lease_s: float,
+        max_in_flight: int = 0,
     ):
         self.model_id = model_id
         self.vision = vision
@@ -106,7 +107,7 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
         self.loader = loader
         self.cache = cache
         self.lease_s = lease_s
-        self.in_flight = 0
+        self.limit = rpc.InFlightLimit(max_in_flight, "encode requests")
 
     def content_hash(self, image: LoadedImage) -> str:
         digest = hashlib.sha256(self.model_id.encode() + b"\0" + image.data)
@@ -153,15 +154,12 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
         limit = self.loader.policy.max_images
         if len(request.images) > limit:
             raise invalid(f"at most {limit} images per request", "images")
-        self.in_flight += 1
-        try:
+        with self.limit.admit():
             images = await asyncio.gather(
                 *(self.loader.load(image, f"images[{i}]") for i, image in enumerate(request.images))
             )
             request_id = request.request_id or uuid.uuid4().hex
             handles = await asyncio.to_thread(self._encode_and_publish, request_id, images)
-        finally:
-            self.in_flight -= 1
         cached = sum(handle.cached for handle in handles)
         log.info("encoded %d images for %s (%d from the cache)", len(handles), request_id, cached)
         return encoder_pb2.EncodeResponse(handles=handles)
@@ -178,14 +176,18 @@ async def serve(args: argparse.Namespace) -> None:
     tracing.setup("encoder")
     vision = await asyncio.to_thread(VisionEncoder, args.model)
     agent = TransferAgent(pool_bytes=args.pool_mib * 2**20, lease_s=args.lease_s)
-    loader = ImageLoader(MediaPolicy(max_images=args.max_images))
+    loader = ImageLoader(
+        MediaPolicy(max_images=args.max_images, fetch_allow=tuple(args.fetch_allow))
+    )
     cache: ByteLru[Embedding] = ByteLru(args.cache_mib * 2**20, size=lambda e: e.nbytes)
-    servicer = EncoderServicer(args.model, vision, agent, loader, cache, args.lease_s)
+    servicer = EncoderServicer(
+        args.model, vision, agent, loader, cache, args.lease_s, args.max_in_flight
+    )
     server = await rpc.start_server(
         f"{args.host}:{args.port}",
         lambda s: encoder_pb2_grpc.add_EncoderServiceServicer_to_server(servicer, s),
         [SERVICE],
-        in_flight=lambda: servicer.in_flight,
+        in_flight=lambda: servicer.limit.count,
     )
     telemetry.serve_metrics(
         args.metrics_port,
@@ -202,7 +204,9 @@ async def serve(args: argparse.Namespace) -> None:
     registry = open_registry(args)
     await registry.register(instance(args, "encoder", server.port, modes_served()))
     try:
-        await rpc.wait_for_termination(server, [SERVICE], on_drain=registry.deregister)
+        await rpc.wait_for_termination(
+            server, [SERVICE], grace=args.shutdown_grace_s, on_drain=registry.deregister
+        )
     finally:
         await registry.close()
         releaser.cancel()

@@ -101,12 +101,16 @@ class Call:
 
 
 def _replica_gone(exc: grpc.aio.AioRpcError) -> bool:
-    """A failure that another replica of the role may not have: the replica is down or
-    draining. Not a decode that could not read a prefill's KV: that one is lost for all."""
+    """The replica is down or draining. Not a decode that could not read a prefill's KV:
+    that one is lost for every decode."""
     return (
         exc.code() == grpc.StatusCode.UNAVAILABLE
         and PrismError.from_rpc_error(exc).reason != "KV_TRANSFER_FAILED"
     )
+
+
+def _replica_full(exc: grpc.aio.AioRpcError) -> bool:
+    return exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 @dataclass
@@ -183,9 +187,16 @@ class Pipeline:
                         stage_call.cancel()
                 return
             except grpc.aio.AioRpcError as exc:
-                if replied or tried or call.aborted or not _replica_gone(exc):
+                # Another replica may do what this one could not, if nothing was sent yet.
+                if (
+                    replied
+                    or tried
+                    or call.aborted
+                    or not (_replica_gone(exc) or _replica_full(exc))
+                ):
                     raise
-                self.router.mark_down(address)
+                if _replica_gone(exc):
+                    self.router.mark_down(address)
                 tried.append(address)
                 if not [a for a in self.router.registry.endpoints(role) if a not in tried]:
                     raise
@@ -223,6 +234,46 @@ class Pipeline:
             replies = self._generate("worker", request, call)
         async for reply in replies:
             yield reply
+
+    async def run_migrating(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        images: list[LoadedImage],
+        sampling: common_pb2.SamplingParams,
+        call: Call,
+        limit: int,
+    ) -> AsyncIterator[engine_pb2.GenerateResponse]:
+        """`run`, moved to another replica up to `limit` times if the worker streaming it
+        dies: the new one continues from the prompt plus the tokens already streamed."""
+        emitted: list[int] = []
+        for attempt in range(limit + 1):
+            if sampling.HasField("max_tokens") and len(emitted) >= sampling.max_tokens:
+                # The worker died between its last token and its last reply.
+                yield engine_pb2.GenerateResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH)
+                return
+            resumed = common_pb2.SamplingParams()
+            resumed.CopyFrom(sampling)
+            if sampling.HasField("max_tokens"):
+                resumed.max_tokens = sampling.max_tokens - len(emitted)
+            resumed.min_tokens = max(0, sampling.min_tokens - len(emitted))
+            # A new engine request id: the old one may linger in a prefill's connector.
+            engine_id = f"{request_id}-migrated-{attempt}" if attempt else request_id
+            try:
+                async for reply in self.run(engine_id, prompt_ids + emitted, images, resumed, call):
+                    if attempt:
+                        # Usage counts the client's prompt, not the one resumed from.
+                        reply.prompt_tokens = reply.cached_tokens = 0
+                    emitted += reply.token_ids
+                    yield reply
+                return
+            except grpc.aio.AioRpcError as exc:
+                if attempt == limit or not emitted or call.aborted or not _replica_gone(exc):
+                    raise
+                log.warning(
+                    "request %s lost its worker after %d tokens (%s); resuming elsewhere",
+                    request_id, len(emitted), exc.details(),
+                )  # fmt: skip
 
     def _generate(
         self, role: str, request: engine_pb2.GenerateRequest, call: Call
@@ -318,14 +369,18 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         pipeline: Pipeline,
         loader: ImageLoader,
         max_model_len: int,
+        max_in_flight: int = 0,
+        migration_limit: int = 1,
     ):
         self.tokenizer = AutoTokenizer.from_pretrained(model)
+        self.migration_limit = migration_limit
         self.served_model_name = served_model_name
         self.pipeline = pipeline
         self.loader = loader
         self.max_model_len = max_model_len
         self.created = int(time.time())
         self._active: dict[str, Call] = {}
+        self.limit = rpc.InFlightLimit(max_in_flight)
 
     def _check_model(self, model: str) -> None:
         if model and model != self.served_model_name:
@@ -397,7 +452,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         if request_id in self._active:
             raise invalid(f"request id {request_id!r} is already running", "request_id")
         call = self._active[request_id] = Call()
-        replies = self.pipeline.run(request_id, prompt_ids, images, sampling, call)
+        replies = self.pipeline.run_migrating(
+            request_id, prompt_ids, images, sampling, call, self.migration_limit
+        )
         prompt_tokens = len(prompt_ids)
         sent = 0
         try:
@@ -471,14 +528,15 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         timer = telemetry.RequestTimer(endpoint)
         status = grpc.StatusCode.OK
         try:
-            async for reply in replies:
-                timer.reply(reply)
-                if reply.HasField("usage"):
-                    span.set_attributes({
-                        "gen_ai.usage.input_tokens": reply.usage.prompt_tokens,
-                        "gen_ai.usage.output_tokens": reply.usage.completion_tokens,
-                    })  # fmt: skip
-                yield reply
+            with self.limit.admit():
+                async for reply in replies:
+                    timer.reply(reply)
+                    if reply.HasField("usage"):
+                        span.set_attributes({
+                            "gen_ai.usage.input_tokens": reply.usage.prompt_tokens,
+                            "gen_ai.usage.output_tokens": reply.usage.completion_tokens,
+                        })  # fmt: skip
+                    yield reply
         except PrismError as exc:
             status = exc.code
             raise
@@ -593,13 +651,17 @@ async def serve(args: argparse.Namespace) -> None:
     for role in ROLES[args.mode]:
         await registry.watch(role, discovery_tags(served_model, args.mode))
     pipeline = Pipeline(args.mode, Router(registry, args.routing))
-    loader = ImageLoader(MediaPolicy(max_images=args.max_images))
+    loader = ImageLoader(
+        MediaPolicy(max_images=args.max_images, fetch_allow=tuple(args.fetch_allow))
+    )
     servicer = InferenceServicer(
         args.model,
         served_model,
         pipeline,
         loader,
         args.max_model_len or context_length(args.model),
+        args.max_in_flight,
+        args.migration_limit,
     )
     server = await rpc.start_server(
         f"{args.host}:{args.port}",
@@ -615,7 +677,9 @@ async def serve(args: argparse.Namespace) -> None:
     readiness = asyncio.create_task(_track_readiness(server, pipeline))
     await registry.register(instance(args, "processor", server.port, [args.mode]))
     try:
-        await rpc.wait_for_termination(server, [SERVICE], on_drain=registry.deregister)
+        await rpc.wait_for_termination(
+            server, [SERVICE], grace=args.shutdown_grace_s, on_drain=registry.deregister
+        )
     finally:
         readiness.cancel()
         await registry.close()

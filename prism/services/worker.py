@@ -125,8 +125,10 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         role: str,
         transfer: TransferAgent | None = None,
         kv_lease_s: float = 30.0,
+        max_in_flight: int = 0,
     ):
         self.engine = engine
+        self.limit = rpc.InFlightLimit(max_in_flight)
         self.role = role
         self.transfer = transfer
         self.kv_lease_s = kv_lease_s
@@ -246,6 +248,13 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     async def Generate(
         self, request: engine_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[engine_pb2.GenerateResponse]:
+        with self.limit.admit():
+            async for reply in self._generate(request):
+                yield reply
+
+    async def _generate(
+        self, request: engine_pb2.GenerateRequest
+    ) -> AsyncIterator[engine_pb2.GenerateResponse]:
         if not request.request_id:
             raise invalid("request_id is required", "request_id")
         if not request.prompt_token_ids:
@@ -353,7 +362,7 @@ async def serve(args: argparse.Namespace) -> None:
     engine = AsyncLLM.from_engine_args(engine_args(args))
     reads_embeddings = args.enable_mm_embeds or args.role == "prefill"
     transfer = TransferAgent(pool_bytes=args.pool_mib * 2**20) if reads_embeddings else None
-    servicer = EngineServicer(engine, args.role, transfer, args.kv_lease_s)
+    servicer = EngineServicer(engine, args.role, transfer, args.kv_lease_s, args.max_in_flight)
     server = await rpc.start_server(
         f"{args.host}:{args.port}",
         lambda s: engine_pb2_grpc.add_EngineServiceServicer_to_server(servicer, s),
@@ -375,7 +384,9 @@ async def serve(args: argparse.Namespace) -> None:
     modes = modes_served(args.role, args.enable_mm_embeds)
     await registry.register(instance(args, MESH_ROLE[args.role], server.port, modes))
     try:
-        await rpc.wait_for_termination(server, [SERVICE], on_drain=registry.deregister)
+        await rpc.wait_for_termination(
+            server, [SERVICE], grace=args.shutdown_grace_s, on_drain=registry.deregister
+        )
     finally:
         await registry.close()
         engine.shutdown()

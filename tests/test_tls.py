@@ -1,0 +1,118 @@
+"""TLS between services: certificates made by the test (a CA, then a certificate for
+loopback signed by it), a real gRPC server and channels in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import ipaddress
+import threading
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from prism import rpc
+
+
+def certificate(name: str, issuer: tuple | None = None) -> tuple[bytes, bytes, tuple]:
+    """(cert PEM, key PEM, signer): a CA when `issuer` is None, else a loopback leaf."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    issuer_name, issuer_key = issuer or (subject, key)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True)
+    )
+    if issuer is not None:
+        builder = builder.add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+    cert = builder.sign(issuer_key, hashes.SHA256())
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )  # fmt: skip
+    return pem, key_pem, (subject, key)
+
+
+@pytest.fixture
+def tls():
+    ca, _, signer = certificate("prism-test-ca")
+    cert, key, _ = certificate("prism-stage", issuer=signer)
+    yield rpc.Tls(cert, key, ca)
+    rpc.configure_tls(None)
+
+
+@contextlib.contextmanager
+def health_server():
+    """A gRPC server with health checking only, on its own event loop thread."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def start() -> rpc.Server:
+        server = await rpc.start_server("127.0.0.1:0", lambda s: None, ["prism.test"])
+        await server.set_serving(["prism.test"])
+        return server
+
+    server = asyncio.run_coroutine_threadsafe(start(), loop).result()
+    try:
+        yield f"127.0.0.1:{server.port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(server.server.stop(None), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+
+
+def check(channel: grpc.Channel) -> bool:
+    try:
+        reply = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=3
+        )
+    except grpc.RpcError:
+        return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_services_talk_mutual_tls(tls):
+    rpc.configure_tls(tls)
+    with health_server() as address:
+        # A peer with a certificate from the CA gets in, sync and asyncio alike.
+        assert rpc.check_health(address)
+
+        async def over_aio() -> bool:
+            async with rpc.channel(address) as channel:
+                return await rpc.is_serving(channel)
+
+        assert asyncio.run(over_aio())
+        # Plaintext, or TLS without a client certificate, does not.
+        assert not check(grpc.insecure_channel(address))
+        anonymous = grpc.ssl_channel_credentials(root_certificates=tls.ca)
+        assert not check(grpc.secure_channel(address, anonymous))
+
+
+def test_server_name_override(tls):
+    # The certificate names "localhost": dialed by another name it passes only with the
+    # override, and a wrong override fails.
+    rpc.configure_tls(rpc.Tls(tls.cert, tls.key, tls.ca, server_name="localhost"))
+    with health_server() as address:
+        assert rpc.check_health(address)
+        rpc.configure_tls(rpc.Tls(tls.cert, tls.key, tls.ca, server_name="elsewhere.example"))
+        assert not rpc.check_health(address)

@@ -1,0 +1,147 @@
+"""Workers lost mid-stream, on meshes of real processes: the request moves to another
+replica and continues from the tokens already streamed; under a storm of requests and
+disconnects nothing hangs and nothing is left held."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter
+
+import httpx
+import pytest
+from conftest import data_url, png, start_mesh, user, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.own_mesh]
+
+
+def long_chat(mesh, max_tokens: int, image: bool = False) -> dict:
+    parts = [{"type": "image_url", "image_url": {"url": data_url(png(71))}}] if image else []
+    return {"model": mesh.model, "messages": user("Tell me more.", *parts), "stream": True,
+            "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+
+
+def in_flight(mesh, stage: str) -> float:
+    return mesh.metrics(stage)["prism_engine_requests_in_flight"]
+
+
+def test_a_worker_killed_mid_stream_hands_the_request_to_another(models, tmp_path):
+    mesh = start_mesh("llava", "epd", models["llava"], tmp_path, workers=2)
+    try:
+        chunks: list[str] = []
+        with httpx.stream("POST", f"{mesh.base_url}/chat/completions",
+                          json=long_chat(mesh, 400), timeout=120) as reply:  # fmt: skip
+            lines = reply.iter_lines()
+            while len(chunks) < 20:
+                line = next(lines)
+                if line.startswith("data: {"):
+                    chunks.append(line)
+            (serving,) = [w for w in ("worker-0", "worker-1") if in_flight(mesh, w) == 1]
+            os.kill(mesh.mesh.stage(serving).process.pid, signal.SIGKILL)
+            chunks += [line for line in lines if line.startswith("data: {")]
+        events = [json.loads(chunk[len("data: ") :]) for chunk in chunks]
+        assert not any("error" in event for event in events), events[-3:]
+        finishes = [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]]
+        assert finishes == ["length"]
+        # Every token arrived once: 400 in all, the prompt as the client sent it.
+        usage = events[-1]["usage"]
+        assert usage["completion_tokens"] == 400
+        survivor = "worker-1" if serving == "worker-0" else "worker-0"
+        assert wait_for(lambda: in_flight(mesh, survivor) == 0)
+        short = {**long_chat(mesh, 2), "stream": False}
+        again = httpx.post(f"{mesh.base_url}/chat/completions", json=short, timeout=60).json()
+        assert usage["prompt_tokens"] == again["usage"]["prompt_tokens"]
+    finally:
+        mesh.mesh.stop()
+
+
+def test_chaos_in_e_p_d_leaves_nothing_hung_or_held(models, tmp_path):
+    """200 streaming requests, 16 at a time; a tenth of the clients hang up at a random
+    point; one of the two decode workers is SIGKILLed after the first 60."""
+    mesh = start_mesh("llava", "e/p/d", models["llava"], tmp_path, decode_workers=2)
+    rng = random.Random(7)
+    plan = [(i % 3 == 0, rng.random() < 0.1, rng.randint(1, 10)) for i in range(200)]
+    outcomes: Counter[str] = Counter()
+    done = threading.Event()
+    lock = threading.Lock()
+
+    def client(image: bool, hang_up: bool, after: int) -> None:
+        outcome = "no answer"
+        try:
+            with httpx.stream("POST", f"{mesh.base_url}/chat/completions",
+                              json=long_chat(mesh, 16, image), timeout=60) as reply:  # fmt: skip
+                if reply.status_code != 200:
+                    outcome = (
+                        f"http {reply.status_code} " + json.loads(reply.read())["error"]["code"]
+                    )
+                    return
+                events = 0
+                for line in reply.iter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    event = json.loads(line[len("data: ") :])
+                    if "error" in event:
+                        outcome = "error " + event["error"]["code"]
+                        return
+                    events += 1
+                    if hang_up and events >= after:
+                        outcome = "hung up"
+                        return
+                    if event.get("usage") and event["usage"]["completion_tokens"] == 16:
+                        outcome = "completed"
+        except httpx.TimeoutException:
+            outcome = "timed out"
+        finally:
+            with lock:
+                outcomes[outcome] += 1
+                if sum(outcomes.values()) >= 60:
+                    done.set()
+
+    def kill_a_decode() -> None:
+        done.wait(timeout=300)
+        os.kill(mesh.mesh.stage("decode-1").process.pid, signal.SIGKILL)
+
+    try:
+        killer = threading.Thread(target=kill_a_decode)
+        killer.start()
+        started = time.monotonic()
+        threads: list[threading.Thread] = []
+        for args in plan:
+            while sum(t.is_alive() for t in threads) >= 16:
+                time.sleep(0.01)
+            threads.append(threading.Thread(target=client, args=args))
+            threads[-1].start()
+        for thread in threads:
+            thread.join(timeout=120)
+        killer.join(timeout=10)
+        assert time.monotonic() - started < 400
+        assert sum(outcomes.values()) == 200, outcomes
+        # Every request completed, was hung up on, or ended with a clean error.
+        clean = {"completed", "hung up"}
+        assert not [o for o in outcomes if o not in clean and not o.startswith(("http ", "error "))]
+        assert outcomes["completed"] >= 150, outcomes
+        assert outcomes["hung up"] == sum(hang for _, hang, _ in plan), outcomes
+
+        def idle() -> bool:
+            held = [
+                mesh.metric("encoder", "prism_nixl_pool_bytes_in_use"),
+                mesh.metric("prefill", "prism_nixl_pool_bytes_in_use"),
+                *(
+                    mesh.metric(e, "prism_engine_requests_in_flight")
+                    for e in ("prefill", "decode-0")
+                ),
+                *(mesh.metric(e, "vllm:kv_cache_usage_perc") for e in ("prefill", "decode-0")),
+                mesh.metric("processor", "prism_requests_in_flight"),
+                mesh.metric("gateway", "prism_requests_in_flight"),
+            ]
+            return not any(held)
+
+        # Unread embeddings wait out their 30 s lease at most.
+        assert wait_for(idle, timeout=45)
+    finally:
+        mesh.mesh.stop()
