@@ -1,7 +1,7 @@
 PY := .venv/bin/python
 PROTOS := $(wildcard protos/prism/v1/*.proto)
 
-.PHONY: setup demo test lint protos check-protos bench-transfer bench-modes
+.PHONY: setup demo test lint protos check-protos bench bench-transfer bench-modes
 
 setup:
 	scripts/setup.sh
@@ -11,6 +11,12 @@ demo:
 
 test:
 	$(PY) -m pytest -q
+
+# Not a test: Prism in each mode against `vllm serve` at concurrency 1, 8 and 32, written to
+# bench/results/latest.json and docs/benchmarks.md.
+bench:
+	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
+	$(PY) bench/serve.py --model models/tiny-llava
 
 # Not a test: NIXL vs inline protobuf vs memcpy, written to bench/results/transfer.json.
 bench-transfer:

@@ -9,7 +9,9 @@ small machine starve each other.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import io
 import json
 import os
@@ -18,7 +20,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -38,6 +40,30 @@ from prism.tiny_models import build
 
 FAMILIES = ("llava", "qwen2-vl")
 ROOT = Path(__file__).parent
+
+
+@contextlib.contextmanager
+def serving(register: Callable[[Any], None], services: list[str]) -> Iterator[str]:
+    """A gRPC server (`rpc.start_server`, serving) on an event loop thread of its own, for
+    sync tests; yields its address."""
+    from prism import rpc
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def start() -> rpc.Server:
+        server = await rpc.start_server("127.0.0.1:0", register, services)
+        await server.set_serving(services)
+        return server
+
+    server = asyncio.run_coroutine_threadsafe(start(), loop).result()
+    try:
+        yield f"127.0.0.1:{server.port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(server.server.stop(None), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 15.0, period: float = 0.1) -> bool:

@@ -2,13 +2,12 @@
 
 import asyncio
 import contextlib
-import threading
 import time
 from concurrent import futures
 
+from conftest import serving
 from fastapi.testclient import TestClient
 
-from prism import rpc
 from prism.gateway.app import create_app
 from prism.launcher import free_port
 from prism.registry import StaticRegistry
@@ -80,30 +79,13 @@ class SlowProcessor(inference_pb2_grpc.InferenceServiceServicer):
         )  # fmt: skip
 
 
-@contextlib.contextmanager
-def slow_processor(delay: float):
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    async def start() -> rpc.Server:
-        server = await rpc.start_server(
-            "127.0.0.1:0",
-            lambda s: inference_pb2_grpc.add_InferenceServiceServicer_to_server(
-                SlowProcessor(delay), s
-            ),
-            ["prism.v1.InferenceService"],
-        )
-        await server.set_serving(["prism.v1.InferenceService"])
-        return server
-
-    server = asyncio.run_coroutine_threadsafe(start(), loop).result()
-    try:
-        yield f"127.0.0.1:{server.port}"
-    finally:
-        asyncio.run_coroutine_threadsafe(server.server.stop(None), loop).result()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
+def slow_processor(delay: float) -> contextlib.AbstractContextManager[str]:
+    return serving(
+        lambda s: inference_pb2_grpc.add_InferenceServiceServicer_to_server(
+            SlowProcessor(delay), s
+        ),
+        ["prism.v1.InferenceService"],
+    )
 
 
 def test_past_the_bound_generations_get_429_with_retry_after():

@@ -7,10 +7,10 @@ import asyncio
 import contextlib
 import datetime
 import ipaddress
-import threading
 
 import grpc
 import pytest
+from conftest import serving
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -60,25 +60,9 @@ def tls():
     rpc.configure_tls(None)
 
 
-@contextlib.contextmanager
-def health_server():
-    """A gRPC server with health checking only, on its own event loop thread."""
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-
-    async def start() -> rpc.Server:
-        server = await rpc.start_server("127.0.0.1:0", lambda s: None, ["prism.test"])
-        await server.set_serving(["prism.test"])
-        return server
-
-    server = asyncio.run_coroutine_threadsafe(start(), loop).result()
-    try:
-        yield f"127.0.0.1:{server.port}"
-    finally:
-        asyncio.run_coroutine_threadsafe(server.server.stop(None), loop).result()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join()
+def health_server() -> contextlib.AbstractContextManager[str]:
+    """A gRPC server with health checking only."""
+    return serving(lambda s: None, ["prism.test"])
 
 
 def check(channel: grpc.Channel) -> bool:

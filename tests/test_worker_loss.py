@@ -120,6 +120,7 @@ def test_chaos_in_e_p_d_leaves_nothing_hung_or_held(models, tmp_path):
             thread.join(timeout=120)
         killer.join(timeout=10)
         assert time.monotonic() - started < 400
+        print(f"chaos: {dict(outcomes)} in {time.monotonic() - started:.0f} s")
         assert sum(outcomes.values()) == 200, outcomes
         # Every request completed, was hung up on, or ended with a clean error.
         clean = {"completed", "hung up"}

@@ -1,0 +1,339 @@
+"""Prism in each mode against `vllm serve` on the same model, the same machine, the same load.
+
+    .venv/bin/python bench/serve.py --model DIR [--modes epd,e/pd,e/p/d,ep/d]
+        [--concurrency 1,8,32] [--requests 64] [--max-tokens 32]
+        [--out bench/results/latest.json] [--doc docs/benchmarks.md]
+
+Servers run one after the other: first vLLM's own OpenAI server (the anchor), then a
+Prism mesh per mode. Each gets the same fixed set of streaming chat requests, one image
+each, at every concurrency level (a bounded count per level, after a warm-up), from the
+asyncio client below: requests/s, output tokens/s, time to first token and inter-token
+latency (p50, p99), and each Prism run's ratios to `vllm serve` measured in the same
+run. For the modes that move tensors, the share of request time spent in NIXL reads.
+Not a test: results go to `--out` (JSON) and `--doc` (markdown table and PNG plots).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import io
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+from PIL import Image
+from prometheus_client.parser import text_string_to_metric_families
+
+from prism.launcher import Mesh, MeshConfig, free_port, http_ok, plan
+
+ANCHOR = "vllm_serve"
+
+
+def image_url(seed: int) -> str:
+    pixels = (np.random.RandomState(seed).rand(48, 64, 3) * 255).astype("uint8")
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def requests(model: str, count: int, max_tokens: int) -> list[dict]:
+    """The fixed load: `count` chats, each with its own image and question."""
+    return [
+        {
+            "model": model,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image_url", "image_url": {"url": image_url(seed)}},
+                        {"type": "text", "text": f"Question {seed}: what is in this image?"},
+                    ],
+                }
+            ],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        for seed in range(count)
+    ]
+
+
+@dataclass
+class Sample:
+    ttft: float
+    gaps: list[float]
+    tokens: int
+    total: float
+
+
+async def one(session: aiohttp.ClientSession, url: str, body: dict) -> Sample:
+    started = time.perf_counter()
+    first = last = None
+    gaps: list[float] = []
+    tokens = 0
+    async with session.post(url, json=body) as reply:
+        reply.raise_for_status()
+        async for raw in reply.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[len("data: ") :])
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
+            if event["choices"] and event["choices"][0]["delta"].get("content"):
+                now = time.perf_counter()
+                if first is None:
+                    first = now
+                else:
+                    gaps.append(now - last)
+                last = now
+    return Sample((first or started) - started, gaps, tokens, time.perf_counter() - started)
+
+
+async def drive(base_url: str, load: list[dict], concurrency: int) -> dict:
+    url = f"{base_url}/v1/chat/completions"
+    limit = aiohttp.TCPConnector(limit=concurrency)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=limit, timeout=timeout) as session:
+        for body in load[:2]:  # warm-up: connections, lazy set-up
+            await one(session, url, body)
+        queue = list(load)
+        samples: list[Sample] = []
+
+        async def worker() -> None:
+            while queue:
+                samples.append(await one(session, url, queue.pop()))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    ttfts = [s.ttft * 1000 for s in samples]
+    gaps = [g * 1000 for s in samples for g in s.gaps]
+    return {
+        "concurrency": concurrency,
+        "requests": len(samples),
+        "seconds": elapsed,
+        "requests_per_s": len(samples) / elapsed,
+        "output_tokens_per_s": sum(s.tokens for s in samples) / elapsed,
+        "ttft_ms_p50": percentile(ttfts, 50),
+        "ttft_ms_p99": percentile(ttfts, 99),
+        "itl_ms_p50": percentile(gaps, 50),
+        "itl_ms_p99": percentile(gaps, 99),
+        "request_seconds_total": sum(s.total for s in samples),
+    }
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def scrape(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    return {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if not sample.labels or set(sample.labels) <= {"tensor"}
+    }
+
+
+@dataclass
+class Server:
+    name: str
+    base_url: str
+    # /metrics of the stage that reads tensors over NIXL, to measure transfer time.
+    reader_metrics: str = ""
+    stop: list = field(default_factory=list)
+
+
+def start_vllm(model: str, log: Path, max_images: int) -> Server:
+    port = free_port()
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+            "--dtype", "float32", "--enforce-eager", "--seed", "0", "--port", str(port),
+            "--host", "127.0.0.1", "--limit-mm-per-prompt", json.dumps({"image": max_images}),
+            "--uvicorn-log-level", "warning"]  # fmt: skip
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    with open(log, "w") as out:
+        process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)  # fmt: skip
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while not http_ok(f"{base_url}/health"):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"vllm serve did not start; see {log}")
+        time.sleep(0.5)
+
+    def stop() -> None:
+        os.killpg(process.pid, 15)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+
+    return Server(ANCHOR, base_url, stop=[stop])
+
+
+def start_prism(mode: str, model: str, log: Path) -> Server:
+    port = free_port()
+    mesh = Mesh(plan(MeshConfig(mode=mode, model=model, http_port=port, log_level="warning",
+                                max_in_flight=0)))  # fmt: skip
+    with open(log, "w") as out:
+        mesh.start(timeout=300, log=out)
+    reader = {"e/pd": "worker", "e/p/d": "prefill"}.get(mode, "")
+    metrics = mesh.stage(reader).metrics_url if reader else ""
+    return Server(mode, f"http://127.0.0.1:{port}", metrics, stop=[mesh.stop])
+
+
+def run_server(server: Server, load: list[dict], levels: list[int]) -> list[dict]:
+    rows = []
+    for concurrency in levels:
+        before = scrape(server.reader_metrics) if server.reader_metrics else {}
+        row = asyncio.run(drive(server.base_url, load, concurrency))
+        if server.reader_metrics:
+            after = scrape(server.reader_metrics)
+            name = "prism_nixl_read_seconds_sum"
+            read = after.get(name, 0.0) - before.get(name, 0.0)
+            row["nixl_read_share"] = read / row["request_seconds_total"]
+        row["server"] = server.name
+        rows.append(row)
+        print(f"{server.name:>10} c={concurrency:<3} {row['requests_per_s']:7.2f} req/s "
+              f"{row['output_tokens_per_s']:8.1f} tok/s  TTFT p50 {row['ttft_ms_p50']:7.1f} ms "
+              f"ITL p50 {row['itl_ms_p50']:6.2f} ms", flush=True)  # fmt: skip
+    return rows
+
+
+def ratios(rows: list[dict]) -> dict[str, float]:
+    anchor = {r["concurrency"]: r for r in rows if r["server"] == ANCHOR}
+    top = max(anchor)
+    out = {}
+    for row in rows:
+        base = anchor.get(row["concurrency"])
+        if row["server"] == ANCHOR or base is None:
+            continue
+        slug = row["server"].replace("/", "")
+        suffix = "" if row["concurrency"] == top else f"_c{row['concurrency']}"
+        out[f"{slug}_vs_vllm_serve_rps_ratio{suffix}"] = (
+            row["requests_per_s"] / base["requests_per_s"]
+        )
+        out[f"{slug}_vs_vllm_serve_tokens_ratio{suffix}"] = (
+            row["output_tokens_per_s"] / base["output_tokens_per_s"]
+        )
+        out[f"{slug}_minus_vllm_serve_ttft_p50_ms{suffix}"] = (
+            row["ttft_ms_p50"] - base["ttft_ms_p50"]
+        )
+    return out
+
+
+def write_doc(path: Path, result: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    servers = list(dict.fromkeys(r["server"] for r in rows))
+    figures = []
+    for key, label, name in (("requests_per_s", "requests/s", "rps"),
+                             ("ttft_ms_p50", "TTFT p50 (ms)", "ttft"),
+                             ("itl_ms_p50", "inter-token latency p50 (ms)", "itl")):  # fmt: skip
+        figure, axes = plt.subplots(figsize=(6, 4))
+        for server in servers:
+            points = [(r["concurrency"], r[key]) for r in rows if r["server"] == server]
+            axes.plot(*zip(*points, strict=True), marker="o", label=server)
+        axes.set_xscale("log", base=2)
+        axes.set_xlabel("concurrency")
+        axes.set_ylabel(label)
+        axes.legend()
+        axes.grid(alpha=0.3)
+        image = path.parent / f"benchmarks-{name}.png"
+        figure.tight_layout()
+        figure.savefig(image, dpi=110)
+        plt.close(figure)
+        figures.append((label, image.name))
+    lines = [
+        "# Benchmarks: Prism against `vllm serve`",
+        "",
+        f"Written by `make bench` on {result['when']} ({result['machine']}). Model: "
+        f"{result['model']}; {result['requests']} streaming chat requests per level, one "
+        f"64x48 image each, {result['max_tokens']} tokens each, greedy.",
+        "",
+        "| server | concurrency | req/s | output tok/s | TTFT p50 ms | TTFT p99 ms "
+        "| ITL p50 ms | ITL p99 ms | req/s vs vllm serve | NIXL read share |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    anchor = {r["concurrency"]: r for r in rows if r["server"] == ANCHOR}
+    for r in rows:
+        base = anchor.get(r["concurrency"])
+        ratio = r["requests_per_s"] / base["requests_per_s"] if base else float("nan")
+        share = f"{100 * r['nixl_read_share']:.2f} %" if "nixl_read_share" in r else ""
+        lines.append(
+            f"| {r['server']} | {r['concurrency']} | {r['requests_per_s']:.2f} | "
+            f"{r['output_tokens_per_s']:.1f} | {r['ttft_ms_p50']:.1f} | {r['ttft_ms_p99']:.1f} "
+            f"| {r['itl_ms_p50']:.2f} | {r['itl_ms_p99']:.2f} | {ratio:.2f} | {share} |"
+        )
+    lines += ["", *(f"![{label}]({image})" for label, image in figures), ""]
+    notes = path.parent / "benchmarks-notes.md"
+    if notes.exists():
+        lines += [notes.read_text()]
+    path.write_text("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--modes", default="epd,e/pd,e/p/d,ep/d")
+    parser.add_argument("--concurrency", default="1,8,32")
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--out", default="bench/results/latest.json")
+    parser.add_argument("--doc", default="docs/benchmarks.md")
+    args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    load = requests(args.model, args.requests, args.max_tokens)
+    logs = Path(tempfile.mkdtemp(prefix="prism-bench-"))
+    starters = [lambda: start_vllm(args.model, logs / "vllm-serve.log", 8)]
+    starters += [
+        lambda mode=mode: start_prism(mode, args.model, logs / f"{mode.replace('/', '')}.log")
+        for mode in args.modes.split(",")
+    ]
+    rows: list[dict] = []
+    for start in starters:
+        server = start()
+        try:
+            rows += run_server(server, load, levels)
+        finally:
+            for stop in server.stop:
+                stop()
+    result = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "model": args.model,
+        "requests": args.requests,
+        "max_tokens": args.max_tokens,
+        "rows": rows,
+        **ratios(rows),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_doc(Path(args.doc), result)
+    print(json.dumps({k: round(v, 3) for k, v in ratios(rows).items()}, indent=2))
+    print(f"logs in {logs}")
+
+
+if __name__ == "__main__":
+    main()
