@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -100,6 +101,10 @@ class Call:
             self.current.cancel()
 
 
+# How long the retry on another replica waits for that replica's connection.
+_CONNECT_S = 3.0
+
+
 def _replica_gone(exc: grpc.aio.AioRpcError) -> bool:
     """The replica is down or draining. Not a decode that could not read a prefill's KV:
     that one is lost for every decode."""
@@ -170,6 +175,11 @@ class Pipeline:
         tried: list[str] = []
         while True:
             address = self.router.pick(role, exclude=tried)
+            if tried:
+                # A replica that came up moments ago may still be in its channel's
+                # reconnect backoff: give it a moment to connect before the one retry.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._channel(address).channel_ready(), _CONNECT_S)
             replied = False
             try:
                 with self.router.using(address):

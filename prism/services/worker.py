@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 import torch
+from opentelemetry.trace import Span
 from vllm import AsyncEngineArgs, SamplingParams, TokensPrompt
 from vllm.config import KVTransferConfig
 from vllm.exceptions import VLLMClientError
@@ -264,6 +265,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         request_id = request.request_id
         self._running[request_id] = False
         first = True
+        span: Span | None = None
         try:
             engine_input: Any = prompt
             layouts: list[engine_pb2.ImageLayout] = []
@@ -273,44 +275,48 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                     [prompt], skip_mm_cache=True
                 )
                 layouts = image_layouts(engine_input)
-            with tracer.start_as_current_span(_SPAN_NAME[self.role]) as span:
-                span.set_attributes({
-                    "prism.request_id": logs.REQUEST_ID.get(),
-                    "prism.engine_request_id": request_id,
-                })  # fmt: skip
-                generated = 0
-                async for output in self.engine.generate(engine_input, params, request_id):
-                    completion = output.outputs[0]
-                    generated += len(completion.token_ids)
-                    reply = engine_pb2.GenerateResponse(token_ids=completion.token_ids)
-                    if first:
-                        reply.prompt_tokens = len(output.prompt_token_ids or ())
-                        reply.cached_tokens = output.num_cached_tokens or 0
-                        span.set_attributes({
-                            "gen_ai.usage.input_tokens": reply.prompt_tokens,
-                            "prism.cached_tokens": reply.cached_tokens,
-                        })  # fmt: skip
-                        first = False
-                    if output.finished:
-                        span.set_attribute("gen_ai.usage.output_tokens", generated)
-                        log.info("%s %s: %d prompt tokens, %d generated, %s", self.role,
-                                 request_id, len(request.prompt_token_ids), generated,
-                                 completion.finish_reason)  # fmt: skip
-                        reply.finish_reason = self._finish_reason(completion.finish_reason, request)
-                        if output.kv_transfer_params and self.role in PREFILL_ROLES:
-                            reply.kv_transfer_params.CopyFrom(
-                                kv_transfer.to_proto(output.kv_transfer_params)
-                            )
-                            reply.image_layouts.extend(layouts)
-                            self._hold(request_id, output.kv_transfer_params["remote_request_id"])
-                    yield reply
-                    if self._running.get(request_id) and not output.finished:
-                        # vLLM drops an abort that comes before it knows the request: repeat it.
-                        await self.engine.abort(request_id)
+            # Not made current: this generator yields, and may be closed from another
+            # task, where a context attached here could not be detached.
+            span = tracer.start_span(_SPAN_NAME[self.role])
+            span.set_attributes({
+                "prism.request_id": logs.REQUEST_ID.get(),
+                "prism.engine_request_id": request_id,
+            })  # fmt: skip
+            generated = 0
+            async for output in self.engine.generate(engine_input, params, request_id):
+                completion = output.outputs[0]
+                generated += len(completion.token_ids)
+                reply = engine_pb2.GenerateResponse(token_ids=completion.token_ids)
+                if first:
+                    reply.prompt_tokens = len(output.prompt_token_ids or ())
+                    reply.cached_tokens = output.num_cached_tokens or 0
+                    span.set_attributes({
+                        "gen_ai.usage.input_tokens": reply.prompt_tokens,
+                        "prism.cached_tokens": reply.cached_tokens,
+                    })  # fmt: skip
+                    first = False
+                if output.finished:
+                    span.set_attribute("gen_ai.usage.output_tokens", generated)
+                    log.info("%s %s: %d prompt tokens, %d generated, %s", self.role,
+                             request_id, len(request.prompt_token_ids), generated,
+                             completion.finish_reason)  # fmt: skip
+                    reply.finish_reason = self._finish_reason(completion.finish_reason, request)
+                    if output.kv_transfer_params and self.role in PREFILL_ROLES:
+                        reply.kv_transfer_params.CopyFrom(
+                            kv_transfer.to_proto(output.kv_transfer_params)
+                        )
+                        reply.image_layouts.extend(layouts)
+                        self._hold(request_id, output.kv_transfer_params["remote_request_id"])
+                yield reply
+                if self._running.get(request_id) and not output.finished:
+                    # vLLM drops an abort that comes before it knows the request: repeat it.
+                    await self.engine.abort(request_id)
         except (ValueError, VLLMClientError) as exc:
             # vLLM rejects bad prompts (too long, image count) with these.
             raise invalid(str(exc), param=getattr(exc, "parameter", None)) from None
         finally:
+            if span is not None:
+                span.end()
             self._running.pop(request_id, None)
 
     def in_flight(self) -> int:
