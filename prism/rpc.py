@@ -38,9 +38,9 @@ _OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
     # gRPC's default backoff grows to minutes: a replica that came up (or back) after a
-    # peer's first try would stay unreachable from that peer for as long.
+    # peer's first try would stay unreachable from that peer for as long. (Not
+    # grpc.min_reconnect_backoff_ms: it is also the connect timeout, 20 s by default.)
     ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 
