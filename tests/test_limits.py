@@ -20,13 +20,16 @@ from prism.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
 pytestmark = [pytest.mark.e2e, pytest.mark.own_mesh]
 
-BOUND, TIMEOUT_S = 4, 1.0
+BOUND, TIMEOUT_S = 4, 1.5
 
 
 @pytest.fixture(scope="module")
 def bounded(models, tmp_path_factory):
     mesh = start_mesh("llava", "epd", models["llava"], tmp_path_factory.mktemp("limits"),
                       max_in_flight=BOUND, request_timeout=TIMEOUT_S)  # fmt: skip
+    # An engine's first requests pay one-time set-up that could overrun the deadline.
+    for _ in range(3):
+        httpx.post(f"{mesh.base_url}/chat/completions", json=chat(mesh, 4), timeout=60)
     yield mesh
     mesh.mesh.stop()
 
@@ -48,7 +51,7 @@ def test_past_the_bound_clients_get_429_with_retry_after_and_never_5xx(bounded):
     def client() -> None:
         url = f"{bounded.base_url}/chat/completions"
         # Short enough to finish within the gateway's deadline, long enough to overlap.
-        with httpx.stream("POST", url, json=chat(bounded, 40, stream=True), timeout=60) as reply:
+        with httpx.stream("POST", url, json=chat(bounded, 24, stream=True), timeout=60) as reply:
             reply.read()
             with lock:
                 statuses[reply.status_code] += 1
@@ -63,7 +66,7 @@ def test_past_the_bound_clients_get_429_with_retry_after_and_never_5xx(bounded):
     assert not any(thread.is_alive() for thread in threads)
     assert sum(statuses.values()) == 24
     assert statuses[200] >= BOUND and statuses[429] >= 1, statuses
-    assert set(statuses) <= {200, 429}, statuses
+    assert set(statuses) <= {200, 429}, (statuses, bounded.log_tail())
     assert retry_after == {"1"}
     assert wait_for(lambda: in_flight(bounded) == 0)
 
