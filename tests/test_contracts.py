@@ -7,7 +7,7 @@ import time
 
 import grpc
 import pytest
-from conftest import CASES, wait_for
+from conftest import CASES
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
@@ -22,8 +22,6 @@ from prism.v1 import (
     engine_pb2_grpc,
     inference_pb2,
     inference_pb2_grpc,
-    load_pb2,
-    load_pb2_grpc,
 )
 
 pytestmark = pytest.mark.e2e
@@ -93,23 +91,13 @@ def test_generate_rejects_a_prompt_longer_than_the_context(mesh):
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
-def in_flight(address: str) -> int:
-    stub = load_pb2_grpc.LoadServiceStub(rpc.sync_channel(address))
-    return stub.GetLoad(load_pb2.GetLoadRequest(), timeout=10).in_flight
-
-
 def test_engine_abort_ends_a_running_request(mesh):
     stub = engine(mesh)
-    assert wait_for(lambda: in_flight(mesh.worker) == 0)
     call = stub.Generate(endless("contract-abort"), timeout=120)
     abort = engine_pb2.EngineServiceAbortRequest(request_id="contract-abort")
-    # The worker counts the request in its load until it ends.
-    assert next(call).token_ids
-    assert in_flight(mesh.worker) == 1
     abort_once_running(lambda: stub.Abort(abort).aborted)
     last = list(call)[-1]
     assert last.finish_reason == common_pb2.FINISH_REASON_ABORT
-    assert wait_for(lambda: in_flight(mesh.worker) == 0)
     reply = stub.Abort(engine_pb2.EngineServiceAbortRequest(request_id="contract-abort"))
     assert not reply.aborted
 
