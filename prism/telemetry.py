@@ -111,8 +111,11 @@ class RequestTimer:
         self.endpoint = endpoint
         self.start = time.perf_counter()
         self.last: float | None = None
+        # Looked up once: `reply` runs for every token of every request.
+        self._waiting = WAITING.labels(endpoint)
+        self._between = INTER_TOKEN_LATENCY.labels(endpoint)
         IN_FLIGHT.labels(endpoint).inc()
-        WAITING.labels(endpoint).inc()
+        self._waiting.inc()
 
     def reply(self, message: Any) -> None:
         count = len(message.token_ids)
@@ -120,11 +123,11 @@ class RequestTimer:
             now = time.perf_counter()
             if self.last is None:
                 TIME_TO_FIRST_TOKEN.labels(self.endpoint).observe(now - self.start)
-                WAITING.labels(self.endpoint).dec()
+                self._waiting.dec()
             else:
                 gap = (now - self.last) / count
                 for _ in range(count):
-                    INTER_TOKEN_LATENCY.labels(self.endpoint).observe(gap)
+                    self._between.observe(gap)
             self.last = now
         if message.HasField("usage"):
             PROMPT_TOKENS.labels(self.endpoint).inc(message.usage.prompt_tokens)
@@ -134,7 +137,7 @@ class RequestTimer:
         if completed:
             REQUEST_DURATION.labels(self.endpoint).observe(time.perf_counter() - self.start)
         if self.last is None:
-            WAITING.labels(self.endpoint).dec()
+            self._waiting.dec()
         IN_FLIGHT.labels(self.endpoint).dec()
 
 
