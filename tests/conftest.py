@@ -213,6 +213,12 @@ class RunningMesh:
     def address(self, stage: str) -> str:
         return self.mesh.address(stage)
 
+    def log_problems(self, limit: int = 60) -> str:
+        """The mesh log's last warnings and errors, to explain a failure."""
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        problems = [line for line in lines if " WARNING " in line or "ERROR" in line]
+        return "\n".join(problems[-limit:])
+
     def metrics(self, stage: str) -> dict[str, float]:
         """Current samples of a stage's /metrics: {name{labels}: value}."""
         with urllib.request.urlopen(self.mesh.stage(stage).metrics_url, timeout=5) as reply:

@@ -121,6 +121,8 @@ def test_chaos_in_e_p_d_leaves_nothing_hung_or_held(models, tmp_path):
         killer.join(timeout=10)
         assert time.monotonic() - started < 400
         print(f"chaos: {dict(outcomes)} in {time.monotonic() - started:.0f} s")
+        # Shown only if the test fails.
+        print(mesh.log_problems())
         assert sum(outcomes.values()) == 200, outcomes
         # Every request completed, was hung up on, or ended with a clean error.
         clean = {"completed", "hung up"}

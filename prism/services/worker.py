@@ -343,10 +343,10 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         # busy machine may delay: keep trying, less often, until the lease would end anyway.
         pause = 0.02
         while time.monotonic() < until:
-            (released,) = await self.engine.collective_rpc(
+            (release,) = await self.engine.collective_rpc(
                 "prism_release_kv", args=(engine_request_id,)
             )
-            if released:
+            if release != "pending":
                 return
             await asyncio.sleep(pause)
             pause = min(pause * 2, _RELEASE_POLL_MAX_S)
