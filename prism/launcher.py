@@ -285,6 +285,9 @@ class Mesh:
                 raise RuntimeError(f"{stage.name} exited with code {stage.process.returncode}")
             if stage.name not in self._lost:
                 self._lost.add(stage.name)
+                # A killed worker leaves its vLLM engine processes behind, polling.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(stage.process.pid, signal.SIGKILL)
                 code = stage.process.returncode
                 left = f"{len(survivors)} {kind} replica(s) left"
                 print(f"prism: {stage.name} exited with code {code}; {left}", file=sys.stderr)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
+from conftest import wait_for
 
 from prism.cli import _forwarded_registry_args, build_parser
 from prism.launcher import Mesh, MeshConfig, Stage, _ephemeral_ports, free_port, plan
@@ -82,6 +85,33 @@ def test_serve_forwards_its_registry_flags_and_replica_counts():
     assert flag(forwarded, "--consul-token") == ["t"]
     static = build_parser().parse_args(["serve", "--model", "m"])
     assert _forwarded_registry_args(static) == []
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group is still running (zombies aside)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            # pid (comm) state ppid pgrp ...: comm may hold spaces, so split after it.
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
+def test_a_lost_replica_leaves_no_processes_behind():
+    stage = Stage("worker-1", "", ["sh", "-c", "sleep 30 & exit 3"], lambda: True)
+    spare = Stage("worker-0", "", ["sleep", "30"], lambda: True)
+    mesh = Mesh([spare, stage])
+    for s in mesh.stages:
+        s.process = subprocess.Popen(s.argv, start_new_session=True)
+    try:
+        stage.process.wait()
+        assert _group_alive(stage.process.pid), "the stage's child outlives it"
+        mesh.check_alive(spare_replicas=True)
+        assert wait_for(lambda: not _group_alive(stage.process.pid), timeout=5)
+        assert spare.process.poll() is None
+    finally:
+        mesh.stop(grace=1)
 
 
 def test_a_lost_replica_is_spared_while_another_serves():

@@ -54,7 +54,7 @@ def test_requests_spread_over_two_workers_and_survive_losing_one(models, tmp_pat
                 ask(i)
             assert [served(mesh, w) - b for w, b in zip(workers, before, strict=True)] == [10, 10]
 
-            os.kill(mesh.mesh.stage("worker-1").process.pid, signal.SIGKILL)
+            os.killpg(mesh.mesh.stage("worker-1").process.pid, signal.SIGKILL)
             for i in range(6):
                 ask(i)
             assert served(mesh, "worker-0") == before[0] + 16

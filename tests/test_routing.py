@@ -207,3 +207,54 @@ def test_a_stream_cut_mid_way_resumes_on_another_replica():
     assert asyncio.run(main(limit=1)) == [1, 2]
     with pytest.raises(grpc.aio.AioRpcError):
         asyncio.run(main(limit=0))
+
+
+class FakePrefill(FakeEngine):
+    """Prefills: one token and the KV transfer parameters; Abort frees nothing real."""
+
+    @rpc.rpc_errors
+    async def Generate(self, request, context):
+        self.calls += 1
+        self.requests.append(request)
+        yield engine_pb2.GenerateResponse(
+            token_ids=[self.token],
+            finish_reason=common_pb2.FINISH_REASON_LENGTH,
+            kv_transfer_params=engine_pb2.KvTransferParams(
+                do_remote_prefill=True, remote_request_id=f"{request.request_id}-engine"
+            ),
+        )
+
+    @rpc.rpc_errors
+    async def Abort(self, request, context):
+        return engine_pb2.EngineServiceAbortResponse(aborted=True)
+
+
+def test_a_decode_gone_before_its_first_reply_is_not_retried_on_the_same_kv():
+    """The lost decode may have read the prefill's KV, which prefill then freed: the
+    request is prefilled again instead, with the token already streamed."""
+
+    async def main() -> tuple[list[int], FakePrefill, FakeEngine, FakeEngine]:
+        prefill, lost, spare = FakePrefill(5), FakeEngine(1, fail=GONE), FakeEngine(2)
+        servers = await engines(prefill, lost, spare)
+        prefill_at, lost_at, spare_at = (f"127.0.0.1:{s.port}" for s in servers)
+        registry = StaticRegistry({"prefill": [prefill_at], "decode": [lost_at, spare_at]})
+        pipeline = Pipeline("ep/d", Router(registry))
+        tokens: list[int] = []
+        sampling = common_pb2.SamplingParams(max_tokens=4, seed=1)
+        try:
+            async for reply in pipeline.run_migrating("r1", [7, 8], [], sampling, Call(), 1):
+                tokens += reply.token_ids
+        finally:
+            await pipeline.close()
+            for server in servers:
+                await server.server.stop(None)
+        return tokens, prefill, lost, spare
+
+    tokens, prefill, lost, spare = asyncio.run(main())
+    assert lost.calls == 1
+    # Prefilled twice: the second time from the prompt and the first token.
+    assert [list(r.prompt_token_ids) for r in prefill.requests] == [[7, 8], [7, 8, 5]]
+    (decoded,) = spare.requests
+    assert decoded.kv_transfer_params.remote_request_id == "r1-migrated-1-engine"
+    # The spare decode draws the first token again (here 2), which is dropped.
+    assert tokens == [5, 5]

@@ -42,7 +42,8 @@ def test_a_worker_killed_mid_stream_hands_the_request_to_another(models, tmp_pat
                 if line.startswith("data: {"):
                     chunks.append(line)
             (serving,) = [w for w in ("worker-0", "worker-1") if in_flight(mesh, w) == 1]
-            os.kill(mesh.mesh.stage(serving).process.pid, signal.SIGKILL)
+            # The whole worker, engine processes included, as when its machine is lost.
+            os.killpg(mesh.mesh.stage(serving).process.pid, signal.SIGKILL)
             chunks += [line for line in lines if line.startswith("data: {")]
         events = [json.loads(chunk[len("data: ") :]) for chunk in chunks]
         assert not any("error" in event for event in events), [e for e in events if "error" in e]
@@ -62,7 +63,8 @@ def test_a_worker_killed_mid_stream_hands_the_request_to_another(models, tmp_pat
 
 def test_chaos_in_e_p_d_leaves_nothing_hung_or_held(models, tmp_path):
     """200 streaming requests, 16 at a time; a tenth of the clients hang up at a random
-    point; one of the two decode workers is SIGKILLed after the first 60."""
+    point; one of the two decode workers (its whole process group) is SIGKILLed after the
+    first 60."""
     mesh = start_mesh("llava", "e/p/d", models["llava"], tmp_path, decode_workers=2)
     rng = random.Random(7)
     plan = [(i % 3 == 0, rng.random() < 0.1, rng.randint(1, 10)) for i in range(200)]
@@ -104,7 +106,7 @@ def test_chaos_in_e_p_d_leaves_nothing_hung_or_held(models, tmp_path):
 
     def kill_a_decode() -> None:
         done.wait(timeout=300)
-        os.kill(mesh.mesh.stage("decode-1").process.pid, signal.SIGKILL)
+        os.killpg(mesh.mesh.stage("decode-1").process.pid, signal.SIGKILL)
 
     try:
         killer = threading.Thread(target=kill_a_decode)

@@ -167,11 +167,15 @@ class Pipeline:
             await channel.close()
 
     async def _on_replica(
-        self, role: str, call: Call, start: Callable[[str], grpc.aio.Call]
+        self,
+        role: str,
+        call: Call,
+        start: Callable[[str], grpc.aio.Call],
+        retry_gone: bool = True,
     ) -> AsyncIterator:
         """The replies of the call `start(address)` makes to a replica of `role` (one for a
-        unary call). If the replica turns out to be gone before its first reply, tries once
-        more on another one."""
+        unary call). If the replica turns out to be full, or gone (with `retry_gone`),
+        before its first reply, tries once more on another one."""
         tried: list[str] = []
         while True:
             address = self.router.pick(role, exclude=tried)
@@ -198,15 +202,16 @@ class Pipeline:
                 return
             except grpc.aio.AioRpcError as exc:
                 # Another replica may do what this one could not, if nothing was sent yet.
+                gone = _replica_gone(exc)
+                if gone:
+                    self.router.mark_down(address)
                 if (
                     replied
                     or tried
                     or call.aborted
-                    or not (_replica_gone(exc) or _replica_full(exc))
+                    or not ((gone and retry_gone) or _replica_full(exc))
                 ):
                     raise
-                if _replica_gone(exc):
-                    self.router.mark_down(address)
                 tried.append(address)
                 if not [a for a in self.router.registry.endpoints(role) if a not in tried]:
                     raise
@@ -291,7 +296,10 @@ class Pipeline:
         def start(address: str) -> grpc.aio.UnaryStreamCall:
             return self._engine(address).Generate(request, metadata=rpc.call_metadata())
 
-        return self._on_replica(role, call, start)
+        # A decode that died may have read the prefill's KV, which prefill then freed: a
+        # second decode could read reused blocks. The request migrates instead, prefilled
+        # again (run_migrating).
+        return self._on_replica(role, call, start, retry_gone=role != "decode")
 
     async def _prefill_then_decode(
         self, request: engine_pb2.GenerateRequest, call: Call
