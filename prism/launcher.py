@@ -84,10 +84,12 @@ def http_ok(url: str, timeout: float = 1.0) -> bool:
 def _core_slices(engines: int) -> list[set[int]]:
     """The CPU cores of each engine. On the CPU backend, engines whose OpenMP threads
     share cores run many times slower, and an engine holding KV for a decode polls
-    without pause: each engine, with all its processes, stays on its own cores."""
+    without pause: each engine, with all its processes, stays on its own cores. With
+    more engines than cores, the first ones (prefills come first) still get a core of
+    their own and the last ones share the last core."""
     cores = sorted(os.sched_getaffinity(0))
     if engines > len(cores):
-        return [{cores[i % len(cores)]} for i in range(engines)]
+        return [{cores[min(i, len(cores) - 1)]} for i in range(engines)]
     size = len(cores) // engines
     return [set(cores[i * size : (i + 1) * size]) for i in range(engines)]
 

@@ -47,6 +47,11 @@ def test_engines_get_disjoint_cores():
     if len(os.sched_getaffinity(0)) >= 2:
         assert not prefill.cpus & decode.cpus
     assert prefill.env["VLLM_CPU_OMP_THREADS_BIND"] == ",".join(map(str, sorted(prefill.cpus)))
+    # More engines than cores: the prefill keeps a core of its own, the decodes share.
+    cores = len(os.sched_getaffinity(0))
+    stages = plan(MeshConfig(mode="e/p/d", model="m", decode_workers=cores + 1))
+    prefill, *decodes = (s for s in stages if s.name.startswith(("prefill", "decode")))
+    assert all(not prefill.cpus & decode.cpus for decode in decodes)
 
 
 def test_free_ports_avoid_the_ephemeral_range():
