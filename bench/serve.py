@@ -1,8 +1,8 @@
 """Prism in each mode against `vllm serve` on the same model, the same machine, the same load.
 
     .venv/bin/python bench/serve.py --model DIR [--modes epd,e/pd,e/p/d,ep/d]
-        [--concurrency 1,8,32] [--requests 64] [--max-tokens 32]
-        [--out bench/results/latest.json] [--doc docs/benchmarks.md]
+        [--concurrency 1,8,32] [--requests 256] [--max-tokens 32]
+        [--out bench/results/latest.json] [--doc docs/benchmarks.md] [--profile DIR]
 
 Servers run one after the other: first vLLM's own OpenAI server (the anchor), then a
 Prism mesh per mode. Each gets the same fixed set of streaming chat requests, one image
@@ -11,6 +11,8 @@ asyncio client below: requests/s, output tokens/s, time to first token and inter
 latency (p50, p99), and each Prism run's ratios to `vllm serve` measured in the same
 run. For the modes that move tensors, the share of request time spent in NIXL reads.
 Not a test: results go to `--out` (JSON) and `--doc` (markdown table and PNG plots).
+With `--profile`, py-spy records each Prism stage's Python process during the highest
+concurrency level and writes one flame graph (SVG) per stage there.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import io
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,6 +43,11 @@ from prism.launcher import Mesh, MeshConfig, free_port, http_ok, plan
 ANCHOR = "vllm_serve"
 
 
+def slug(server: str) -> str:
+    """A server's name in keys and file names: e/pd is e_pd, as epd is not e/p/d."""
+    return server.replace("/", "_")
+
+
 def image_url(seed: int) -> str:
     pixels = (np.random.RandomState(seed).rand(48, 64, 3) * 255).astype("uint8")
     buffer = io.BytesIO()
@@ -47,8 +55,8 @@ def image_url(seed: int) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def requests(model: str, count: int, max_tokens: int) -> list[dict]:
-    """The fixed load: `count` chats, each with its own image and question."""
+def requests(model: str, seeds: range, max_tokens: int) -> list[dict]:
+    """A fixed load: a chat per seed, each with its own image and question."""
     return [
         {
             "model": model,
@@ -67,7 +75,7 @@ def requests(model: str, count: int, max_tokens: int) -> list[dict]:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        for seed in range(count)
+        for seed in seeds
     ]
 
 
@@ -103,13 +111,13 @@ async def one(session: aiohttp.ClientSession, url: str, body: dict) -> Sample:
     return Sample((first or started) - started, gaps, tokens, time.perf_counter() - started)
 
 
-async def drive(base_url: str, load: list[dict], concurrency: int) -> dict:
+async def drive(base_url: str, warm_up: list[dict], load: list[dict], concurrency: int) -> dict:
     url = f"{base_url}/v1/chat/completions"
     limit = aiohttp.TCPConnector(limit=concurrency)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(connector=limit, timeout=timeout) as session:
-        for body in load[:2]:  # warm-up: connections, lazy set-up
-            await one(session, url, body)
+        # Connections and lazy set-up, outside the measurement.
+        await asyncio.gather(*(one(session, url, body) for body in warm_up))
         queue = list(load)
         samples: list[Sample] = []
 
@@ -133,6 +141,8 @@ async def drive(base_url: str, load: list[dict], concurrency: int) -> dict:
         "itl_ms_p50": percentile(gaps, 50),
         "itl_ms_p99": percentile(gaps, 99),
         "request_seconds_total": sum(s.total for s in samples),
+        # Under load a server may send several tokens in one event.
+        "events_per_request": float(np.mean([len(s.gaps) + 1 for s in samples])),
     }
 
 
@@ -158,6 +168,8 @@ class Server:
     # /metrics of the stage that reads tensors over NIXL, to measure transfer time.
     reader_metrics: str = ""
     stop: list = field(default_factory=list)
+    # The Python process of each stage, to profile.
+    pids: dict[str, int] = field(default_factory=dict)
 
 
 def start_vllm(model: str, log: Path, max_images: int) -> Server:
@@ -196,14 +208,37 @@ def start_prism(mode: str, model: str, log: Path) -> Server:
         mesh.start(timeout=300, log=out)
     reader = {"e/pd": "worker", "e/p/d": "prefill"}.get(mode, "")
     metrics = mesh.stage(reader).metrics_url if reader else ""
-    return Server(mode, f"http://127.0.0.1:{port}", metrics, stop=[mesh.stop])
+    pids = {stage.name: stage.process.pid for stage in mesh.stages if stage.process}
+    return Server(mode, f"http://127.0.0.1:{port}", metrics, stop=[mesh.stop], pids=pids)
 
 
-def run_server(server: Server, load: list[dict], levels: list[int]) -> list[dict]:
+def profiled(server: Server, profile: Path | None) -> list[subprocess.Popen]:
+    """py-spy recorders, one per stage process; SIGINT makes each write its flame graph."""
+    if profile is None:
+        return []
+    profile.mkdir(parents=True, exist_ok=True)
+    spy = Path(sys.executable).with_name("py-spy")
+    name = slug(server.name)
+    recorders = []
+    for stage, pid in server.pids.items():
+        argv = [str(spy), "record", "--pid", str(pid), "--rate", "100", "--nonblocking",
+                "--output", str(profile / f"{name}-{stage}.svg")]  # fmt: skip
+        recorders.append(subprocess.Popen(argv, stderr=subprocess.DEVNULL))
+    return recorders
+
+
+def run_server(
+    server: Server, loads: dict[int, tuple[list, list]], profile: Path | None = None
+) -> list[dict]:
     rows = []
-    for concurrency in levels:
+    for concurrency, (warm_up, load) in loads.items():
         before = scrape(server.reader_metrics) if server.reader_metrics else {}
-        row = asyncio.run(drive(server.base_url, load, concurrency))
+        recorders = profiled(server, profile) if concurrency == max(loads) else []
+        row = asyncio.run(drive(server.base_url, warm_up, load, concurrency))
+        for recorder in recorders:
+            recorder.send_signal(signal.SIGINT)
+        for recorder in recorders:
+            recorder.wait(timeout=60)
         if server.reader_metrics:
             after = scrape(server.reader_metrics)
             name = "prism_nixl_read_seconds_sum"
@@ -225,15 +260,15 @@ def ratios(rows: list[dict]) -> dict[str, float]:
         base = anchor.get(row["concurrency"])
         if row["server"] == ANCHOR or base is None:
             continue
-        slug = row["server"].replace("/", "")
+        name = slug(row["server"])
         suffix = "" if row["concurrency"] == top else f"_c{row['concurrency']}"
-        out[f"{slug}_vs_vllm_serve_rps_ratio{suffix}"] = (
+        out[f"{name}_vs_vllm_serve_rps_ratio{suffix}"] = (
             row["requests_per_s"] / base["requests_per_s"]
         )
-        out[f"{slug}_vs_vllm_serve_tokens_ratio{suffix}"] = (
+        out[f"{name}_vs_vllm_serve_tokens_ratio{suffix}"] = (
             row["output_tokens_per_s"] / base["output_tokens_per_s"]
         )
-        out[f"{slug}_minus_vllm_serve_ttft_p50_ms{suffix}"] = (
+        out[f"{name}_minus_vllm_serve_ttft_p50_ms{suffix}"] = (
             row["ttft_ms_p50"] - base["ttft_ms_p50"]
         )
     return out
@@ -246,6 +281,7 @@ def write_doc(path: Path, result: dict) -> None:
     import matplotlib.pyplot as plt
 
     rows = result["rows"]
+    path.parent.mkdir(parents=True, exist_ok=True)
     servers = list(dict.fromkeys(r["server"] for r in rows))
     figures = []
     for key, label, name in (("requests_per_s", "requests/s", "rps"),
@@ -270,7 +306,9 @@ def write_doc(path: Path, result: dict) -> None:
         "",
         f"Written by `make bench` on {result['when']} ({result['machine']}). Model: "
         f"{result['model']}; {result['requests']} streaming chat requests per level, one "
-        f"64x48 image each, {result['max_tokens']} tokens each, greedy.",
+        f"64x48 image each, {result['max_tokens']} tokens each, greedy. Every level has "
+        "requests of its own (no prefix or image cache hits across levels), after a warm-up "
+        "burst of its own. The client runs on the same machine.",
         "",
         "| server | concurrency | req/s | output tok/s | TTFT p50 ms | TTFT p99 ms "
         "| ITL p50 ms | ITL p99 ms | req/s vs vllm serve | NIXL read share |",
@@ -298,24 +336,33 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--modes", default="epd,e/pd,e/p/d,ep/d")
     parser.add_argument("--concurrency", default="1,8,32")
-    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=256, help="per concurrency level")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--out", default="bench/results/latest.json")
     parser.add_argument("--doc", default="docs/benchmarks.md")
+    parser.add_argument("--profile", type=Path, help="write py-spy flame graphs here")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
-    load = requests(args.model, args.requests, args.max_tokens)
+    # Every level gets requests of its own, and so does its warm-up: none can be served
+    # from a prefix or image cache that an earlier level filled. Each server gets the same.
+    loads = {}
+    for level, concurrency in enumerate(levels):
+        first = (level + 1) * 100_000
+        warm_up = requests(args.model, range(first, first + concurrency), args.max_tokens)
+        first += concurrency
+        loads[concurrency] = (warm_up, requests(args.model, range(first, first + args.requests),
+                                                args.max_tokens))  # fmt: skip
     logs = Path(tempfile.mkdtemp(prefix="prism-bench-"))
     starters = [lambda: start_vllm(args.model, logs / "vllm-serve.log", 8)]
     starters += [
-        lambda mode=mode: start_prism(mode, args.model, logs / f"{mode.replace('/', '')}.log")
+        lambda mode=mode: start_prism(mode, args.model, logs / f"{slug(mode)}.log")
         for mode in args.modes.split(",")
     ]
     rows: list[dict] = []
     for start in starters:
         server = start()
         try:
-            rows += run_server(server, load, levels)
+            rows += run_server(server, loads, args.profile)
         finally:
             for stop in server.stop:
                 stop()

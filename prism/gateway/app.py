@@ -392,6 +392,7 @@ def serve(args: argparse.Namespace) -> None:
         request_timeout=args.request_timeout,
     )
     log.info("gateway listening on http://%s:%d", args.host, args.port)
+    rpc.freeze_startup_heap()
     uvicorn.run(
         app,
         host=args.host,
