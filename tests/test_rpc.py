@@ -1,9 +1,12 @@
 """Unit tests: the error model survives a real gRPC round trip, and the static registry."""
 
 import asyncio
+import time
 
 import grpc
 import pytest
+from conftest import serving
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from prism import rpc
 from prism.registry import StaticRegistry
@@ -89,6 +92,27 @@ def test_readiness_tolerates_isolated_probe_failures():
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(_track_readiness(Server(), Pipeline(), period=0))
     assert reported == [True, True, True, True, True, True, False, True]
+
+
+def test_idle_connections_survive_keepalive(monkeypatch):
+    # The real timings, 30 times faster: the client's pings every second, for 4 s.
+    keepalive = ("grpc.keepalive_time_ms", "grpc.http2.min_ping_interval_without_data_ms")
+
+    def faster(options):
+        return [(key, value // 30 if key in keepalive else value) for key, value in options]
+
+    monkeypatch.setattr(rpc, "_OPTIONS", faster(rpc._OPTIONS))
+    monkeypatch.setattr(rpc, "_SERVER_OPTIONS", faster(rpc._SERVER_OPTIONS))
+    states: list[grpc.ChannelConnectivity] = []
+    with serving(lambda server: None, ["idle"]) as address, rpc.sync_channel(address) as channel:
+        channel.subscribe(states.append, try_to_connect=True)
+        check = health_pb2_grpc.HealthStub(channel).Check
+        assert check(health_pb2.HealthCheckRequest(service="idle")).status == 1
+        time.sleep(4)
+        assert check(health_pb2.HealthCheckRequest(service="idle")).status == 1
+        # A server that took the pings for abuse would have cut the connection (GOAWAY).
+        assert states[-1] == grpc.ChannelConnectivity.READY
+        assert states.count(grpc.ChannelConnectivity.READY) == 1
 
 
 def test_static_registry_round_robin():
