@@ -107,9 +107,10 @@ def test_idle_connections_survive_keepalive(monkeypatch):
     with serving(lambda server: None, ["idle"]) as address, rpc.sync_channel(address) as channel:
         channel.subscribe(states.append, try_to_connect=True)
         check = health_pb2_grpc.HealthStub(channel).Check
-        assert check(health_pb2.HealthCheckRequest(service="idle")).status == 1
+        up = health_pb2.HealthCheckResponse.SERVING
+        assert check(health_pb2.HealthCheckRequest(service="idle")).status == up
         time.sleep(4)
-        assert check(health_pb2.HealthCheckRequest(service="idle")).status == 1
+        assert check(health_pb2.HealthCheckRequest(service="idle")).status == up
         # A server that took the pings for abuse would have cut the connection (GOAWAY).
         assert states[-1] == grpc.ChannelConnectivity.READY
         assert states.count(grpc.ChannelConnectivity.READY) == 1
