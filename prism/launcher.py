@@ -288,8 +288,7 @@ class Mesh:
             if stage.name not in self._lost:
                 self._lost.add(stage.name)
                 # A killed worker leaves its vLLM engine processes behind, polling.
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(stage.process.pid, signal.SIGKILL)
+                _kill_group(stage.process)
                 code = stage.process.returncode
                 left = f"{len(survivors)} {kind} replica(s) left"
                 print(f"prism: {stage.name} exited with code {code}; {left}", file=sys.stderr)
@@ -308,9 +307,14 @@ class Mesh:
                 process.kill()
                 process.wait()
         for process in running:
-            # ProcessLookupError: nothing of that stage is left.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
+            _kill_group(process)
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """Kills what is left of a stage: its process group (vLLM's engine processes too)."""
+    # ProcessLookupError: nothing of that stage is left.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 class _StopRequested(Exception):
