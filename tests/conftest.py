@@ -21,11 +21,12 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
+import grpc
 import numpy as np
 import PIL.Image
 import pytest
@@ -34,6 +35,7 @@ from prometheus_client.parser import text_string_to_metric_families
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
+from prism import rpc
 from prism.launcher import Mesh, MeshConfig, free_port, plan
 from prism.modes import MODES
 from prism.tiny_models import build
@@ -46,8 +48,6 @@ ROOT = Path(__file__).parent
 def serving(register: Callable[[Any], None], services: list[str]) -> Iterator[str]:
     """A gRPC server (`rpc.start_server`, serving) on an event loop thread of its own, for
     sync tests; yields its address."""
-    from prism import rpc
-
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -186,6 +186,21 @@ class RunningMesh:
     model: str
     mesh: Mesh
     log_path: Path
+    _channels: dict[str, grpc.Channel] = field(default_factory=dict)
+
+    def channel(self, stage: str) -> grpc.Channel:
+        """One channel per stage for the mesh's life, connected before its first call, as
+        a long-lived client keeps one."""
+        if stage not in self._channels:
+            channel = rpc.sync_channel(self.address(stage))
+            grpc.channel_ready_future(channel).result(timeout=60)
+            self._channels[stage] = channel
+        return self._channels[stage]
+
+    def stop(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self.mesh.stop()
 
     @property
     def base_url(self) -> str:
@@ -274,7 +289,7 @@ def mesh(request, models, oracle, tmp_path_factory):
     oracle(family)
     running = start_mesh(family, mode, models[family], tmp_path_factory.mktemp("logs"))
     yield running
-    running.mesh.stop()
+    running.stop()
 
 
 class _ImageHandler(BaseHTTPRequestHandler):

@@ -8,7 +8,6 @@ import pytest
 from conftest import wait_for
 from test_contracts import abort_once_running, greedy, inference, text_message
 
-from prism import rpc
 from prism.launcher import free_port
 from prism.modes import ROLES
 from prism.rpc import PrismError
@@ -27,7 +26,7 @@ def pd(mesh):
 
 
 def stub(mesh, stage: str) -> engine_pb2_grpc.EngineServiceStub:
-    return engine_pb2_grpc.EngineServiceStub(rpc.sync_channel(mesh.address(stage)))
+    return engine_pb2_grpc.EngineServiceStub(mesh.channel(stage))
 
 
 def kv_idle(mesh, stage: str) -> bool:
@@ -121,7 +120,7 @@ def test_decode_fails_cleanly_when_the_prefill_kv_is_unreachable(pd):
 
 def test_prefill_abort_frees_kv_held_for_decode(pd):
     prefill(pd, "pd-held")
-    assert wait_for(lambda: not kv_idle(pd, "prefill"))
+    assert wait_for(lambda: not kv_idle(pd, "prefill")), pd.log_problems()
     aborted = stub(pd, "prefill").Abort(engine_pb2.EngineServiceAbortRequest(request_id="pd-held"))
     assert aborted.aborted
     # Well before the connector's 30 s lease would have freed them.

@@ -31,7 +31,7 @@ def bounded(models, tmp_path_factory):
     for _ in range(3):
         httpx.post(f"{mesh.base_url}/chat/completions", json=chat(mesh, 4), timeout=60)
     yield mesh
-    mesh.mesh.stop()
+    mesh.stop()
 
 
 def chat(mesh, max_tokens: int, stream: bool = False) -> dict:

@@ -61,6 +61,6 @@ def test_requests_spread_over_two_workers_and_survive_losing_one(models, tmp_pat
             # Consul's check found it gone too.
             assert wait_for(lambda: len(consul.passing("prism-worker")) == 1)
         finally:
-            mesh.mesh.stop()
+            mesh.stop()
         # Every stage that stopped gracefully deregistered itself.
         assert [r.definition["Name"] for r in consul.services.values()] == ["prism-worker"]

@@ -132,6 +132,36 @@ def test_a_replica_gone_before_its_first_reply_is_retried_on_another():
     assert (first.calls, second.calls) == (1, 1)
 
 
+def test_a_replica_that_comes_up_late_is_waited_for_not_failed():
+    """Refused while it started, the replica's channel backs off before reconnecting; a
+    call in that window gets the connection, not the stale refusal."""
+
+    async def main() -> list[int]:
+        address = f"127.0.0.1:{free_port()}"
+        pipeline = Pipeline("epd", Router(StaticRegistry({"worker": [address]})))
+        # Probes of a replica not yet listening: each refusal lengthens the backoff.
+        for _ in range(8):
+            assert not await pipeline.ready()
+            await asyncio.sleep(0.25)
+        assert pipeline._channel(address).get_state() != grpc.ChannelConnectivity.READY
+        fake = FakeEngine(3)
+        server = await rpc.start_server(
+            address,
+            lambda s: engine_pb2_grpc.add_EngineServiceServicer_to_server(fake, s),
+            ["prism.v1.EngineService"],
+        )
+        tokens: list[int] = []
+        try:
+            async for reply in pipeline.run("r1", [1], [], common_pb2.SamplingParams(), Call()):
+                tokens += reply.token_ids
+        finally:
+            await pipeline.close()
+            await server.server.stop(None)
+        return tokens
+
+    assert asyncio.run(main()) == [3]
+
+
 def test_only_one_retry_and_only_before_the_first_reply():
     first, second = FakeEngine(1, fail=GONE), FakeEngine(2, fail=GONE)
     with pytest.raises(grpc.aio.AioRpcError) as info:

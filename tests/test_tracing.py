@@ -130,7 +130,7 @@ def test_one_trace_spans_every_stage_of_e_p_d(models, tmp_path, receiver):
         (read,) = [s for s in by_service["prism-prefill"] if s.name == "nixl.read"]
         assert attributes(read)["prism.nixl.bytes"] > 0
     finally:
-        mesh.mesh.stop()
+        mesh.stop()
     # Each stage's log lines about this request carry its request id.
     lines = []
     for line in mesh.log_path.read_text().splitlines():

@@ -101,7 +101,7 @@ class Call:
             self.current.cancel()
 
 
-# How long the retry on another replica waits for that replica's connection.
+# How long a call waits for its replica's channel to connect.
 _CONNECT_S = 3.0
 
 
@@ -179,11 +179,13 @@ class Pipeline:
         tried: list[str] = []
         while True:
             address = self.router.pick(role, exclude=tried)
-            if tried:
-                # A replica that came up moments ago may still be in its channel's
-                # reconnect backoff: give it a moment to connect before the one retry.
+            channel = self._channel(address)
+            if channel.get_state(try_to_connect=True) != grpc.ChannelConnectivity.READY:
+                # A replica that came up (or back) moments ago may still be in its channel's
+                # reconnect backoff, where a call fails at once with the last connect error
+                # (a refusal from before it listened): give it a moment to connect.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._channel(address).channel_ready(), _CONNECT_S)
+                    await asyncio.wait_for(channel.channel_ready(), _CONNECT_S)
             replied = False
             try:
                 with self.router.using(address):
