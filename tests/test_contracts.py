@@ -31,11 +31,11 @@ def engine(mesh) -> engine_pb2_grpc.EngineServiceStub:
     """The aggregated worker (the prefill and decode roles have their own tests)."""
     if "decode" in ROLES[mesh.mode]:
         pytest.skip("no aggregated worker in this mode")
-    return engine_pb2_grpc.EngineServiceStub(mesh.channel("worker"))
+    return engine_pb2_grpc.EngineServiceStub(rpc.sync_channel(mesh.worker))
 
 
 def inference(mesh) -> inference_pb2_grpc.InferenceServiceStub:
-    return inference_pb2_grpc.InferenceServiceStub(mesh.channel("processor"))
+    return inference_pb2_grpc.InferenceServiceStub(rpc.sync_channel(mesh.processor))
 
 
 def greedy(max_tokens: int, **fields) -> common_pb2.SamplingParams:

@@ -150,7 +150,7 @@ def test_worker_fails_cleanly_when_the_embeddings_owner_is_gone(mesh, models, or
         request_id="orphaned", prompt_token_ids=[5, 6], image_embeddings=handles,
         sampling=common_pb2.SamplingParams(max_tokens=2),
     )  # fmt: skip
-    worker = engine_pb2_grpc.EngineServiceStub(mesh.channel("worker"))
+    worker = engine_pb2_grpc.EngineServiceStub(rpc.sync_channel(mesh.worker))
     started = time.monotonic()
     with pytest.raises(grpc.RpcError) as info:
         list(worker.Generate(prompt, timeout=60))
