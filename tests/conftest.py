@@ -271,9 +271,10 @@ def start_mesh(family: str, mode: str, model: Path, log_dir: Path, **config: Any
     with open(log_path, "w") as log:
         try:
             mesh.start(timeout=300, log=log)
-        except BaseException:
+        except BaseException as exc:
             mesh.stop()
-            raise RuntimeError(f"mesh failed to start:\n{log_path.read_text()[-4000:]}") from None
+            tail = log_path.read_text()[-4000:]
+            raise RuntimeError(f"mesh failed to start: {exc!r}\n{tail}") from None
     return RunningMesh(family, mode, str(model), mesh, log_path)
 
 
