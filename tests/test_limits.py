@@ -47,24 +47,31 @@ def test_past_the_bound_clients_get_429_with_retry_after_and_never_5xx(bounded):
     statuses: Counter[int] = Counter()
     retry_after: set[str] = set()
     lock = threading.Lock()
+    clients = 24
+    # One client made beforehand and a barrier: each thread making its own client (and SSL
+    # context) staggered the requests so much that fewer than the bound overlapped.
+    start = threading.Barrier(clients)
+    url = f"{bounded.base_url}/chat/completions"
 
-    def client() -> None:
-        url = f"{bounded.base_url}/chat/completions"
+    def client(http: httpx.Client) -> None:
+        start.wait(timeout=30)
         # Short enough to finish within the gateway's deadline, long enough to overlap.
-        with httpx.stream("POST", url, json=chat(bounded, 24, stream=True), timeout=60) as reply:
+        with http.stream("POST", url, json=chat(bounded, 24, stream=True)) as reply:
             reply.read()
             with lock:
                 statuses[reply.status_code] += 1
                 if reply.status_code == 429:
                     retry_after.add(reply.headers.get("Retry-After", ""))
 
-    threads = [threading.Thread(target=client) for _ in range(24)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
+    limits = httpx.Limits(max_connections=clients)
+    with httpx.Client(timeout=60, limits=limits) as http:
+        threads = [threading.Thread(target=client, args=(http,)) for _ in range(clients)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
     assert not any(thread.is_alive() for thread in threads)
-    assert sum(statuses.values()) == 24
+    assert sum(statuses.values()) == clients
     assert statuses[200] >= BOUND and statuses[429] >= 1, statuses
     assert set(statuses) <= {200, 429}, (statuses, bounded.log_tail())
     assert retry_after == {"1"}
