@@ -3,10 +3,12 @@ prefill to decode, failures end with a clear status, and no KV blocks are left b
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import grpc
 import pytest
 from conftest import wait_for
-from test_contracts import abort_once_running, greedy, inference, text_message
+from test_contracts import abort_while_running, greedy, inference, text_message
 
 from prism.launcher import free_port
 from prism.modes import ROLES
@@ -133,12 +135,14 @@ def test_aborted_request_leaves_no_kv_blocks(pd):
         request_id="pd-public-abort", messages=[text_message("Tell me everything.")],
         sampling=greedy(2000, ignore_eos=True),
     )  # fmt: skip
-    stream = stub_.Chat(request, timeout=120)
-    first = next(stream)
-    assert first.token_ids, "the first token comes from prefill, before decode"
+
+    def start() -> Iterator[inference_pb2.ChatResponse]:
+        stream = stub_.Chat(request, timeout=120)
+        assert next(stream).token_ids, "the first token comes from prefill, before decode"
+        return stream
+
     abort = inference_pb2.AbortRequest(request_id="pd-public-abort")
-    abort_once_running(lambda: stub_.Abort(abort).aborted)
-    replies = list(stream)
+    replies = abort_while_running(start, lambda: stub_.Abort(abort).aborted)
     assert replies[-1].finish_reason == common_pb2.FINISH_REASON_ABORT
     assert wait_for(lambda: kv_idle(pd, "prefill") and kv_idle(pd, "decode"))
 
