@@ -9,6 +9,11 @@ small machine starve each other.
 
 from __future__ import annotations
 
+# Before grpc: importing prism turns gRPC's fork handlers off, and only takes effect if
+# grpc is not yet loaded (prism/__init__.py).
+import prism  # noqa: F401
+
+# isort: split
 import asyncio
 import base64
 import contextlib
