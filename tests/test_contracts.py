@@ -60,8 +60,8 @@ def abort_while_running(start: Callable[[], Iterator], abort: Callable[[], bool]
     """Starts a long request, sends Abort until it lands, and returns the request's replies.
 
     The request registers a moment after its call starts, so the first Aborts may find
-    nothing. On this machine a process can also stall for seconds while the engine runs the
-    request to its end; a request that ended before any Abort landed is started again."""
+    nothing. A loaded machine can also stall the caller for seconds while the engine runs
+    the request to its end; a request that ended before any Abort landed is started again."""
     for _ in range(3):
         call = start()
         deadline = time.monotonic() + 10
