@@ -146,7 +146,8 @@ def invalid(message: str, param: str | None = None, reason: str = "") -> PrismEr
     return PrismError(grpc.StatusCode.INVALID_ARGUMENT, message, reason=reason, param=param)
 
 
-def _status_for(exc: BaseException) -> PrismError:
+def status_for(exc: BaseException) -> PrismError:
+    """The status a call ends with when its handler raised `exc`."""
     if isinstance(exc, PrismError):
         return exc
     if isinstance(exc, grpc.RpcError):
@@ -184,7 +185,7 @@ def rpc_errors(method: Callable) -> Callable:
                 async for item in method(self, request, context):
                     yield item
             except Exception as exc:
-                await context.abort_with_status(_status_for(exc).to_status())
+                await context.abort_with_status(status_for(exc).to_status())
 
         return stream
 
@@ -194,7 +195,7 @@ def rpc_errors(method: Callable) -> Callable:
         try:
             return await method(self, request, context)
         except Exception as exc:
-            await context.abort_with_status(_status_for(exc).to_status())
+            await context.abort_with_status(status_for(exc).to_status())
 
     return unary
 

@@ -84,9 +84,14 @@ def enabled() -> bool:
 def _traced_calls() -> Callable[[object], bool]:
     from opentelemetry.instrumentation.grpc import filters
 
-    # Health and load probes run every second for every replica: not request work.
+    # Health and load probes run every second for every replica: not request work. A
+    # batched stream lives as long as its peer; each call on it has a span of its own.
     return filters.negate(
-        filters.any_of(filters.health_check(), filters.service_name("prism.v1.LoadService"))
+        filters.any_of(
+            filters.health_check(),
+            filters.service_name("prism.v1.LoadService"),
+            *(filters.method_name(m) for m in ("GenerateBatch", "ChatBatch", "CompleteBatch")),
+        )
     )
 
 

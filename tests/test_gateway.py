@@ -8,6 +8,7 @@ from concurrent import futures
 from conftest import serving
 from fastapi.testclient import TestClient
 
+from prism import multiplex
 from prism.gateway.app import create_app
 from prism.launcher import free_port
 from prism.registry import StaticRegistry
@@ -71,12 +72,20 @@ class SlowProcessor(inference_pb2_grpc.InferenceServiceServicer):
     def __init__(self, delay: float):
         self.delay = delay
 
-    async def Chat(self, request, context):
+    async def replies(self, request):
         await asyncio.sleep(self.delay)
         yield inference_pb2.ChatResponse(
             text="ok", token_ids=[1], finish_reason=common_pb2.FINISH_REASON_STOP,
             usage=common_pb2.Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2),
         )  # fmt: skip
+
+    async def ChatBatch(self, request_iterator, context):
+        batches = multiplex.Server("/prism.v1.InferenceService/Chat").serve(
+            request_iterator, self.replies, inference_pb2.ChatBatchResponse,
+            inference_pb2.ChatEvent,
+        )  # fmt: skip
+        async for batch in batches:
+            yield batch
 
 
 def slow_processor(delay: float) -> contextlib.AbstractContextManager[str]:

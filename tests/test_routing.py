@@ -10,7 +10,7 @@ import random
 import grpc
 import pytest
 
-from prism import rpc
+from prism import multiplex, rpc
 from prism.launcher import free_port
 from prism.registry import StaticRegistry
 from prism.routing import Router
@@ -75,8 +75,7 @@ class FakeEngine(engine_pb2_grpc.EngineServiceServicer):
         self.calls = 0
         self.requests: list[engine_pb2.GenerateRequest] = []
 
-    @rpc.rpc_errors
-    async def Generate(self, request, context):
+    async def replies(self, request):
         self.calls += 1
         self.requests.append(request)
         if self.fail and not self.after_first:
@@ -85,6 +84,19 @@ class FakeEngine(engine_pb2_grpc.EngineServiceServicer):
         if self.fail:
             raise self.fail
         yield engine_pb2.GenerateResponse(finish_reason=common_pb2.FINISH_REASON_STOP)
+
+    @rpc.rpc_errors
+    async def Generate(self, request, context):
+        async for reply in self.replies(request):
+            yield reply
+
+    async def GenerateBatch(self, request_iterator, context):
+        batches = multiplex.Server("/prism.v1.EngineService/Generate").serve(
+            request_iterator, self.replies, engine_pb2.GenerateBatchResponse,
+            engine_pb2.GenerateEvent,
+        )  # fmt: skip
+        async for batch in batches:
+            yield batch
 
 
 async def engines(*fakes: FakeEngine) -> list[rpc.Server]:
@@ -242,8 +254,7 @@ def test_a_stream_cut_mid_way_resumes_on_another_replica():
 class FakePrefill(FakeEngine):
     """Prefills: one token and the KV transfer parameters; Abort frees nothing real."""
 
-    @rpc.rpc_errors
-    async def Generate(self, request, context):
+    async def replies(self, request):
         self.calls += 1
         self.requests.append(request)
         yield engine_pb2.GenerateResponse(

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
-from prism import logs, rpc, telemetry, tracing
+from prism import logs, multiplex, rpc, telemetry, tracing
 from prism.gateway import translate
 from prism.registry import Instance, instance, open_registry
 from prism.routing import Router
@@ -54,18 +54,37 @@ class Gateway:
     def __init__(self, router: Router, request_timeout: float = 0):
         self._router = router
         self._channels: dict[str, grpc.aio.Channel] = {}
+        # Per processor: the stream that carries every Chat call to it, and every Complete.
+        self._chats: dict[str, multiplex.Client] = {}
+        self._completions: dict[str, multiplex.Client] = {}
         # The deadline of each generation (none when 0): past it, 504 and every stage
         # aborts the request.
         self.timeout = request_timeout or None
 
-    def _channel(self) -> grpc.aio.Channel:
-        address = self._router.pick("processor")
+    def _channel(self, address: str = "") -> grpc.aio.Channel:
+        address = address or self._router.pick("processor")
         if address not in self._channels:
             self._channels[address] = rpc.channel(address)
         return self._channels[address]
 
-    def stub(self) -> inference_pb2_grpc.InferenceServiceStub:
-        return inference_pb2_grpc.InferenceServiceStub(self._channel())
+    def stub(self, address: str = "") -> inference_pb2_grpc.InferenceServiceStub:
+        return inference_pb2_grpc.InferenceServiceStub(self._channel(address))
+
+    def chat(self, request: inference_pb2.ChatRequest) -> multiplex.Call:
+        address = self._router.pick("processor")
+        if address not in self._chats:
+            self._chats[address] = multiplex.Client(
+                self.stub(address).ChatBatch, inference_pb2.ChatBatchRequest
+            )
+        return self._chats[address].call(request, rpc.call_metadata(), self.timeout)
+
+    def complete(self, request: inference_pb2.CompleteRequest) -> multiplex.Call:
+        address = self._router.pick("processor")
+        if address not in self._completions:
+            self._completions[address] = multiplex.Client(
+                self.stub(address).CompleteBatch, inference_pb2.CompleteBatchRequest
+            )
+        return self._completions[address].call(request, rpc.call_metadata(), self.timeout)
 
     async def healthy(self) -> bool:
         try:
@@ -75,11 +94,13 @@ class Gateway:
         return await rpc.is_serving(channel, timeout=2.0)
 
     async def close(self) -> None:
+        for batched in [*self._chats.values(), *self._completions.values()]:
+            await batched.close()
         for channel in self._channels.values():
             await channel.close()
 
 
-async def _open_stream(call: grpc.aio.UnaryStreamCall) -> tuple[Any, AsyncIterator]:
+async def _open_stream(call: multiplex.Call) -> tuple[Any, AsyncIterator]:
     """Reads the first message, so that errors become HTTP statuses before any byte is sent."""
     iterator = call.__aiter__()
     try:
@@ -92,7 +113,7 @@ async def _open_stream(call: grpc.aio.UnaryStreamCall) -> tuple[Any, AsyncIterat
 
 
 async def _generate(
-    call: grpc.aio.UnaryStreamCall,
+    call: multiplex.Call,
     stream: bool,
     include_usage: bool,
     chunk: Callable[[Any, bool], dict],
@@ -335,7 +356,7 @@ def create_app(
                 "usage": translate.usage(last.usage),
             }
 
-        call = gateway.stub().Chat(message, metadata=rpc.call_metadata(), timeout=gateway.timeout)
+        call = gateway.chat(message)
         return await _generate(
             call, translate.wants_stream(body), include_usage, chunk, final, request.url.path
         )
@@ -372,9 +393,7 @@ def create_app(
                 "usage": translate.usage(last.usage),
             }
 
-        call = gateway.stub().Complete(
-            message, metadata=rpc.call_metadata(), timeout=gateway.timeout
-        )
+        call = gateway.complete(message)
         return await _generate(
             call, translate.wants_stream(body), include_usage, chunk, final, request.url.path
         )

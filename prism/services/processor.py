@@ -23,7 +23,7 @@ from opentelemetry import trace
 from transformers import AutoTokenizer
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 
-from prism import logs, rpc, telemetry, tracing
+from prism import logs, multiplex, rpc, telemetry, tracing
 from prism.media import ImageLoader, LoadedImage, MediaPolicy
 from prism.modes import ROLES
 from prism.registry import discovery_tags, instance, open_registry
@@ -76,14 +76,14 @@ class _DetokenizerRequest:
     prompt_embeds: None = None
 
 
-CallT = TypeVar("CallT", bound=grpc.aio.Call)
+CallT = TypeVar("CallT", bound=grpc.aio.Call | multiplex.Call)
 
 
 @dataclass
 class Call:
     """The stage call a request is waiting on, so that an Abort can cancel it."""
 
-    current: grpc.aio.Call | None = None
+    current: grpc.aio.Call | multiplex.Call | None = None
     # The replica `current` went to.
     address: str = ""
     aborted: bool = False
@@ -125,6 +125,8 @@ class Pipeline:
     mode: str
     router: Router
     _channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
+    # Per worker: the one stream that carries every Generate call to it.
+    _batches: dict[str, multiplex.Client] = field(default_factory=dict)
     # Releases of prefill KV still in flight (kept referenced until done).
     _releases: set[asyncio.Task] = field(default_factory=set)
 
@@ -135,6 +137,13 @@ class Pipeline:
 
     def _engine(self, address: str) -> engine_pb2_grpc.EngineServiceStub:
         return engine_pb2_grpc.EngineServiceStub(self._channel(address))
+
+    def _batched(self, address: str) -> multiplex.Client:
+        if address not in self._batches:
+            self._batches[address] = multiplex.Client(
+                self._engine(address).GenerateBatch, engine_pb2.GenerateBatchRequest
+            )
+        return self._batches[address]
 
     async def _probe(self, address: str) -> bool:
         channel = self._channel(address)
@@ -163,6 +172,8 @@ class Pipeline:
     async def close(self) -> None:
         for task in list(self._releases):
             await task
+        for batched in self._batches.values():
+            await batched.close()
         for channel in self._channels.values():
             await channel.close()
 
@@ -170,7 +181,7 @@ class Pipeline:
         self,
         role: str,
         call: Call,
-        start: Callable[[str], grpc.aio.Call],
+        start: Callable[[str], grpc.aio.Call | multiplex.Call],
         retry_gone: bool = True,
     ) -> AsyncIterator:
         """The replies of the call `start(address)` makes to a replica of `role` (one for a
@@ -295,8 +306,8 @@ class Pipeline:
     def _generate(
         self, role: str, request: engine_pb2.GenerateRequest, call: Call
     ) -> AsyncIterator[engine_pb2.GenerateResponse]:
-        def start(address: str) -> grpc.aio.UnaryStreamCall:
-            return self._engine(address).Generate(request, metadata=rpc.call_metadata())
+        def start(address: str) -> multiplex.Call:
+            return self._batched(address).call(request, rpc.call_metadata())
 
         # A decode that died may have read the prefill's KV, which prefill then freed: a
         # second decode could read reused blocks. The request migrates instead, prefilled
@@ -401,6 +412,8 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         self.created = int(time.time())
         self._active: dict[str, Call] = {}
         self.limit = rpc.InFlightLimit(max_in_flight)
+        self.chat_batches = multiplex.Server(f"/{SERVICE}/Chat")
+        self.complete_batches = multiplex.Server(f"/{SERVICE}/Complete")
 
     def _check_model(self, model: str) -> None:
         if model and model != self.served_model_name:
@@ -576,9 +589,28 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     async def Chat(
         self, request: inference_pb2.ChatRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[inference_pb2.ChatResponse]:
-        request_id = request.request_id or f"chatcmpl-{uuid.uuid4().hex}"
-        async for reply in self._observed("Chat", request_id, self._chat(request_id, request)):
+        async for reply in self._chat_call(request):
             yield reply
+
+    async def ChatBatch(
+        self,
+        request_iterator: AsyncIterator[inference_pb2.ChatBatchRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[inference_pb2.ChatBatchResponse]:
+        batches = self.chat_batches.serve(
+            request_iterator,
+            self._chat_call,
+            inference_pb2.ChatBatchResponse,
+            inference_pb2.ChatEvent,
+        )
+        async for batch in batches:
+            yield batch
+
+    def _chat_call(
+        self, request: inference_pb2.ChatRequest
+    ) -> AsyncIterator[inference_pb2.ChatResponse]:
+        request_id = request.request_id or f"chatcmpl-{uuid.uuid4().hex}"
+        return self._observed("Chat", request_id, self._chat(request_id, request))
 
     async def _chat(
         self, request_id: str, request: inference_pb2.ChatRequest
@@ -597,10 +629,28 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
     async def Complete(
         self, request: inference_pb2.CompleteRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[inference_pb2.CompleteResponse]:
-        request_id = request.request_id or f"cmpl-{uuid.uuid4().hex}"
-        replies = self._complete(request_id, request)
-        async for reply in self._observed("Complete", request_id, replies):
+        async for reply in self._complete_call(request):
             yield reply
+
+    async def CompleteBatch(
+        self,
+        request_iterator: AsyncIterator[inference_pb2.CompleteBatchRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[inference_pb2.CompleteBatchResponse]:
+        batches = self.complete_batches.serve(
+            request_iterator,
+            self._complete_call,
+            inference_pb2.CompleteBatchResponse,
+            inference_pb2.CompleteEvent,
+        )
+        async for batch in batches:
+            yield batch
+
+    def _complete_call(
+        self, request: inference_pb2.CompleteRequest
+    ) -> AsyncIterator[inference_pb2.CompleteResponse]:
+        request_id = request.request_id or f"cmpl-{uuid.uuid4().hex}"
+        return self._observed("Complete", request_id, self._complete(request_id, request))
 
     async def _complete(
         self, request_id: str, request: inference_pb2.CompleteRequest
@@ -696,9 +746,15 @@ async def serve(args: argparse.Namespace) -> None:
     log.info("processor (%s) serving %s on %s:%d", args.mode, args.model, args.host, server.port)
     readiness = asyncio.create_task(_track_readiness(server, pipeline))
     await registry.register(instance(args, "processor", server.port, [args.mode]))
+
+    async def drain() -> None:
+        servicer.chat_batches.drain()
+        servicer.complete_batches.drain()
+        await registry.deregister()
+
     try:
         await rpc.wait_for_termination(
-            server, [SERVICE], grace=args.shutdown_grace_s, on_drain=registry.deregister
+            server, [SERVICE], grace=args.shutdown_grace_s, on_drain=drain
         )
     finally:
         readiness.cancel()

@@ -28,7 +28,7 @@ from vllm.exceptions import VLLMClientError
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from prism import kv_transfer, logs, rpc, telemetry, tracing
+from prism import kv_transfer, logs, multiplex, rpc, telemetry, tracing
 from prism.media import decode_image
 from prism.modes import MESH_ROLE, modes_served
 from prism.registry import instance, open_registry
@@ -139,6 +139,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         # cache waits for a decode.
         self._held: dict[str, tuple[str, float]] = {}
         self._releases: set[asyncio.Task] = set()
+        self.batches = multiplex.Server(f"/{SERVICE}/Generate")
 
     @staticmethod
     def _decode_images(images: list[common_pb2.Image]) -> list:
@@ -248,6 +249,26 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
     @rpc.rpc_errors
     async def Generate(
         self, request: engine_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[engine_pb2.GenerateResponse]:
+        async for reply in self._admitted(request):
+            yield reply
+
+    async def GenerateBatch(
+        self,
+        request_iterator: AsyncIterator[engine_pb2.GenerateBatchRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[engine_pb2.GenerateBatchResponse]:
+        batches = self.batches.serve(
+            request_iterator,
+            self._admitted,
+            engine_pb2.GenerateBatchResponse,
+            engine_pb2.GenerateEvent,
+        )
+        async for batch in batches:
+            yield batch
+
+    async def _admitted(
+        self, request: engine_pb2.GenerateRequest
     ) -> AsyncIterator[engine_pb2.GenerateResponse]:
         with self.limit.admit():
             async for reply in self._generate(request):
@@ -389,9 +410,14 @@ async def serve(args: argparse.Namespace) -> None:
     registry = open_registry(args)
     modes = modes_served(args.role, args.enable_mm_embeds)
     await registry.register(instance(args, MESH_ROLE[args.role], server.port, modes))
+
+    async def drain() -> None:
+        servicer.batches.drain()
+        await registry.deregister()
+
     try:
         await rpc.wait_for_termination(
-            server, [SERVICE], grace=args.shutdown_grace_s, on_drain=registry.deregister
+            server, [SERVICE], grace=args.shutdown_grace_s, on_drain=drain
         )
     finally:
         await registry.close()

@@ -110,3 +110,17 @@ class TensorDescriptor(_message.Message):
     notification_tag: str
     lease_expiry_unix_ms: int
     def __init__(self, agent_name: _Optional[str] = ..., agent_metadata: _Optional[bytes] = ..., memory_type: _Optional[_Union[MemoryType, str]] = ..., regions: _Optional[_Iterable[_Union[MemoryRegion, _Mapping]]] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., notification_tag: _Optional[str] = ..., lease_expiry_unix_ms: _Optional[int] = ...) -> None: ...
+
+class CallCancel(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CallStatus(_message.Message):
+    __slots__ = ("code", "message", "details")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    details: bytes
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., details: _Optional[bytes] = ...) -> None: ...

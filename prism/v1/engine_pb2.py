@@ -27,31 +27,41 @@ from prism.v1 import common_pb2 as prism_dot_v1_dot_common__pb2
 from prism.v1 import encoder_pb2 as prism_dot_v1_dot_encoder__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15prism/v1/engine.proto\x12\x08prism.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x15prism/v1/common.proto\x1a\x16prism/v1/encoder.proto\"\xa7\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12*\n\x08sampling\x18\x03 \x01(\x0b\x32\x18.prism.v1.SamplingParams\x12\x1f\n\x06images\x18\x04 \x03(\x0b\x32\x0f.prism.v1.Image\x12\x33\n\x10image_embeddings\x18\x05 \x03(\x0b\x32\x19.prism.v1.EmbeddingHandle\x12\x36\n\x12kv_transfer_params\x18\x06 \x01(\x0b\x32\x1a.prism.v1.KvTransferParams\x12,\n\rimage_layouts\x18\x07 \x03(\x0b\x32\x15.prism.v1.ImageLayout\"\xe8\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12-\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x16.prism.v1.FinishReason\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\x12\x36\n\x12kv_transfer_params\x18\x05 \x01(\x0b\x32\x1a.prism.v1.KvTransferParams\x12,\n\rimage_layouts\x18\x06 \x03(\x0b\x32\x15.prism.v1.ImageLayout\"\xda\x04\n\x10KvTransferParams\x12\x19\n\x11\x64o_remote_prefill\x18\x01 \x01(\x08\x12\x18\n\x10\x64o_remote_decode\x18\x02 \x01(\x08\x12.\n\x10remote_block_ids\x18\x03 \x03(\x0b\x32\x14.prism.v1.KvBlockIds\x12\x18\n\x10remote_engine_id\x18\x04 \x01(\t\x12\x19\n\x11remote_request_id\x18\x05 \x01(\t\x12\x13\n\x0bremote_host\x18\x06 \x01(\t\x12\x13\n\x0bremote_port\x18\x07 \x01(\r\x12\x0f\n\x07tp_size\x18\x08 \x01(\r\x12\x10\n\x08\x64\x63p_size\x18\t \x01(\r\x12\x0f\n\x07pp_size\x18\n \x01(\r\x12\x19\n\x11remote_num_tokens\x18\x0b \x01(\x04\x12$\n\x1cremote_prefill_cached_tokens\x18\x0c \x01(\x04\x12&\n\x19remote_blocks_expiry_time\x18\r \x01(\x01H\x00\x88\x01\x01\x12\x15\n\rtransfer_mode\x18\x0e \x01(\t\x12\x1e\n\x11remote_block_size\x18\x0f \x01(\rH\x01\x88\x01\x01\x12\x34\n\x05\x65xtra\x18\x10 \x03(\x0b\x32%.prism.v1.KvTransferParams.ExtraEntry\x1a\x44\n\nExtraEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value:\x02\x38\x01\x42\x1c\n\x1a_remote_blocks_expiry_timeB\x14\n\x12_remote_block_size\"\x19\n\nKvBlockIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"G\n\x0bImageLayout\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x16\n\x0eimage_grid_thw\x18\x03 \x03(\r\"/\n\x19\x45ngineServiceAbortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"-\n\x1a\x45ngineServiceAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\x32\xa8\x01\n\rEngineService\x12\x43\n\x08Generate\x12\x19.prism.v1.GenerateRequest\x1a\x1a.prism.v1.GenerateResponse0\x01\x12R\n\x05\x41\x62ort\x12#.prism.v1.EngineServiceAbortRequest\x1a$.prism.v1.EngineServiceAbortResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15prism/v1/engine.proto\x12\x08prism.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x15prism/v1/common.proto\x1a\x16prism/v1/encoder.proto\"\xa7\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12*\n\x08sampling\x18\x03 \x01(\x0b\x32\x18.prism.v1.SamplingParams\x12\x1f\n\x06images\x18\x04 \x03(\x0b\x32\x0f.prism.v1.Image\x12\x33\n\x10image_embeddings\x18\x05 \x03(\x0b\x32\x19.prism.v1.EmbeddingHandle\x12\x36\n\x12kv_transfer_params\x18\x06 \x01(\x0b\x32\x1a.prism.v1.KvTransferParams\x12,\n\rimage_layouts\x18\x07 \x03(\x0b\x32\x15.prism.v1.ImageLayout\"\xe8\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12-\n\rfinish_reason\x18\x02 \x01(\x0e\x32\x16.prism.v1.FinishReason\x12\x15\n\rprompt_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\x12\x36\n\x12kv_transfer_params\x18\x05 \x01(\x0b\x32\x1a.prism.v1.KvTransferParams\x12,\n\rimage_layouts\x18\x06 \x03(\x0b\x32\x15.prism.v1.ImageLayout\"\xf6\x01\n\x14GenerateBatchRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12*\n\x05start\x18\x02 \x01(\x0b\x32\x19.prism.v1.GenerateRequestH\x00\x12&\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\x14.prism.v1.CallCancelH\x00\x12>\n\x08metadata\x18\x04 \x03(\x0b\x32,.prism.v1.GenerateBatchRequest.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06\x61\x63tion\"@\n\x15GenerateBatchResponse\x12\'\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x17.prism.v1.GenerateEvent\"{\n\rGenerateEvent\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12+\n\x05reply\x18\x02 \x01(\x0b\x32\x1a.prism.v1.GenerateResponseH\x00\x12#\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x14.prism.v1.CallStatusH\x00\x42\x07\n\x05\x65vent\"\xda\x04\n\x10KvTransferParams\x12\x19\n\x11\x64o_remote_prefill\x18\x01 \x01(\x08\x12\x18\n\x10\x64o_remote_decode\x18\x02 \x01(\x08\x12.\n\x10remote_block_ids\x18\x03 \x03(\x0b\x32\x14.prism.v1.KvBlockIds\x12\x18\n\x10remote_engine_id\x18\x04 \x01(\t\x12\x19\n\x11remote_request_id\x18\x05 \x01(\t\x12\x13\n\x0bremote_host\x18\x06 \x01(\t\x12\x13\n\x0bremote_port\x18\x07 \x01(\r\x12\x0f\n\x07tp_size\x18\x08 \x01(\r\x12\x10\n\x08\x64\x63p_size\x18\t \x01(\r\x12\x0f\n\x07pp_size\x18\n \x01(\r\x12\x19\n\x11remote_num_tokens\x18\x0b \x01(\x04\x12$\n\x1cremote_prefill_cached_tokens\x18\x0c \x01(\x04\x12&\n\x19remote_blocks_expiry_time\x18\r \x01(\x01H\x00\x88\x01\x01\x12\x15\n\rtransfer_mode\x18\x0e \x01(\t\x12\x1e\n\x11remote_block_size\x18\x0f \x01(\rH\x01\x88\x01\x01\x12\x34\n\x05\x65xtra\x18\x10 \x03(\x0b\x32%.prism.v1.KvTransferParams.ExtraEntry\x1a\x44\n\nExtraEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value:\x02\x38\x01\x42\x1c\n\x1a_remote_blocks_expiry_timeB\x14\n\x12_remote_block_size\"\x19\n\nKvBlockIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"G\n\x0bImageLayout\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x16\n\x0eimage_grid_thw\x18\x03 \x03(\r\"/\n\x19\x45ngineServiceAbortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"-\n\x1a\x45ngineServiceAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\x32\xfe\x01\n\rEngineService\x12\x43\n\x08Generate\x12\x19.prism.v1.GenerateRequest\x1a\x1a.prism.v1.GenerateResponse0\x01\x12T\n\rGenerateBatch\x12\x1e.prism.v1.GenerateBatchRequest\x1a\x1f.prism.v1.GenerateBatchResponse(\x01\x30\x01\x12R\n\x05\x41\x62ort\x12#.prism.v1.EngineServiceAbortRequest\x1a$.prism.v1.EngineServiceAbortResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'prism.v1.engine_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_GENERATEBATCHREQUEST_METADATAENTRY']._loaded_options = None
+  _globals['_GENERATEBATCHREQUEST_METADATAENTRY']._serialized_options = b'8\001'
   _globals['_KVTRANSFERPARAMS_EXTRAENTRY']._loaded_options = None
   _globals['_KVTRANSFERPARAMS_EXTRAENTRY']._serialized_options = b'8\001'
   _globals['_GENERATEREQUEST']._serialized_start=113
   _globals['_GENERATEREQUEST']._serialized_end=408
   _globals['_GENERATERESPONSE']._serialized_start=411
   _globals['_GENERATERESPONSE']._serialized_end=643
-  _globals['_KVTRANSFERPARAMS']._serialized_start=646
-  _globals['_KVTRANSFERPARAMS']._serialized_end=1248
-  _globals['_KVTRANSFERPARAMS_EXTRAENTRY']._serialized_start=1128
-  _globals['_KVTRANSFERPARAMS_EXTRAENTRY']._serialized_end=1196
-  _globals['_KVBLOCKIDS']._serialized_start=1250
-  _globals['_KVBLOCKIDS']._serialized_end=1275
-  _globals['_IMAGELAYOUT']._serialized_start=1277
-  _globals['_IMAGELAYOUT']._serialized_end=1348
-  _globals['_ENGINESERVICEABORTREQUEST']._serialized_start=1350
-  _globals['_ENGINESERVICEABORTREQUEST']._serialized_end=1397
-  _globals['_ENGINESERVICEABORTRESPONSE']._serialized_start=1399
-  _globals['_ENGINESERVICEABORTRESPONSE']._serialized_end=1444
-  _globals['_ENGINESERVICE']._serialized_start=1447
-  _globals['_ENGINESERVICE']._serialized_end=1615
+  _globals['_GENERATEBATCHREQUEST']._serialized_start=646
+  _globals['_GENERATEBATCHREQUEST']._serialized_end=892
+  _globals['_GENERATEBATCHREQUEST_METADATAENTRY']._serialized_start=835
+  _globals['_GENERATEBATCHREQUEST_METADATAENTRY']._serialized_end=882
+  _globals['_GENERATEBATCHRESPONSE']._serialized_start=894
+  _globals['_GENERATEBATCHRESPONSE']._serialized_end=958
+  _globals['_GENERATEEVENT']._serialized_start=960
+  _globals['_GENERATEEVENT']._serialized_end=1083
+  _globals['_KVTRANSFERPARAMS']._serialized_start=1086
+  _globals['_KVTRANSFERPARAMS']._serialized_end=1688
+  _globals['_KVTRANSFERPARAMS_EXTRAENTRY']._serialized_start=1568
+  _globals['_KVTRANSFERPARAMS_EXTRAENTRY']._serialized_end=1636
+  _globals['_KVBLOCKIDS']._serialized_start=1690
+  _globals['_KVBLOCKIDS']._serialized_end=1715
+  _globals['_IMAGELAYOUT']._serialized_start=1717
+  _globals['_IMAGELAYOUT']._serialized_end=1788
+  _globals['_ENGINESERVICEABORTREQUEST']._serialized_start=1790
+  _globals['_ENGINESERVICEABORTREQUEST']._serialized_end=1837
+  _globals['_ENGINESERVICEABORTRESPONSE']._serialized_start=1839
+  _globals['_ENGINESERVICEABORTRESPONSE']._serialized_end=1884
+  _globals['_ENGINESERVICE']._serialized_start=1887
+  _globals['_ENGINESERVICE']._serialized_end=2141
 # @@protoc_insertion_point(module_scope)

@@ -43,6 +43,41 @@ class GenerateResponse(_message.Message):
     image_layouts: _containers.RepeatedCompositeFieldContainer[ImageLayout]
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., kv_transfer_params: _Optional[_Union[KvTransferParams, _Mapping]] = ..., image_layouts: _Optional[_Iterable[_Union[ImageLayout, _Mapping]]] = ...) -> None: ...
 
+class GenerateBatchRequest(_message.Message):
+    __slots__ = ("call_id", "start", "cancel", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    start: GenerateRequest
+    cancel: _common_pb2.CallCancel
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, call_id: _Optional[int] = ..., start: _Optional[_Union[GenerateRequest, _Mapping]] = ..., cancel: _Optional[_Union[_common_pb2.CallCancel, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class GenerateBatchResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[GenerateEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[GenerateEvent, _Mapping]]] = ...) -> None: ...
+
+class GenerateEvent(_message.Message):
+    __slots__ = ("call_id", "reply", "end")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    reply: GenerateResponse
+    end: _common_pb2.CallStatus
+    def __init__(self, call_id: _Optional[int] = ..., reply: _Optional[_Union[GenerateResponse, _Mapping]] = ..., end: _Optional[_Union[_common_pb2.CallStatus, _Mapping]] = ...) -> None: ...
+
 class KvTransferParams(_message.Message):
     __slots__ = ("do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id", "remote_host", "remote_port", "tp_size", "dcp_size", "pp_size", "remote_num_tokens", "remote_prefill_cached_tokens", "remote_blocks_expiry_time", "transfer_mode", "remote_block_size", "extra")
     class ExtraEntry(_message.Message):

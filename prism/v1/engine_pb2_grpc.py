@@ -46,6 +46,11 @@ class EngineServiceStub:
                 request_serializer=prism_dot_v1_dot_engine__pb2.GenerateRequest.SerializeToString,
                 response_deserializer=prism_dot_v1_dot_engine__pb2.GenerateResponse.FromString,
                 _registered_method=True)
+        self.GenerateBatch = channel.stream_stream(
+                '/prism.v1.EngineService/GenerateBatch',
+                request_serializer=prism_dot_v1_dot_engine__pb2.GenerateBatchRequest.SerializeToString,
+                response_deserializer=prism_dot_v1_dot_engine__pb2.GenerateBatchResponse.FromString,
+                _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/prism.v1.EngineService/Abort',
                 request_serializer=prism_dot_v1_dot_engine__pb2.EngineServiceAbortRequest.SerializeToString,
@@ -70,6 +75,15 @@ class EngineServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GenerateBatch(self, request_iterator, context):
+        """Many Generate calls on one stream, for a caller that runs many requests on this
+        worker (the processor). Replies that the engine's step has ready for several calls
+        travel in one message, where Generate sends one message per call per step.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Abort(self, request, context):
         """Aborts a running request by id; on a prefill worker it also frees the KV cache
         held for a decode that will not come.
@@ -85,6 +99,11 @@ def add_EngineServiceServicer_to_server(servicer, server):
                     servicer.Generate,
                     request_deserializer=prism_dot_v1_dot_engine__pb2.GenerateRequest.FromString,
                     response_serializer=prism_dot_v1_dot_engine__pb2.GenerateResponse.SerializeToString,
+            ),
+            'GenerateBatch': grpc.stream_stream_rpc_method_handler(
+                    servicer.GenerateBatch,
+                    request_deserializer=prism_dot_v1_dot_engine__pb2.GenerateBatchRequest.FromString,
+                    response_serializer=prism_dot_v1_dot_engine__pb2.GenerateBatchResponse.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
@@ -126,6 +145,33 @@ class EngineService:
             '/prism.v1.EngineService/Generate',
             prism_dot_v1_dot_engine__pb2.GenerateRequest.SerializeToString,
             prism_dot_v1_dot_engine__pb2.GenerateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GenerateBatch(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/prism.v1.EngineService/GenerateBatch',
+            prism_dot_v1_dot_engine__pb2.GenerateBatchRequest.SerializeToString,
+            prism_dot_v1_dot_engine__pb2.GenerateBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,15 +25,19 @@ _sym_db = _symbol_database.Default()
 from prism.v1 import common_pb2 as prism_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18prism/v1/inference.proto\x12\x08prism.v1\x1a\x15prism/v1/common.proto\"G\n\x0b\x43ontentPart\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12 \n\x05image\x18\x02 \x01(\x0b\x32\x0f.prism.v1.ImageH\x00\x42\x06\n\x04part\"S\n\x0b\x43hatMessage\x12\x1c\n\x04role\x18\x01 \x01(\x0e\x32\x0e.prism.v1.Role\x12&\n\x07\x63ontent\x18\x02 \x03(\x0b\x32\x15.prism.v1.ContentPart\"\x85\x01\n\x0b\x43hatRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\'\n\x08messages\x18\x03 \x03(\x0b\x32\x15.prism.v1.ChatMessage\x12*\n\x08sampling\x18\x04 \x01(\x0b\x32\x18.prism.v1.SamplingParams\"\xa1\x01\n\x0c\x43hatResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12-\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x16.prism.v1.FinishReason\x12\x1e\n\x05usage\x18\x05 \x01(\x0b\x32\x0f.prism.v1.Usage\x12\r\n\x05model\x18\x06 \x01(\t\"\xa3\x01\n\x0f\x43ompleteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12\'\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x12.prism.v1.TokenIdsH\x00\x12*\n\x08sampling\x18\x05 \x01(\x0b\x32\x18.prism.v1.SamplingParamsB\x08\n\x06prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xa5\x01\n\x10\x43ompleteResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12-\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x16.prism.v1.FinishReason\x12\x1e\n\x05usage\x18\x05 \x01(\x0b\x32\x0f.prism.v1.Usage\x12\r\n\x05model\x18\x06 \x01(\t\"\x13\n\x11ListModelsRequest\"M\n\x05Model\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08owned_by\x18\x02 \x01(\t\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x03\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\"5\n\x12ListModelsResponse\x12\x1f\n\x06models\x18\x01 \x03(\x0b\x32\x0f.prism.v1.Model\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08*d\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_SYSTEM\x10\x01\x12\r\n\tROLE_USER\x10\x02\x12\x12\n\x0eROLE_ASSISTANT\x10\x03\x12\x12\n\x0eROLE_DEVELOPER\x10\x04\x32\x93\x02\n\x10InferenceService\x12\x37\n\x04\x43hat\x12\x15.prism.v1.ChatRequest\x1a\x16.prism.v1.ChatResponse0\x01\x12\x43\n\x08\x43omplete\x12\x19.prism.v1.CompleteRequest\x1a\x1a.prism.v1.CompleteResponse0\x01\x12G\n\nListModels\x12\x1b.prism.v1.ListModelsRequest\x1a\x1c.prism.v1.ListModelsResponse\x12\x38\n\x05\x41\x62ort\x12\x16.prism.v1.AbortRequest\x1a\x17.prism.v1.AbortResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18prism/v1/inference.proto\x12\x08prism.v1\x1a\x15prism/v1/common.proto\"G\n\x0b\x43ontentPart\x12\x0e\n\x04text\x18\x01 \x01(\tH\x00\x12 \n\x05image\x18\x02 \x01(\x0b\x32\x0f.prism.v1.ImageH\x00\x42\x06\n\x04part\"S\n\x0b\x43hatMessage\x12\x1c\n\x04role\x18\x01 \x01(\x0e\x32\x0e.prism.v1.Role\x12&\n\x07\x63ontent\x18\x02 \x03(\x0b\x32\x15.prism.v1.ContentPart\"\x85\x01\n\x0b\x43hatRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\'\n\x08messages\x18\x03 \x03(\x0b\x32\x15.prism.v1.ChatMessage\x12*\n\x08sampling\x18\x04 \x01(\x0b\x32\x18.prism.v1.SamplingParams\"\xa1\x01\n\x0c\x43hatResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12-\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x16.prism.v1.FinishReason\x12\x1e\n\x05usage\x18\x05 \x01(\x0b\x32\x0f.prism.v1.Usage\x12\r\n\x05model\x18\x06 \x01(\t\"\xa3\x01\n\x0f\x43ompleteRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0e\n\x04text\x18\x03 \x01(\tH\x00\x12\'\n\ttoken_ids\x18\x04 \x01(\x0b\x32\x12.prism.v1.TokenIdsH\x00\x12*\n\x08sampling\x18\x05 \x01(\x0b\x32\x18.prism.v1.SamplingParamsB\x08\n\x06prompt\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"\xa5\x01\n\x10\x43ompleteResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0c\n\x04text\x18\x02 \x01(\t\x12\x11\n\ttoken_ids\x18\x03 \x03(\r\x12-\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x16.prism.v1.FinishReason\x12\x1e\n\x05usage\x18\x05 \x01(\x0b\x32\x0f.prism.v1.Usage\x12\r\n\x05model\x18\x06 \x01(\t\"\x13\n\x11ListModelsRequest\"M\n\x05Model\x12\n\n\x02id\x18\x01 \x01(\t\x12\x10\n\x08owned_by\x18\x02 \x01(\t\x12\x0f\n\x07\x63reated\x18\x03 \x01(\x03\x12\x15\n\rmax_model_len\x18\x04 \x01(\r\"5\n\x12ListModelsResponse\x12\x1f\n\x06models\x18\x01 \x03(\x0b\x32\x0f.prism.v1.Model\"\"\n\x0c\x41\x62ortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\" \n\rAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\"\xea\x01\n\x10\x43hatBatchRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12&\n\x05start\x18\x02 \x01(\x0b\x32\x15.prism.v1.ChatRequestH\x00\x12&\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\x14.prism.v1.CallCancelH\x00\x12:\n\x08metadata\x18\x04 \x03(\x0b\x32(.prism.v1.ChatBatchRequest.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06\x61\x63tion\"8\n\x11\x43hatBatchResponse\x12#\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x13.prism.v1.ChatEvent\"s\n\tChatEvent\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\'\n\x05reply\x18\x02 \x01(\x0b\x32\x16.prism.v1.ChatResponseH\x00\x12#\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x14.prism.v1.CallStatusH\x00\x42\x07\n\x05\x65vent\"\xf6\x01\n\x14\x43ompleteBatchRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12*\n\x05start\x18\x02 \x01(\x0b\x32\x19.prism.v1.CompleteRequestH\x00\x12&\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\x14.prism.v1.CallCancelH\x00\x12>\n\x08metadata\x18\x04 \x03(\x0b\x32,.prism.v1.CompleteBatchRequest.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06\x61\x63tion\"@\n\x15\x43ompleteBatchResponse\x12\'\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x17.prism.v1.CompleteEvent\"{\n\rCompleteEvent\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12+\n\x05reply\x18\x02 \x01(\x0b\x32\x1a.prism.v1.CompleteResponseH\x00\x12#\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x14.prism.v1.CallStatusH\x00\x42\x07\n\x05\x65vent*d\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_SYSTEM\x10\x01\x12\r\n\tROLE_USER\x10\x02\x12\x12\n\x0eROLE_ASSISTANT\x10\x03\x12\x12\n\x0eROLE_DEVELOPER\x10\x04\x32\xb3\x03\n\x10InferenceService\x12\x37\n\x04\x43hat\x12\x15.prism.v1.ChatRequest\x1a\x16.prism.v1.ChatResponse0\x01\x12\x43\n\x08\x43omplete\x12\x19.prism.v1.CompleteRequest\x1a\x1a.prism.v1.CompleteResponse0\x01\x12H\n\tChatBatch\x12\x1a.prism.v1.ChatBatchRequest\x1a\x1b.prism.v1.ChatBatchResponse(\x01\x30\x01\x12T\n\rCompleteBatch\x12\x1e.prism.v1.CompleteBatchRequest\x1a\x1f.prism.v1.CompleteBatchResponse(\x01\x30\x01\x12G\n\nListModels\x12\x1b.prism.v1.ListModelsRequest\x1a\x1c.prism.v1.ListModelsResponse\x12\x38\n\x05\x41\x62ort\x12\x16.prism.v1.AbortRequest\x1a\x17.prism.v1.AbortResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'prism.v1.inference_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROLE']._serialized_start=1103
-  _globals['_ROLE']._serialized_end=1203
+  _globals['_CHATBATCHREQUEST_METADATAENTRY']._loaded_options = None
+  _globals['_CHATBATCHREQUEST_METADATAENTRY']._serialized_options = b'8\001'
+  _globals['_COMPLETEBATCHREQUEST_METADATAENTRY']._loaded_options = None
+  _globals['_COMPLETEBATCHREQUEST_METADATAENTRY']._serialized_options = b'8\001'
+  _globals['_ROLE']._serialized_start=1955
+  _globals['_ROLE']._serialized_end=2055
   _globals['_CONTENTPART']._serialized_start=61
   _globals['_CONTENTPART']._serialized_end=132
   _globals['_CHATMESSAGE']._serialized_start=134
@@ -58,6 +62,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ABORTREQUEST']._serialized_end=1067
   _globals['_ABORTRESPONSE']._serialized_start=1069
   _globals['_ABORTRESPONSE']._serialized_end=1101
-  _globals['_INFERENCESERVICE']._serialized_start=1206
-  _globals['_INFERENCESERVICE']._serialized_end=1481
+  _globals['_CHATBATCHREQUEST']._serialized_start=1104
+  _globals['_CHATBATCHREQUEST']._serialized_end=1338
+  _globals['_CHATBATCHREQUEST_METADATAENTRY']._serialized_start=1281
+  _globals['_CHATBATCHREQUEST_METADATAENTRY']._serialized_end=1328
+  _globals['_CHATBATCHRESPONSE']._serialized_start=1340
+  _globals['_CHATBATCHRESPONSE']._serialized_end=1396
+  _globals['_CHATEVENT']._serialized_start=1398
+  _globals['_CHATEVENT']._serialized_end=1513
+  _globals['_COMPLETEBATCHREQUEST']._serialized_start=1516
+  _globals['_COMPLETEBATCHREQUEST']._serialized_end=1762
+  _globals['_COMPLETEBATCHREQUEST_METADATAENTRY']._serialized_start=1281
+  _globals['_COMPLETEBATCHREQUEST_METADATAENTRY']._serialized_end=1328
+  _globals['_COMPLETEBATCHRESPONSE']._serialized_start=1764
+  _globals['_COMPLETEBATCHRESPONSE']._serialized_end=1828
+  _globals['_COMPLETEEVENT']._serialized_start=1830
+  _globals['_COMPLETEEVENT']._serialized_end=1953
+  _globals['_INFERENCESERVICE']._serialized_start=2058
+  _globals['_INFERENCESERVICE']._serialized_end=2493
 # @@protoc_insertion_point(module_scope)

@@ -134,3 +134,73 @@ class AbortResponse(_message.Message):
     ABORTED_FIELD_NUMBER: _ClassVar[int]
     aborted: bool
     def __init__(self, aborted: _Optional[bool] = ...) -> None: ...
+
+class ChatBatchRequest(_message.Message):
+    __slots__ = ("call_id", "start", "cancel", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    start: ChatRequest
+    cancel: _common_pb2.CallCancel
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, call_id: _Optional[int] = ..., start: _Optional[_Union[ChatRequest, _Mapping]] = ..., cancel: _Optional[_Union[_common_pb2.CallCancel, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ChatBatchResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[ChatEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[ChatEvent, _Mapping]]] = ...) -> None: ...
+
+class ChatEvent(_message.Message):
+    __slots__ = ("call_id", "reply", "end")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    reply: ChatResponse
+    end: _common_pb2.CallStatus
+    def __init__(self, call_id: _Optional[int] = ..., reply: _Optional[_Union[ChatResponse, _Mapping]] = ..., end: _Optional[_Union[_common_pb2.CallStatus, _Mapping]] = ...) -> None: ...
+
+class CompleteBatchRequest(_message.Message):
+    __slots__ = ("call_id", "start", "cancel", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    start: CompleteRequest
+    cancel: _common_pb2.CallCancel
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, call_id: _Optional[int] = ..., start: _Optional[_Union[CompleteRequest, _Mapping]] = ..., cancel: _Optional[_Union[_common_pb2.CallCancel, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class CompleteBatchResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[CompleteEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[CompleteEvent, _Mapping]]] = ...) -> None: ...
+
+class CompleteEvent(_message.Message):
+    __slots__ = ("call_id", "reply", "end")
+    CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    call_id: int
+    reply: CompleteResponse
+    end: _common_pb2.CallStatus
+    def __init__(self, call_id: _Optional[int] = ..., reply: _Optional[_Union[CompleteResponse, _Mapping]] = ..., end: _Optional[_Union[_common_pb2.CallStatus, _Mapping]] = ...) -> None: ...

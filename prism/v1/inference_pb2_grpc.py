@@ -48,6 +48,16 @@ class InferenceServiceStub:
                 request_serializer=prism_dot_v1_dot_inference__pb2.CompleteRequest.SerializeToString,
                 response_deserializer=prism_dot_v1_dot_inference__pb2.CompleteResponse.FromString,
                 _registered_method=True)
+        self.ChatBatch = channel.stream_stream(
+                '/prism.v1.InferenceService/ChatBatch',
+                request_serializer=prism_dot_v1_dot_inference__pb2.ChatBatchRequest.SerializeToString,
+                response_deserializer=prism_dot_v1_dot_inference__pb2.ChatBatchResponse.FromString,
+                _registered_method=True)
+        self.CompleteBatch = channel.stream_stream(
+                '/prism.v1.InferenceService/CompleteBatch',
+                request_serializer=prism_dot_v1_dot_inference__pb2.CompleteBatchRequest.SerializeToString,
+                response_deserializer=prism_dot_v1_dot_inference__pb2.CompleteBatchResponse.FromString,
+                _registered_method=True)
         self.ListModels = channel.unary_unary(
                 '/prism.v1.InferenceService/ListModels',
                 request_serializer=prism_dot_v1_dot_inference__pb2.ListModelsRequest.SerializeToString,
@@ -81,6 +91,22 @@ class InferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ChatBatch(self, request_iterator, context):
+        """Many Chat calls on one stream, for a caller that runs many requests here (the
+        gateway): deltas ready for several calls travel in one message, where Chat sends one
+        message per call per delta. Each call ends as a Chat call would.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompleteBatch(self, request_iterator, context):
+        """Many Complete calls on one stream, as ChatBatch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListModels(self, request, context):
         """The models this mesh serves.
         """
@@ -107,6 +133,16 @@ def add_InferenceServiceServicer_to_server(servicer, server):
                     servicer.Complete,
                     request_deserializer=prism_dot_v1_dot_inference__pb2.CompleteRequest.FromString,
                     response_serializer=prism_dot_v1_dot_inference__pb2.CompleteResponse.SerializeToString,
+            ),
+            'ChatBatch': grpc.stream_stream_rpc_method_handler(
+                    servicer.ChatBatch,
+                    request_deserializer=prism_dot_v1_dot_inference__pb2.ChatBatchRequest.FromString,
+                    response_serializer=prism_dot_v1_dot_inference__pb2.ChatBatchResponse.SerializeToString,
+            ),
+            'CompleteBatch': grpc.stream_stream_rpc_method_handler(
+                    servicer.CompleteBatch,
+                    request_deserializer=prism_dot_v1_dot_inference__pb2.CompleteBatchRequest.FromString,
+                    response_serializer=prism_dot_v1_dot_inference__pb2.CompleteBatchResponse.SerializeToString,
             ),
             'ListModels': grpc.unary_unary_rpc_method_handler(
                     servicer.ListModels,
@@ -177,6 +213,60 @@ class InferenceService:
             '/prism.v1.InferenceService/Complete',
             prism_dot_v1_dot_inference__pb2.CompleteRequest.SerializeToString,
             prism_dot_v1_dot_inference__pb2.CompleteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChatBatch(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/prism.v1.InferenceService/ChatBatch',
+            prism_dot_v1_dot_inference__pb2.ChatBatchRequest.SerializeToString,
+            prism_dot_v1_dot_inference__pb2.ChatBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteBatch(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/prism.v1.InferenceService/CompleteBatch',
+            prism_dot_v1_dot_inference__pb2.CompleteBatchRequest.SerializeToString,
+            prism_dot_v1_dot_inference__pb2.CompleteBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

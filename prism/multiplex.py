@@ -1,0 +1,286 @@
+"""Many streaming calls over one gRPC stream, for the hops that carry a token per call per
+engine step.
+
+A stage that streams tokens pays gRPC's cost per message twice, once to send and once to
+receive, and a server-streaming call per request sends one message per request per step.
+Over one bidirectional stream per peer, what every call has ready goes out as one
+message: at concurrency 32, one message per step instead of 32. gRPC has no such
+batching of its own, hence this module.
+
+The wire form is a `...BatchRequest` (`call_id`, `start` or `cancel`, `metadata`) and a
+`...BatchResponse` of events (`call_id`, `reply` or `end`), as in `GenerateBatch`. Each
+call behaves as a call of its own would: the handler runs as it would for one, its errors
+end that call only with the status and details a call of its own would end with, and the
+caller gets a `grpc.aio.AioRpcError` of the same code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+
+from prism import logs, rpc, tracing
+from prism.tracing import tracer
+from prism.v1 import common_pb2
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Any], AsyncIterator[Any]]
+
+
+class _Outbox:
+    """Events waiting for the next message: whatever piled up while it was being sent
+    goes out together."""
+
+    def __init__(self) -> None:
+        self.events: list = []
+        self.ready = asyncio.Event()
+
+    def put(self, event: object) -> None:
+        self.events.append(event)
+        self.ready.set()
+
+    def take(self) -> list:
+        self.ready.clear()
+        events, self.events = self.events, []
+        return events
+
+
+def _end(exc: BaseException | None) -> common_pb2.CallStatus:
+    if exc is None:
+        return common_pb2.CallStatus(code=grpc.StatusCode.OK.value[0])
+    status = rpc.status_for(exc).to_status()
+    details = dict(status.trailing_metadata).get("grpc-status-details-bin", b"")
+    return common_pb2.CallStatus(code=status.code.value[0], message=status.details, details=details)
+
+
+class Server:
+    """The server side: runs each call's handler and batches the events of all calls."""
+
+    def __init__(self, method: str) -> None:
+        # The full name of the method each call stands for, e.g. /prism.v1.InferenceService/Chat:
+        # each call's span has it, so a trace looks the same whichever way calls travel.
+        self.method = method
+        self._sessions: set[_Outbox] = set()
+        self._draining = False
+
+    def drain(self) -> None:
+        """Refuses new calls (UNAVAILABLE, so callers go elsewhere) and ends each stream
+        once its calls are done."""
+        self._draining = True
+        for outbox in self._sessions:
+            outbox.ready.set()
+
+    async def serve(
+        self,
+        requests: AsyncIterator,
+        handler: Handler,
+        response_type: type,
+        event_type: type,
+    ) -> AsyncIterator:
+        """The batched responses of one stream, whose `requests` start and cancel calls."""
+        outbox = _Outbox()
+        calls: dict[int, asyncio.Task] = {}
+
+        async def run(call_id: int, start: object, metadata: dict[str, str]) -> None:
+            # Each call runs in a task of its own, so these are its own context.
+            if logs.HEADER in metadata:
+                logs.REQUEST_ID.set(metadata[logs.HEADER])
+            if tracing.enabled():
+                otel_context.attach(propagate.extract(metadata))
+            error: BaseException | None = None
+            try:
+                with tracer.start_as_current_span(self.method, kind=trace.SpanKind.SERVER):
+                    async for reply in handler(start):
+                        outbox.put(event_type(call_id=call_id, reply=reply))
+            except asyncio.CancelledError:
+                return  # cancelled by the caller, who expects nothing more
+            except Exception as exc:
+                error = exc
+            finally:
+                calls.pop(call_id, None)
+            outbox.put(event_type(call_id=call_id, end=_end(error)))
+
+        async def read() -> None:
+            async for request in requests:
+                action = request.WhichOneof("action")
+                if action == "start":
+                    if self._draining:
+                        refused = rpc.PrismError(
+                            grpc.StatusCode.UNAVAILABLE, "the server is shutting down"
+                        )
+                        outbox.put(event_type(call_id=request.call_id, end=_end(refused)))
+                        continue
+                    calls[request.call_id] = asyncio.create_task(
+                        run(request.call_id, request.start, dict(request.metadata))
+                    )
+                elif action == "cancel" and request.call_id in calls:
+                    calls[request.call_id].cancel()
+
+        reader = asyncio.create_task(read())
+        reader.add_done_callback(lambda _: outbox.ready.set())
+        self._sessions.add(outbox)
+        try:
+            while True:
+                await outbox.ready.wait()
+                events = outbox.take()
+                if events:
+                    yield response_type(events=events)
+                if reader.done() or self._draining:
+                    if reader.done() and reader.exception() is not None:
+                        raise reader.exception()
+                    if not calls and not outbox.events:
+                        return
+        finally:
+            self._sessions.discard(outbox)
+            reader.cancel()
+            for task in list(calls.values()):
+                task.cancel()
+
+
+class Call:
+    """One call on a `Client`'s stream, used as a `grpc.aio.UnaryStreamCall` is."""
+
+    def __init__(self, client: Client, call_id: int) -> None:
+        self._client = client
+        self._id = call_id
+        # Replies, then one last item: the `end` event, or the error to raise.
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._ended = False
+        self._read_to_end = False
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def __aiter__(self) -> Call:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._read_to_end:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self._read_to_end = True
+            raise item
+        if item.WhichOneof("event") == "reply":
+            return item.reply
+        self._read_to_end = True
+        if item.end.code == grpc.StatusCode.OK.value[0]:
+            raise StopAsyncIteration
+        raise _rpc_error(item.end)
+
+    def _deliver(self, event: Any) -> None:
+        self._queue.put_nowait(event)
+        if event.WhichOneof("event") == "end":
+            self._end()
+
+    def _end(self, last: BaseException | None = None, tell_server: bool = False) -> bool:
+        """Ends the call here (with `last` as its last item, if given); False if it had."""
+        if self._ended:
+            return False
+        self._ended = True
+        self._client._calls.pop(self._id, None)
+        if self._deadline is not None:
+            self._deadline.cancel()
+        if tell_server:
+            self._client._send(self._client._request_type(call_id=self._id, cancel={}))
+        if last is not None:
+            self._queue.put_nowait(last)
+        return True
+
+    def _expire(self) -> None:
+        # As gRPC's own deadline: the server stops, the caller reads DEADLINE_EXCEEDED.
+        self._end(_error(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"), True)
+
+    def done(self) -> bool:
+        return self._ended
+
+    def cancel(self) -> bool:
+        """Ends the call here and on the server; reading on raises CancelledError."""
+        return self._end(asyncio.CancelledError(), tell_server=True)
+
+
+def _error(code: grpc.StatusCode, message: str, details: bytes = b"") -> grpc.aio.AioRpcError:
+    trailing = grpc.aio.Metadata()
+    if details:
+        trailing.add("grpc-status-details-bin", details)
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing, message)
+
+
+def _rpc_error(status: common_pb2.CallStatus) -> grpc.aio.AioRpcError:
+    code = next(c for c in grpc.StatusCode if c.value[0] == status.code)
+    return _error(code, status.message, status.details)
+
+
+class Client:
+    """The caller side, one per peer: calls share one stream, opened at the first call
+    and again after a stream ends. A stream that breaks fails every call on it with the
+    stream's own error (UNAVAILABLE when the peer goes away)."""
+
+    def __init__(self, open_stream: Callable[[AsyncIterator], Any], request_type: type):
+        self._open_stream = open_stream
+        self._request_type = request_type
+        self._ids = itertools.count(1)
+        self._calls: dict[int, Call] = {}
+        self._outgoing: asyncio.Queue | None = None
+        self._reader: asyncio.Task | None = None
+
+    def call(
+        self,
+        start: object,
+        metadata: tuple[tuple[str, str], ...] = (),
+        timeout: float | None = None,
+    ) -> Call:
+        """Starts a call; past `timeout` seconds it fails with DEADLINE_EXCEEDED."""
+        if self._reader is None or self._reader.done():
+            self._outgoing = asyncio.Queue()
+            stream = self._open_stream(self._requests(self._outgoing))
+            self._reader = asyncio.create_task(self._read(stream))
+        call_id = next(self._ids)
+        call = self._calls[call_id] = Call(self, call_id)
+        carried = dict(metadata)
+        if tracing.enabled():
+            propagate.inject(carried)
+        self._send(self._request_type(call_id=call_id, start=start, metadata=carried))
+        if timeout is not None:
+            call._deadline = asyncio.get_running_loop().call_later(timeout, call._expire)
+        return call
+
+    def _send(self, request: object) -> None:
+        if self._outgoing is not None:
+            self._outgoing.put_nowait(request)
+
+    @staticmethod
+    async def _requests(outgoing: asyncio.Queue) -> AsyncIterator:
+        while True:
+            yield await outgoing.get()
+
+    async def _read(self, stream: Any) -> None:
+        error: BaseException = _error(grpc.StatusCode.UNAVAILABLE, "the peer ended the stream")
+        try:
+            async for batch in stream:
+                for event in batch.events:
+                    call = self._calls.get(event.call_id)
+                    if call is not None:
+                        call._deliver(event)
+        except grpc.aio.AioRpcError as exc:
+            error = exc
+        finally:
+            stream.cancel()
+            calls = list(self._calls.values())
+            for call in calls:
+                call._end(error)
+            if calls:
+                log.warning("stream ended with %d calls open: %s", len(calls), error)
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader

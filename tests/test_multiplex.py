@@ -1,0 +1,179 @@
+"""Many calls over one gRPC stream (prism.multiplex), on a real loopback server."""
+
+import asyncio
+import contextlib
+
+import grpc
+import pytest
+
+from prism import multiplex, rpc
+from prism.rpc import PrismError
+from prism.v1 import engine_pb2, engine_pb2_grpc
+
+METHOD = "/prism.v1.EngineService/Generate"
+
+
+class Engine(engine_pb2_grpc.EngineServiceServicer):
+    """Each request's prompt says what to do: [n] streams n tokens once `go` is set, [0]
+    fails with INVALID_ARGUMENT, and [1000] or more streams until cancelled."""
+
+    def __init__(self) -> None:
+        self.go = asyncio.Event()
+        self.batches = multiplex.Server(METHOD)
+        self.cancelled: list[str] = []
+        self.started = 0
+        self.sent: list[engine_pb2.GenerateBatchResponse] = []
+
+    async def replies(self, request):
+        (n,) = request.prompt_token_ids
+        if n == 0:
+            raise rpc.invalid("no tokens asked for", param="prompt_token_ids")
+        self.started += 1
+        try:
+            await self.go.wait()
+            for token in range(n if n < 1000 else 10**9):
+                yield engine_pb2.GenerateResponse(token_ids=[token])
+                await asyncio.sleep(0.01 if n >= 1000 else 0)
+        except asyncio.CancelledError:
+            self.cancelled.append(request.request_id)
+            raise
+
+    async def GenerateBatch(self, request_iterator, context):
+        batches = self.batches.serve(
+            request_iterator, self.replies, engine_pb2.GenerateBatchResponse,
+            engine_pb2.GenerateEvent,
+        )  # fmt: skip
+        async for batch in batches:
+            self.sent.append(batch)
+            yield batch
+
+
+@contextlib.asynccontextmanager
+async def engine():
+    servicer = Engine()
+    server = await rpc.start_server(
+        "127.0.0.1:0",
+        lambda s: engine_pb2_grpc.add_EngineServiceServicer_to_server(servicer, s),
+        ["prism.v1.EngineService"],
+    )
+    channel = rpc.channel(f"127.0.0.1:{server.port}")
+    client = multiplex.Client(
+        engine_pb2_grpc.EngineServiceStub(channel).GenerateBatch, engine_pb2.GenerateBatchRequest
+    )
+    try:
+        yield servicer, client, server
+    finally:
+        await client.close()
+        await channel.close()
+        await server.server.stop(None)
+
+
+async def started(servicer: Engine, count: int) -> None:
+    for _ in range(200):
+        if servicer.started == count:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{servicer.started} calls started, not {count}")
+
+
+def request(request_id: str, n: int) -> engine_pb2.GenerateRequest:
+    return engine_pb2.GenerateRequest(request_id=request_id, prompt_token_ids=[n])
+
+
+async def tokens(call: multiplex.Call) -> list[int]:
+    return [t async for reply in call for t in reply.token_ids]
+
+
+def test_calls_ready_together_travel_in_one_message():
+    async def main() -> None:
+        async with engine() as (servicer, client, _):
+            calls = [client.call(request(f"r{i}", 3)) for i in range(4)]
+            await started(servicer, 4)
+            servicer.go.set()
+            assert await asyncio.gather(*map(tokens, calls)) == [[0, 1, 2]] * 4
+            # 4 calls x (3 replies + their end) in fewer messages than events, and the
+            # first message already carries every call's first reply.
+            events = sum(len(b.events) for b in servicer.sent)
+            assert events == 16 and len(servicer.sent) < events
+            assert {e.call_id for e in servicer.sent[0].events} == {1, 2, 3, 4}
+
+    asyncio.run(main())
+
+
+def test_a_failed_call_ends_alone_with_its_status_and_details():
+    async def main() -> None:
+        async with engine() as (servicer, client, _):
+            servicer.go.set()
+            good = client.call(request("good", 2))
+            bad = client.call(request("bad", 0))
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await tokens(bad)
+            error = PrismError.from_rpc_error(info.value)
+            assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+            assert (error.message, error.param) == ("no tokens asked for", "prompt_token_ids")
+            assert await tokens(good) == [0, 1]
+            # The stream goes on serving.
+            assert await tokens(client.call(request("after", 1))) == [0]
+
+    asyncio.run(main())
+
+
+def test_cancel_and_deadline_end_the_call_on_the_server():
+    async def main() -> None:
+        async with engine() as (servicer, client, _):
+            servicer.go.set()
+            endless = client.call(request("cancelled", 1000))
+            assert (await endless.__anext__()).token_ids == [0]
+            assert endless.cancel() and not endless.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await endless.__anext__()
+            late = client.call(request("late", 1000), timeout=0.3)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await tokens(late)
+            assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            for _ in range(100):
+                if len(servicer.cancelled) == 2:
+                    break
+                await asyncio.sleep(0.05)
+            assert servicer.cancelled == ["cancelled", "late"]
+
+    asyncio.run(main())
+
+
+def test_a_lost_stream_fails_its_calls_unavailable_and_the_next_call_reconnects():
+    async def main() -> None:
+        async with engine() as (servicer, client, server):
+            servicer.go.set()
+            assert await tokens(client.call(request("first", 1))) == [0]
+            endless = client.call(request("endless", 1000))
+            await endless.__anext__()
+            # A peer that goes away mid-stream (here: it stops, with no grace).
+            await server.server.stop(None)
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await tokens(endless)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await tokens(client.call(request("nobody", 1)))
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+    asyncio.run(main())
+
+
+def test_a_draining_server_refuses_new_calls_and_ends_the_stream_when_done():
+    async def main() -> None:
+        async with engine() as (servicer, client, _):
+            running = client.call(request("running", 3))
+            await started(servicer, 1)
+            servicer.batches.drain()
+            refused = client.call(request("refused", 1))
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await tokens(refused)
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+            servicer.go.set()
+            assert await tokens(running) == [0, 1, 2]
+            # Nor does a new stream get any.
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await tokens(client.call(request("next", 1)))
+            assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+    asyncio.run(main())
