@@ -3,16 +3,19 @@
     .venv/bin/python bench/serve.py --model DIR [--modes epd,e/pd,e/p/d,ep/d]
         [--concurrency 1,8,32] [--requests 256] [--max-tokens 32]
         [--out bench/results/latest.json] [--doc docs/benchmarks.md] [--profile DIR]
+        [--rounds N]
 
 Servers run one after the other: first vLLM's own OpenAI server (the anchor), then a
-Prism mesh per mode. Each gets the same fixed set of streaming chat requests, one image
-each, at every concurrency level (a bounded count per level, after a warm-up), from the
-asyncio client below: requests/s, output tokens/s, time to first token and inter-token
+Prism mesh per mode; with `--rounds N`, all of them N times in turn, and the report gives
+medians (each ratio the median of those measured within a round, beside its anchor).
+Each gets the same fixed set of streaming chat requests, one image each, at every
+concurrency level (a bounded count per level, after a warm-up), from the asyncio client
+below: requests/s, output tokens/s, time to first token and inter-token
 latency (p50, p99), and each Prism run's ratios to `vllm serve` measured in the same
 run. For the modes that move tensors, the share of request time spent in NIXL reads.
 Not a test: results go to `--out` (JSON) and `--doc` (markdown table and PNG plots).
 With `--profile`, py-spy records each Prism stage's Python process during the highest
-concurrency level and writes one flame graph (SVG) per stage there.
+concurrency level (of the last round) and writes one flame graph (SVG) per stage there.
 """
 
 from __future__ import annotations
@@ -252,6 +255,11 @@ def run_server(
     return rows
 
 
+def suffix(concurrency: int, top: int) -> str:
+    """Ratios at the highest level have plain keys; the others end in _c<level>."""
+    return "" if concurrency == top else f"_c{concurrency}"
+
+
 def ratios(rows: list[dict]) -> dict[str, float]:
     anchor = {r["concurrency"]: r for r in rows if r["server"] == ANCHOR}
     top = max(anchor)
@@ -261,17 +269,35 @@ def ratios(rows: list[dict]) -> dict[str, float]:
         if row["server"] == ANCHOR or base is None:
             continue
         name = slug(row["server"])
-        suffix = "" if row["concurrency"] == top else f"_c{row['concurrency']}"
-        out[f"{name}_vs_vllm_serve_rps_ratio{suffix}"] = (
-            row["requests_per_s"] / base["requests_per_s"]
-        )
-        out[f"{name}_vs_vllm_serve_tokens_ratio{suffix}"] = (
+        end = suffix(row["concurrency"], top)
+        out[f"{name}_vs_vllm_serve_rps_ratio{end}"] = row["requests_per_s"] / base["requests_per_s"]
+        out[f"{name}_vs_vllm_serve_tokens_ratio{end}"] = (
             row["output_tokens_per_s"] / base["output_tokens_per_s"]
         )
-        out[f"{name}_minus_vllm_serve_ttft_p50_ms{suffix}"] = (
-            row["ttft_ms_p50"] - base["ttft_ms_p50"]
-        )
+        out[f"{name}_minus_vllm_serve_ttft_p50_ms{end}"] = row["ttft_ms_p50"] - base["ttft_ms_p50"]
     return out
+
+
+def medians(rounds: list[list[dict]]) -> list[dict]:
+    """Per server and level, the median of each measure over the rounds, and the
+    requests/s of every round."""
+    rows = []
+    for first in rounds[0]:
+        which = (first["server"], first["concurrency"])
+        same = [r for rows in rounds for r in rows if (r["server"], r["concurrency"]) == which]
+        row = {
+            key: float(np.median([r[key] for r in same])) if isinstance(value, float) else value
+            for key, value in first.items()
+        }
+        row["requests_per_s_by_round"] = [r["requests_per_s"] for r in same]
+        rows.append(row)
+    return rows
+
+
+def median_ratios(rounds: list[list[dict]]) -> dict[str, float]:
+    """Each ratio taken within a round, against the anchor run beside it; then the median."""
+    per_round = [ratios(rows) for rows in rounds]
+    return {key: float(np.median([r[key] for r in per_round])) for key in per_round[0]}
 
 
 def write_doc(path: Path, result: dict) -> None:
@@ -308,16 +334,19 @@ def write_doc(path: Path, result: dict) -> None:
         f"{result['model']}; {result['requests']} streaming chat requests per level, one "
         f"64x48 image each, {result['max_tokens']} tokens each, greedy. Every level has "
         "requests of its own (no prefix or image cache hits across levels), after a warm-up "
-        "burst of its own. The client runs on the same machine.",
+        "burst of its own. The client runs on the same machine. "
+        f"Rounds: {result['rounds']}. In each round every server runs once, in turn; the "
+        "table gives medians over the rounds, and each ratio is the median of the ratios "
+        "measured within a round.",
         "",
         "| server | concurrency | req/s | output tok/s | TTFT p50 ms | TTFT p99 ms "
         "| ITL p50 ms | ITL p99 ms | req/s vs vllm serve | NIXL read share |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    anchor = {r["concurrency"]: r for r in rows if r["server"] == ANCHOR}
+    top = max(r["concurrency"] for r in rows if r["server"] == ANCHOR)
     for r in rows:
-        base = anchor.get(r["concurrency"])
-        ratio = r["requests_per_s"] / base["requests_per_s"] if base else float("nan")
+        key = f"{slug(r['server'])}_vs_vllm_serve_rps_ratio{suffix(r['concurrency'], top)}"
+        ratio = 1.0 if r["server"] == ANCHOR else result.get(key, float("nan"))
         share = f"{100 * r['nixl_read_share']:.2f} %" if "nixl_read_share" in r else ""
         lines.append(
             f"| {r['server']} | {r['concurrency']} | {r['requests_per_s']:.2f} | "
@@ -341,44 +370,57 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results/latest.json")
     parser.add_argument("--doc", default="docs/benchmarks.md")
     parser.add_argument("--profile", type=Path, help="write py-spy flame graphs here")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="each server runs once per round, in turn; medians")  # fmt: skip
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
-    # Every level gets requests of its own, and so does its warm-up: none can be served
-    # from a prefix or image cache that an earlier level filled. Each server gets the same.
-    loads = {}
-    for level, concurrency in enumerate(levels):
-        first = (level + 1) * 100_000
-        warm_up = requests(args.model, range(first, first + concurrency), args.max_tokens)
-        first += concurrency
-        loads[concurrency] = (warm_up, requests(args.model, range(first, first + args.requests),
-                                                args.max_tokens))  # fmt: skip
+
+    def loads(round_: int) -> dict[int, tuple[list, list]]:
+        # Every level of every round gets requests of its own, and so does its warm-up:
+        # none can be served from a prefix or image cache that an earlier one filled.
+        # Each server gets the same.
+        out = {}
+        for level, concurrency in enumerate(levels):
+            first = round_ * 10_000_000 + (level + 1) * 100_000
+            warm_up = requests(args.model, range(first, first + concurrency), args.max_tokens)
+            first += concurrency
+            load = requests(args.model, range(first, first + args.requests), args.max_tokens)
+            out[concurrency] = (warm_up, load)
+        return out
+
     logs = Path(tempfile.mkdtemp(prefix="prism-bench-"))
     starters = [lambda: start_vllm(args.model, logs / "vllm-serve.log", 8)]
     starters += [
         lambda mode=mode: start_prism(mode, args.model, logs / f"{slug(mode)}.log")
         for mode in args.modes.split(",")
     ]
-    rows: list[dict] = []
-    for start in starters:
-        server = start()
-        try:
-            rows += run_server(server, loads, args.profile)
-        finally:
-            for stop in server.stop:
-                stop()
+    rounds: list[list[dict]] = []
+    for round_ in range(args.rounds):
+        profile = args.profile if round_ == args.rounds - 1 else None
+        rows: list[dict] = []
+        for start in starters:
+            server = start()
+            try:
+                rows += run_server(server, loads(round_), profile)
+            finally:
+                for stop in server.stop:
+                    stop()
+        rounds.append(rows)
+    rows = medians(rounds)
     result = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "model": args.model,
         "requests": args.requests,
         "max_tokens": args.max_tokens,
+        "rounds": args.rounds,
         "rows": rows,
-        **ratios(rows),
+        **median_ratios(rounds),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     write_doc(Path(args.doc), result)
-    print(json.dumps({k: round(v, 3) for k, v in ratios(rows).items()}, indent=2))
+    print(json.dumps({k: round(v, 3) for k, v in median_ratios(rounds).items()}, indent=2))
     print(f"logs in {logs}")
 
 

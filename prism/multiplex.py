@@ -66,8 +66,8 @@ class Server:
     """The server side: runs each call's handler and batches the events of all calls."""
 
     def __init__(self, method: str) -> None:
-        # The full name of the method each call stands for, e.g. /prism.v1.InferenceService/Chat:
-        # each call's span has it, so a trace looks the same whichever way calls travel.
+        # The full name of the method each call stands for (/prism.v1.InferenceService/Chat):
+        # each call's span is named for it, so traces look the same either way.
         self.method = method
         self._sessions: set[_Outbox] = set()
         self._draining = False
@@ -113,10 +113,14 @@ class Server:
             async for request in requests:
                 action = request.WhichOneof("action")
                 if action == "start":
+                    refused = None
                     if self._draining:
                         refused = rpc.PrismError(
                             grpc.StatusCode.UNAVAILABLE, "the server is shutting down"
                         )
+                    elif request.call_id in calls:
+                        refused = rpc.invalid(f"call {request.call_id} is running", "call_id")
+                    if refused is not None:
                         outbox.put(event_type(call_id=request.call_id, end=_end(refused)))
                         continue
                     calls[request.call_id] = asyncio.create_task(

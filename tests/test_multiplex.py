@@ -177,3 +177,29 @@ def test_a_draining_server_refuses_new_calls_and_ends_the_stream_when_done():
             assert info.value.code() == grpc.StatusCode.UNAVAILABLE
 
     asyncio.run(main())
+
+
+def test_a_call_id_in_use_is_refused_on_the_raw_stream():
+    """What any gRPC client sees on the wire: one message per batch of events."""
+
+    async def main() -> list[tuple[int, str, int]]:
+        async with (
+            engine() as (servicer, _, server),
+            rpc.channel(f"127.0.0.1:{server.port}") as channel,
+        ):
+            stream = engine_pb2_grpc.EngineServiceStub(channel).GenerateBatch()
+            start = request("r", 1000)
+            await stream.write(engine_pb2.GenerateBatchRequest(call_id=7, start=start))
+            await started(servicer, 1)
+            await stream.write(engine_pb2.GenerateBatchRequest(call_id=7, start=start))
+            # The first call waits for `go`, which never comes: the one event is the refusal.
+            events = list((await stream.read()).events)
+            await stream.write(engine_pb2.GenerateBatchRequest(call_id=7, cancel={}))
+            await stream.done_writing()
+            while (batch := await stream.read()) is not grpc.aio.EOF:
+                events += batch.events
+            return [(e.call_id, e.WhichOneof("event"), e.end.code) for e in events]
+
+    invalid = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    # The refusal ends nothing but itself; the stream ends once the running call is gone.
+    assert asyncio.run(main()) == [(7, "end", invalid)]
