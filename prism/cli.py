@@ -205,6 +205,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="prefill roles: free a prompt's KV after this long if no decode reads it",
     )
     worker.add_argument("--pool-mib", type=int, default=256, help="NIXL read buffer (MiB)")
+    worker.add_argument(
+        "--engine-nice",
+        type=int,
+        default=None,
+        help="run the engine's processes this much nicer than the worker's request path "
+        "(default: 10 on the CPU backend, where they busy-wait; 0 elsewhere)",
+    )
     _limit_arg(worker)
     registry.add_arguments(worker)
 

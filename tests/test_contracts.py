@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import grpc
+import psutil
 import pytest
 from conftest import CASES
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
@@ -26,6 +27,9 @@ from prism.v1 import (
 )
 
 pytestmark = pytest.mark.e2e
+
+
+ENGINE_STAGES = ("worker", "prefill", "decode")
 
 
 def engine(mesh) -> engine_pb2_grpc.EngineServiceStub:
@@ -127,6 +131,52 @@ def test_cancelled_generate_is_aborted_in_the_engine(mesh):
         request_id="after-cancel", prompt_token_ids=[5], sampling=greedy(2)
     )
     assert sum(len(r.token_ids) for r in stub.Generate(after, timeout=60)) == 2
+
+
+def test_generate_batch_runs_many_calls_on_one_stream_as_generate_runs_each(mesh):
+    stub = engine(mesh)
+    prompts = {1: [5, 6, 7, 8], 2: [9, 10, 11], 3: []}
+    starts = [
+        engine_pb2.GenerateBatchRequest(
+            call_id=call_id,
+            start=engine_pb2.GenerateRequest(
+                request_id=f"contract-batch-{call_id}", prompt_token_ids=ids, sampling=greedy(6)
+            ),
+            metadata={"x-request-id": f"contract-batch-{call_id}"},
+        )
+        for call_id, ids in prompts.items()
+    ]
+    # The request stream ends after the starts: the server ends its own once they are done.
+    batches = list(stub.GenerateBatch(iter(starts), timeout=60))
+    replies: dict[int, list[int]] = {1: [], 2: []}
+    ends = {}
+    for event in (e for batch in batches for e in batch.events):
+        if event.WhichOneof("event") == "reply":
+            replies[event.call_id] += event.reply.token_ids
+        else:
+            ends[event.call_id] = event.end.code
+    invalid = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert ends == {1: 0, 2: 0, 3: invalid}
+    for call_id in (1, 2):
+        alone = engine_pb2.GenerateRequest(
+            request_id=f"contract-alone-{call_id}", prompt_token_ids=prompts[call_id],
+            sampling=greedy(6),
+        )  # fmt: skip
+        tokens = [t for r in stub.Generate(alone, timeout=60) for t in r.token_ids]
+        assert replies[call_id] == tokens and len(tokens) == 6
+
+
+def test_engine_processes_run_nicer_than_the_request_path(mesh):
+    """On the CPU backend vLLM's engine processes busy-wait: below the worker's own
+    priority, they cannot starve the gRPC and input processing that feed them."""
+    engines = [s for s in mesh.mesh.stages if s.name.split("-")[0] in ENGINE_STAGES]
+    assert engines
+    for stage in engines:
+        worker = psutil.Process(stage.process.pid)
+        children = worker.children(recursive=True)
+        assert children, stage.name
+        for child in children:
+            assert child.nice() == worker.nice() + 10, (stage.name, child.name())
 
 
 def test_chat_streams_deltas_with_usage_last(mesh, oracle):
