@@ -71,20 +71,20 @@ class Gateway:
         return inference_pb2_grpc.InferenceServiceStub(self._channel(address))
 
     def chat(self, request: inference_pb2.ChatRequest) -> multiplex.Call:
-        address = self._router.pick("processor")
-        if address not in self._chats:
-            self._chats[address] = multiplex.Client(
-                self.stub(address).ChatBatch, inference_pb2.ChatBatchRequest
-            )
-        return self._chats[address].call(request, rpc.call_metadata(), self.timeout)
+        return self._call(self._chats, "ChatBatch", inference_pb2.ChatBatchRequest, request)
 
     def complete(self, request: inference_pb2.CompleteRequest) -> multiplex.Call:
+        return self._call(
+            self._completions, "CompleteBatch", inference_pb2.CompleteBatchRequest, request
+        )
+
+    def _call(
+        self, clients: dict[str, multiplex.Client], method: str, request_type: type, request: Any
+    ) -> multiplex.Call:
         address = self._router.pick("processor")
-        if address not in self._completions:
-            self._completions[address] = multiplex.Client(
-                self.stub(address).CompleteBatch, inference_pb2.CompleteBatchRequest
-            )
-        return self._completions[address].call(request, rpc.call_metadata(), self.timeout)
+        if address not in clients:
+            clients[address] = multiplex.Client(getattr(self.stub(address), method), request_type)
+        return clients[address].call(request, rpc.call_metadata(), self.timeout)
 
     async def healthy(self) -> bool:
         try:
