@@ -65,10 +65,16 @@ def _end(exc: BaseException | None) -> common_pb2.CallStatus:
 class Server:
     """The server side: runs each call's handler and batches the events of all calls."""
 
-    def __init__(self, method: str) -> None:
+    def __init__(
+        self, method: str, handler: Handler, response_type: type, event_type: type
+    ) -> None:
         # The full name of the method each call stands for (/prism.v1.InferenceService/Chat):
         # each call's span is named for it, so traces look the same either way.
         self.method = method
+        # What the unbatched method runs for one call: its request to its replies.
+        self.handler = handler
+        self.response_type = response_type
+        self.event_type = event_type
         self._sessions: set[_Outbox] = set()
         self._draining = False
 
@@ -79,14 +85,9 @@ class Server:
         for outbox in self._sessions:
             outbox.ready.set()
 
-    async def serve(
-        self,
-        requests: AsyncIterator,
-        handler: Handler,
-        response_type: type,
-        event_type: type,
-    ) -> AsyncIterator:
+    async def serve(self, requests: AsyncIterator) -> AsyncIterator:
         """The batched responses of one stream, whose `requests` start and cancel calls."""
+        handler, event_type = self.handler, self.event_type
         outbox = _Outbox()
         calls: dict[int, asyncio.Task] = {}
 
@@ -137,7 +138,7 @@ class Server:
                 await outbox.ready.wait()
                 events = outbox.take()
                 if events:
-                    yield response_type(events=events)
+                    yield self.response_type(events=events)
                 if reader.done() or self._draining:
                     if reader.done() and reader.exception() is not None:
                         raise reader.exception()

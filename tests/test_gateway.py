@@ -80,11 +80,11 @@ class SlowProcessor(inference_pb2_grpc.InferenceServiceServicer):
         )  # fmt: skip
 
     async def ChatBatch(self, request_iterator, context):
-        batches = multiplex.Server("/prism.v1.InferenceService/Chat").serve(
-            request_iterator, self.replies, inference_pb2.ChatBatchResponse,
+        batches = multiplex.Server(
+            "/prism.v1.InferenceService/Chat", self.replies, inference_pb2.ChatBatchResponse,
             inference_pb2.ChatEvent,
         )  # fmt: skip
-        async for batch in batches:
+        async for batch in batches.serve(request_iterator):
             yield batch
 
 

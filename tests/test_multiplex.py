@@ -19,7 +19,9 @@ class Engine(engine_pb2_grpc.EngineServiceServicer):
 
     def __init__(self) -> None:
         self.go = asyncio.Event()
-        self.batches = multiplex.Server(METHOD)
+        self.batches = multiplex.Server(
+            METHOD, self.replies, engine_pb2.GenerateBatchResponse, engine_pb2.GenerateEvent
+        )
         self.cancelled: list[str] = []
         self.started = 0
         self.sent: list[engine_pb2.GenerateBatchResponse] = []
@@ -39,11 +41,7 @@ class Engine(engine_pb2_grpc.EngineServiceServicer):
             raise
 
     async def GenerateBatch(self, request_iterator, context):
-        batches = self.batches.serve(
-            request_iterator, self.replies, engine_pb2.GenerateBatchResponse,
-            engine_pb2.GenerateEvent,
-        )  # fmt: skip
-        async for batch in batches:
+        async for batch in self.batches.serve(request_iterator):
             self.sent.append(batch)
             yield batch
 

@@ -91,11 +91,11 @@ class FakeEngine(engine_pb2_grpc.EngineServiceServicer):
             yield reply
 
     async def GenerateBatch(self, request_iterator, context):
-        batches = multiplex.Server("/prism.v1.EngineService/Generate").serve(
-            request_iterator, self.replies, engine_pb2.GenerateBatchResponse,
+        batches = multiplex.Server(
+            "/prism.v1.EngineService/Generate", self.replies, engine_pb2.GenerateBatchResponse,
             engine_pb2.GenerateEvent,
         )  # fmt: skip
-        async for batch in batches:
+        async for batch in batches.serve(request_iterator):
             yield batch
 
 

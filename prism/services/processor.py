@@ -412,8 +412,18 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         self.created = int(time.time())
         self._active: dict[str, Call] = {}
         self.limit = rpc.InFlightLimit(max_in_flight)
-        self.chat_batches = multiplex.Server(f"/{SERVICE}/Chat")
-        self.complete_batches = multiplex.Server(f"/{SERVICE}/Complete")
+        self.chat_batches = multiplex.Server(
+            f"/{SERVICE}/Chat",
+            self._chat_call,
+            inference_pb2.ChatBatchResponse,
+            inference_pb2.ChatEvent,
+        )
+        self.complete_batches = multiplex.Server(
+            f"/{SERVICE}/Complete",
+            self._complete_call,
+            inference_pb2.CompleteBatchResponse,
+            inference_pb2.CompleteEvent,
+        )
 
     def _check_model(self, model: str) -> None:
         if model and model != self.served_model_name:
@@ -597,13 +607,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         request_iterator: AsyncIterator[inference_pb2.ChatBatchRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[inference_pb2.ChatBatchResponse]:
-        batches = self.chat_batches.serve(
-            request_iterator,
-            self._chat_call,
-            inference_pb2.ChatBatchResponse,
-            inference_pb2.ChatEvent,
-        )
-        async for batch in batches:
+        async for batch in self.chat_batches.serve(request_iterator):
             yield batch
 
     def _chat_call(
@@ -637,13 +641,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         request_iterator: AsyncIterator[inference_pb2.CompleteBatchRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[inference_pb2.CompleteBatchResponse]:
-        batches = self.complete_batches.serve(
-            request_iterator,
-            self._complete_call,
-            inference_pb2.CompleteBatchResponse,
-            inference_pb2.CompleteEvent,
-        )
-        async for batch in batches:
+        async for batch in self.complete_batches.serve(request_iterator):
             yield batch
 
     def _complete_call(

@@ -162,7 +162,12 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         # cache waits for a decode.
         self._held: dict[str, tuple[str, float]] = {}
         self._releases: set[asyncio.Task] = set()
-        self.batches = multiplex.Server(f"/{SERVICE}/Generate")
+        self.batches = multiplex.Server(
+            f"/{SERVICE}/Generate",
+            self._admitted,
+            engine_pb2.GenerateBatchResponse,
+            engine_pb2.GenerateEvent,
+        )
 
     @staticmethod
     def _decode_images(images: list[common_pb2.Image]) -> list:
@@ -281,13 +286,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         request_iterator: AsyncIterator[engine_pb2.GenerateBatchRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[engine_pb2.GenerateBatchResponse]:
-        batches = self.batches.serve(
-            request_iterator,
-            self._admitted,
-            engine_pb2.GenerateBatchResponse,
-            engine_pb2.GenerateEvent,
-        )
-        async for batch in batches:
+        async for batch in self.batches.serve(request_iterator):
             yield batch
 
     async def _admitted(
