@@ -209,8 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine-nice",
         type=int,
         default=None,
-        help="run the engine's processes this much nicer than the worker's request path "
-        "(default: 10 on the CPU backend, where they busy-wait; 0 elsewhere)",
+        help="run the engine's processes this much nicer than the mesh's request path "
+        "(default: 10 on the CPU backend, where they share its cores; 0 elsewhere)",
     )
     _limit_arg(worker)
     registry.add_arguments(worker)

@@ -257,7 +257,10 @@ class Mesh:
                 stderr=subprocess.STDOUT if log else None,
                 # Its own process group, so that stop() also reaches the processes a stage
                 # spawned (vLLM's engine core) even when the stage itself died abruptly.
-                start_new_session=True,
+                # Not its own session: the kernel shares CPU equally between sessions
+                # (autogroups), whatever their niceness, and the engine is to run nicer
+                # than every stage that feeds it.
+                process_group=0,
                 preexec_fn=functools.partial(_prepare_child, stage.cpus),
             )
         deadline = time.monotonic() + timeout

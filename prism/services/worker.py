@@ -20,6 +20,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
+from unittest import mock
 
 import grpc
 import psutil
@@ -30,7 +31,10 @@ from vllm.config import KVTransferConfig
 from vllm.exceptions import VLLMClientError
 from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind
+from vllm.usage.usage_lib import UsageContext
+from vllm.utils.ompmultiprocessing import OMPProcessManager
 from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.executor import Executor
 
 from prism import kv_transfer, logs, multiplex, rpc, telemetry, tracing
 from prism.media import decode_image
@@ -123,14 +127,46 @@ def image_layouts(engine_input: Mapping[str, Any]) -> list[engine_pb2.ImageLayou
     return layouts
 
 
-def lower_engine_priority(niceness: int) -> int:
-    """Makes every thread of this process's children (vLLM's engine core and model
-    workers) `niceness` nicer; returns how many threads it changed.
+def start_engine(args: AsyncEngineArgs) -> AsyncLLM:
+    """vLLM's `AsyncLLM`; on the CPU backend, with the model run inside the engine core.
 
-    On the CPU backend those processes wait for each other's steps by spinning. At equal
-    priority they take the cores from this process, whose gRPC and input processing feed
-    them: requests then reach the engine late and its batches shrink, which makes it spin
-    more. Nicer, they still get every cycle the request path leaves."""
+    There vLLM would run the model in a process of its own, and the engine core and that
+    process wait for each other's every step by spinning on shared memory: two cores'
+    worth of waiting, taken from the request path. Run in one process, the step is a call.
+    vLLM's CPU platform allows that only where its multiprocessing flag is off (the flag
+    governs nothing else that `AsyncLLM` does)."""
+    if not current_platform.is_cpu():
+        return AsyncLLM.from_engine_args(args)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    args.distributed_executor_backend = "uni"
+    config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+    omp = OMPProcessManager(config)
+    if omp.auto_setup:
+        # vLLM's own binding keeps a core free for its scheduler process. Here that process
+        # runs the model, and shares every core with the request path: bound, the model
+        # would wait for a core that the request path holds while another sits idle. As
+        # many OpenMP threads as vLLM would bind, unbound.
+        environment = mock.patch.dict(os.environ, {"OMP_NUM_THREADS": str(len(omp.cpu_lists[0]))})
+    else:
+        environment = omp.configure_omp_envs(rank=0, local_rank=0)
+    # The engine core process is started inside: it inherits the OpenMP settings.
+    with environment:
+        return AsyncLLM(
+            vllm_config=config,
+            executor_class=Executor.get_class(config),
+            log_requests=args.enable_log_requests,
+            log_stats=not args.disable_log_stats,
+        )
+
+
+def lower_engine_priority(niceness: int) -> int:
+    """Makes every thread of this process's children (vLLM's engine core) `niceness`
+    nicer; returns how many threads it changed.
+
+    On the CPU backend the engine steps without pause while it has requests, on the same
+    cores as the stages that feed it. At equal priority it takes the cores from their gRPC
+    and input processing: requests then reach it late and its batches shrink. Nicer, it
+    still gets every cycle the request path leaves."""
     changed = 0
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
@@ -408,7 +444,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
 
 async def serve(args: argparse.Namespace) -> None:
     tracing.setup(MESH_ROLE[args.role])
-    engine = AsyncLLM.from_engine_args(engine_args(args))
+    engine = start_engine(engine_args(args))
     niceness = args.engine_nice
     if niceness is None:
         niceness = 10 if current_platform.is_cpu() else 0
