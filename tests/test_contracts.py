@@ -3,6 +3,7 @@ the stages of a running mesh."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 
@@ -167,16 +168,30 @@ def test_generate_batch_runs_many_calls_on_one_stream_as_generate_runs_each(mesh
 
 
 def test_engine_processes_run_nicer_than_the_request_path(mesh):
-    """On the CPU backend vLLM's engine processes busy-wait: below the worker's own
-    priority, they cannot starve the gRPC and input processing that feed them."""
+    """On the CPU backend the engine steps without pause while it has requests: below
+    the priority of every stage, it cannot starve the gRPC and input processing that
+    feed it. Niceness weighs only within a session (the kernel's autogroups), so the
+    stages share the launcher's."""
     engines = [s for s in mesh.mesh.stages if s.name.split("-")[0] in ENGINE_STAGES]
     assert engines
+    for stage in mesh.mesh.stages:
+        assert os.getsid(stage.process.pid) == os.getsid(0), stage.name
     for stage in engines:
         worker = psutil.Process(stage.process.pid)
         children = worker.children(recursive=True)
         assert children, stage.name
         for child in children:
             assert child.nice() == worker.nice() + 10, (stage.name, child.name())
+
+
+def test_the_model_runs_inside_the_engine_core(mesh):
+    """On the CPU backend a second vLLM process for the model would spin beside the
+    engine core, waiting for each step: each engine stage has one vLLM process."""
+    for stage in mesh.mesh.stages:
+        if stage.name.split("-")[0] in ENGINE_STAGES:
+            children = psutil.Process(stage.process.pid).children(recursive=True)
+            names = [c.name() for c in children if c.name().startswith("VLLM::")]
+            assert names == ["VLLM::EngineCore"], (stage.name, names)
 
 
 def test_chat_streams_deltas_with_usage_last(mesh, oracle):
