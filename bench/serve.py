@@ -5,7 +5,9 @@
         [--out bench/results/latest.json] [--doc docs/benchmarks.md] [--profile DIR]
         [--rounds N]
 
-Servers run one after the other: first vLLM's own OpenAI server (the anchor), then a
+Servers run one after the other: first vLLM's own OpenAI server (the anchor), then the
+same with its engine as Prism's workers run it on the CPU backend (the model inside the
+engine core process, so that the ratio to it is the mesh's own cost), then a
 Prism mesh per mode; with `--rounds N`, all of them N times in turn, and the report gives
 medians (each ratio the median of those measured within a round, beside its anchor).
 Each gets the same fixed set of streaming chat requests, one image each, at every
@@ -44,6 +46,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from prism.launcher import Mesh, MeshConfig, free_port, http_ok, plan
 
 ANCHOR = "vllm_serve"
+# `vllm serve` with the engine as Prism's workers run it on the CPU backend (the model
+# inside the engine core process): the same engine on both sides, so the ratio to it is
+# the mesh's own cost.
+SAME_ENGINE = "vllm_serve_uni"
+ANCHORS = (ANCHOR, SAME_ENGINE)
 
 
 def slug(server: str) -> str:
@@ -175,16 +182,22 @@ class Server:
     pids: dict[str, int] = field(default_factory=dict)
 
 
-def start_vllm(model: str, log: Path, max_images: int) -> Server:
+def start_vllm(model: str, log: Path, max_images: int, same_engine: bool = False) -> Server:
     port = free_port()
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
             "--dtype", "float32", "--enforce-eager", "--seed", "0", "--port", str(port),
             "--host", "127.0.0.1", "--limit-mm-per-prompt", json.dumps({"image": max_images}),
             "--uvicorn-log-level", "warning"]  # fmt: skip
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    if same_engine:
+        argv += ["--distributed-executor-backend", "uni"]
+        # As many OpenMP threads as vLLM binds on one node (all cores but its scheduler's).
+        threads = max(1, len(os.sched_getaffinity(0)) - 1)
+        env |= {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": str(threads)}
     with open(log, "w") as out:
+        # In this session, as Prism's stages are: the kernel shares CPU between sessions.
         process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)  # fmt: skip
+                                   process_group=0)  # fmt: skip
     base_url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while not http_ok(f"{base_url}/health"):
@@ -200,7 +213,7 @@ def start_vllm(model: str, log: Path, max_images: int) -> Server:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, 9)
 
-    return Server(ANCHOR, base_url, stop=[stop])
+    return Server(SAME_ENGINE if same_engine else ANCHOR, base_url, stop=[stop])
 
 
 def start_prism(mode: str, model: str, log: Path) -> Server:
@@ -261,20 +274,25 @@ def suffix(concurrency: int, top: int) -> str:
 
 
 def ratios(rows: list[dict]) -> dict[str, float]:
-    anchor = {r["concurrency"]: r for r in rows if r["server"] == ANCHOR}
-    top = max(anchor)
     out = {}
-    for row in rows:
-        base = anchor.get(row["concurrency"])
-        if row["server"] == ANCHOR or base is None:
+    for anchor_name in ANCHORS:
+        anchor = {r["concurrency"]: r for r in rows if r["server"] == anchor_name}
+        if not anchor:
             continue
-        name = slug(row["server"])
-        end = suffix(row["concurrency"], top)
-        out[f"{name}_vs_vllm_serve_rps_ratio{end}"] = row["requests_per_s"] / base["requests_per_s"]
-        out[f"{name}_vs_vllm_serve_tokens_ratio{end}"] = (
-            row["output_tokens_per_s"] / base["output_tokens_per_s"]
-        )
-        out[f"{name}_minus_vllm_serve_ttft_p50_ms{end}"] = row["ttft_ms_p50"] - base["ttft_ms_p50"]
+        top = max(anchor)
+        for row in rows:
+            base = anchor.get(row["concurrency"])
+            if row["server"] == anchor_name or base is None:
+                continue
+            name = f"{slug(row['server'])}_vs_{anchor_name}"
+            end = suffix(row["concurrency"], top)
+            out[f"{name}_rps_ratio{end}"] = row["requests_per_s"] / base["requests_per_s"]
+            out[f"{name}_tokens_ratio{end}"] = (
+                row["output_tokens_per_s"] / base["output_tokens_per_s"]
+            )
+            out[f"{slug(row['server'])}_minus_{anchor_name}_ttft_p50_ms{end}"] = (
+                row["ttft_ms_p50"] - base["ttft_ms_p50"]
+            )
     return out
 
 
@@ -340,18 +358,24 @@ def write_doc(path: Path, result: dict) -> None:
         "measured within a round.",
         "",
         "| server | concurrency | req/s | output tok/s | TTFT p50 ms | TTFT p99 ms "
-        "| ITL p50 ms | ITL p99 ms | req/s vs vllm serve | NIXL read share |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| ITL p50 ms | ITL p99 ms | req/s vs vllm serve | req/s vs vllm serve, same engine "
+        "| NIXL read share |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     top = max(r["concurrency"] for r in rows if r["server"] == ANCHOR)
     for r in rows:
-        key = f"{slug(r['server'])}_vs_vllm_serve_rps_ratio{suffix(r['concurrency'], top)}"
-        ratio = 1.0 if r["server"] == ANCHOR else result.get(key, float("nan"))
+        end = suffix(r["concurrency"], top)
+        ratio = [
+            1.0 if r["server"] == anchor else result.get(
+                f"{slug(r['server'])}_vs_{anchor}_rps_ratio{end}", float("nan"))
+            for anchor in ANCHORS
+        ]  # fmt: skip
         share = f"{100 * r['nixl_read_share']:.2f} %" if "nixl_read_share" in r else ""
         lines.append(
             f"| {r['server']} | {r['concurrency']} | {r['requests_per_s']:.2f} | "
             f"{r['output_tokens_per_s']:.1f} | {r['ttft_ms_p50']:.1f} | {r['ttft_ms_p99']:.1f} "
-            f"| {r['itl_ms_p50']:.2f} | {r['itl_ms_p99']:.2f} | {ratio:.2f} | {share} |"
+            f"| {r['itl_ms_p50']:.2f} | {r['itl_ms_p99']:.2f} | {ratio[0]:.2f} | {ratio[1]:.2f} "
+            f"| {share} |"
         )
     lines += ["", *(f"![{label}]({image})" for label, image in figures), ""]
     notes = path.parent / "benchmarks-notes.md"
@@ -389,7 +413,10 @@ def main() -> None:
         return out
 
     logs = Path(tempfile.mkdtemp(prefix="prism-bench-"))
-    starters = [lambda: start_vllm(args.model, logs / "vllm-serve.log", 8)]
+    starters = [
+        lambda: start_vllm(args.model, logs / "vllm-serve.log", 8),
+        lambda: start_vllm(args.model, logs / "vllm-serve-uni.log", 8, same_engine=True),
+    ]
     starters += [
         lambda mode=mode: start_prism(mode, args.model, logs / f"{slug(mode)}.log")
         for mode in args.modes.split(",")
