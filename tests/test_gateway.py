@@ -71,6 +71,10 @@ class SlowProcessor(inference_pb2_grpc.InferenceServiceServicer):
 
     def __init__(self, delay: float):
         self.delay = delay
+        self.batches = multiplex.Server(
+            "/prism.v1.InferenceService/Chat", self.replies, inference_pb2.ChatBatchResponse,
+            inference_pb2.ChatEvent,
+        )  # fmt: skip
 
     async def replies(self, request):
         await asyncio.sleep(self.delay)
@@ -80,11 +84,7 @@ class SlowProcessor(inference_pb2_grpc.InferenceServiceServicer):
         )  # fmt: skip
 
     async def ChatBatch(self, request_iterator, context):
-        batches = multiplex.Server(
-            "/prism.v1.InferenceService/Chat", self.replies, inference_pb2.ChatBatchResponse,
-            inference_pb2.ChatEvent,
-        )  # fmt: skip
-        async for batch in batches.serve(request_iterator):
+        async for batch in self.batches.serve(request_iterator):
             yield batch
 
 

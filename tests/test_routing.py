@@ -72,6 +72,10 @@ class FakeEngine(engine_pb2_grpc.EngineServiceServicer):
 
     def __init__(self, token: int, fail: PrismError | None = None, after_first: bool = False):
         self.token, self.fail, self.after_first = token, fail, after_first
+        self.batches = multiplex.Server(
+            "/prism.v1.EngineService/Generate", self.replies, engine_pb2.GenerateBatchResponse,
+            engine_pb2.GenerateEvent,
+        )  # fmt: skip
         self.calls = 0
         self.requests: list[engine_pb2.GenerateRequest] = []
 
@@ -91,11 +95,7 @@ class FakeEngine(engine_pb2_grpc.EngineServiceServicer):
             yield reply
 
     async def GenerateBatch(self, request_iterator, context):
-        batches = multiplex.Server(
-            "/prism.v1.EngineService/Generate", self.replies, engine_pb2.GenerateBatchResponse,
-            engine_pb2.GenerateEvent,
-        )  # fmt: skip
-        async for batch in batches.serve(request_iterator):
+        async for batch in self.batches.serve(request_iterator):
             yield batch
 
 
