@@ -20,7 +20,7 @@ import pytest
 import torch
 from transfer_owner import make_tensor
 
-from prism.transfer import PoolAllocator, TransferAgent, TransferError
+from prism.transfer import PoolAllocator, TransferAgent, TransferError, nixl_agent
 from prism.v1 import common_pb2
 
 pytestmark = pytest.mark.timeout(120)
@@ -197,6 +197,23 @@ def test_idle_agent_does_not_spin(reader):
     after = resource.getrusage(resource.RUSAGE_SELF)
     cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
     assert cpu < 0.5
+
+
+def test_vllms_nixl_agent_is_made_not_to_spin():
+    """vLLM's KV connector builds its NIXL agent (with its own config) through
+    `nixl_agent`, once the engine process imports Prism's engine extension."""
+    import nixl
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
+
+    import prism.services.engine_extension  # noqa: F401
+
+    assert base_worker.NixlWrapper is nixl_agent
+    agent = nixl_agent("vllm-like", nixl.nixl_agent_config(num_threads=4, capture_telemetry=True))
+    assert "UCX" in agent.backends
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    time.sleep(1.0)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    assert after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime < 0.5
 
 
 @pytest.mark.parametrize(

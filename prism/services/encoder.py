@@ -165,11 +165,19 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
         return encoder_pb2.EncodeResponse(handles=handles)
 
 
-async def _release_read_embeddings(agent: TransferAgent, period: float = 0.02) -> None:
-    """Frees slices whose readers have notified, and reclaims expired leases."""
+async def _release_read_embeddings(
+    agent: TransferAgent, period: float = 0.02, idle_period: float = 0.5
+) -> None:
+    """Frees slices whose readers have notified, and reclaims expired leases.
+
+    With nothing published there is nothing to free: an idle encoder looks less often (a
+    full pool is freed by `publish` itself)."""
     while True:
-        await asyncio.to_thread(agent.poll)
-        await asyncio.sleep(period)
+        if agent.pool_bytes_in_use:
+            await asyncio.to_thread(agent.poll)
+            await asyncio.sleep(period)
+        else:
+            await asyncio.sleep(idle_period)
 
 
 async def serve(args: argparse.Namespace) -> None:
