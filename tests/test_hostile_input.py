@@ -79,6 +79,12 @@ def cases() -> dict[str, tuple[str, dict | bytes, int, str | None]]:
         "top_p negative": (CHAT, chat(top_p=-1), 400, "top_p"),
         "max_tokens zero": (CHAT, chat(max_tokens=0), 400, "max_tokens"),
         "max_tokens a string": (CHAT, chat(max_tokens="ten"), 400, "max_tokens"),
+        "max_tokens beyond the context": (CHAT, chat(max_tokens=10**9), 400, "max_tokens"),
+        "max_completion_tokens beyond the context": (
+            CHAT, chat(max_completion_tokens=MAX_POSITIONS + 1), 400, "max_completion_tokens"),
+        "completion max_tokens beyond the context": (
+            COMPLETIONS, {"model": "MODEL", "prompt": "hi", "max_tokens": 10**9}, 400,
+            "max_tokens"),
         "n above 1": (CHAT, chat(n=2), 400, "n"),
         "stop a number": (CHAT, chat(stop=123), 400, "stop"),
         "negative stop token": (CHAT, chat(stop_token_ids=[-1]), 400, "stop_token_ids"),
@@ -167,8 +173,12 @@ def test_hostile_requests_get_their_4xx_and_the_mesh_keeps_serving(mesh, image_s
             messages=[inference_pb2.ChatMessage(
                 role=inference_pb2.ROLE_USER, content=[inference_pb2.ContentPart(text="hi")])],
             sampling=common_pb2.SamplingParams(n=3)), "n"),
+        (inference_pb2.ChatRequest(
+            messages=[inference_pb2.ChatMessage(
+                role=inference_pb2.ROLE_USER, content=[inference_pb2.ContentPart(text="hi")])],
+            sampling=common_pb2.SamplingParams(max_tokens=10**9)), "max_tokens"),
     ],
-    ids=["no role", "ssrf", "n"],
+    ids=["no role", "ssrf", "n", "max_tokens"],
 )  # fmt: skip
 def test_grpc_callers_get_invalid_argument(mesh, request_, param):
     stub = inference_pb2_grpc.InferenceServiceStub(rpc.sync_channel(mesh.processor))

@@ -357,9 +357,12 @@ def create_app(
             }
 
         call = gateway.chat(message)
-        return await _generate(
-            call, translate.wants_stream(body), include_usage, chunk, final, request.url.path
-        )
+        try:
+            return await _generate(
+                call, translate.wants_stream(body), include_usage, chunk, final, request.url.path
+            )
+        except PrismError as error:
+            raise translate.as_sent(error, body) from None
 
     @app.post("/v1/completions")
     async def completions(request: Request):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -254,3 +255,12 @@ def error_body(error: PrismError) -> dict[str, Any]:
             "code": (error.reason or error.code.name).lower(),
         }
     }
+
+
+def as_sent(error: PrismError, body: dict) -> PrismError:
+    """`error`, naming the parameter as the client sent it: `max_completion_tokens`
+    travels to the processor as `max_tokens`."""
+    if error.param == "max_tokens" and body.get("max_completion_tokens") is not None:
+        message = error.message.replace("max_tokens", "max_completion_tokens")
+        return dataclasses.replace(error, message=message, param="max_completion_tokens")
+    return error

@@ -488,6 +488,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 f"prompt has {len(prompt_ids)} tokens, the model's context is {self.max_model_len}",
                 "messages",
             )
+        if sampling.HasField("max_tokens") and sampling.max_tokens > self.max_model_len:
+            # As vLLM: past the context alone, an error; within it, clamped to what is left.
+            raise invalid(
+                f"max_tokens={sampling.max_tokens} cannot be greater than "
+                f"max_model_len={self.max_model_len}. Please request fewer output tokens.",
+                "max_tokens",
+            )
         params = to_vllm(sampling)
         detokenizer = IncrementalDetokenizer.from_new_request(
             self.tokenizer, _DetokenizerRequest(request_id, prompt_ids, params)
