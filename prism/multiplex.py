@@ -223,6 +223,19 @@ def _rpc_error(status: common_pb2.CallStatus) -> grpc.aio.AioRpcError:
     return _error(code, status.message, status.details)
 
 
+def _stream_error(exc: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
+    """What the calls on a broken stream fail with: its own error, but UNAVAILABLE where
+    gRPC reports a write that failed as the stream broke as INTERNAL with no status from the
+    peer (grpc/grpc#36066: the failed write hides the stream's real status). The peer or
+    the way to it is gone, as for any other broken stream, and callers may go elsewhere."""
+    if exc.code() == grpc.StatusCode.INTERNAL and not exc.trailing_metadata():
+        return _error(
+            grpc.StatusCode.UNAVAILABLE,
+            f"the stream to the peer broke ({exc.details()}: {exc.debug_error_string()})",
+        )
+    return exc
+
+
 class Client:
     """The caller side, one per peer: calls share one stream, opened at the first call
     and again after a stream ends. A stream that breaks fails every call on it with the
@@ -275,7 +288,7 @@ class Client:
                     if call is not None:
                         call._deliver(event)
         except grpc.aio.AioRpcError as exc:
-            error = exc
+            error = _stream_error(exc)
         finally:
             stream.cancel()
             calls = list(self._calls.values())

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 import random
+import time
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 
@@ -35,6 +37,8 @@ class Router:
         self._rng = rng or random.Random()
         self._turns: dict[str, itertools.count] = collections.defaultdict(itertools.count)
         self._down: set[str] = set()
+        # When each replica was last marked down by a failed call.
+        self._failed_at: dict[str, float] = {}
         self._reported: dict[str, int] = {}
         self._open: collections.Counter[str] = collections.Counter()
 
@@ -64,10 +68,21 @@ class Router:
         finally:
             self._open[address] -= 1
 
-    def report(self, address: str, serving: bool, in_flight: int | None = None) -> None:
-        """What a probe of `address` found."""
+    def report(
+        self,
+        address: str,
+        serving: bool,
+        in_flight: int | None = None,
+        probed_at: float | None = None,
+    ) -> None:
+        """What a probe of `address`, sent at `probed_at` (time.monotonic()), found.
+
+        A probe answered before a call to the replica failed says nothing of it since: a
+        replica killed mid-stream would otherwise come back into routing (and take the
+        request that migrates away from it) on the answer its last probe got alive."""
         if serving:
-            self._down.discard(address)
+            if probed_at is None or probed_at >= self._failed_at.get(address, -math.inf):
+                self._down.discard(address)
         else:
             self._down.add(address)
         if in_flight is not None:
@@ -76,3 +91,4 @@ class Router:
     def mark_down(self, address: str) -> None:
         """A call to `address` failed as if it were gone; the next probe may clear it."""
         self._down.add(address)
+        self._failed_at[address] = time.monotonic()

@@ -157,6 +157,49 @@ def test_a_lost_stream_fails_its_calls_unavailable_and_the_next_call_reconnects(
     asyncio.run(main())
 
 
+class BrokenStream:
+    """A stream that fails at once with `error`, as gRPC's does when its peer is lost."""
+
+    def __init__(self, error: grpc.aio.AioRpcError) -> None:
+        self.error = error
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        raise self.error
+
+    def cancel(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    "trailing,code",
+    [
+        # What grpc.aio reports when a write fails as the stream breaks (grpc/grpc#36066).
+        ((), grpc.StatusCode.UNAVAILABLE),
+        # A status the peer sent is the peer's word.
+        ((("grpc-status-details-bin", b"x"),), grpc.StatusCode.INTERNAL),
+    ],
+    ids=["gRPC's own INTERNAL", "the peer's INTERNAL"],
+)
+def test_a_stream_broken_by_a_failed_write_fails_its_calls_unavailable(trailing, code):
+    async def main() -> grpc.StatusCode:
+        error = grpc.aio.AioRpcError(
+            grpc.StatusCode.INTERNAL,
+            grpc.aio.Metadata(),
+            grpc.aio.Metadata(*trailing),
+            "Internal error from Core",
+        )
+        client = multiplex.Client(lambda _: BrokenStream(error), engine_pb2.GenerateBatchRequest)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await tokens(client.call(request("lost", 1)))
+        await client.close()
+        return info.value.code()
+
+    assert asyncio.run(main()) == code
+
+
 def test_a_draining_server_refuses_new_calls_and_ends_the_stream_when_done():
     async def main() -> None:
         async with engine() as (servicer, client, _):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import random
+import time
 
 import grpc
 import pytest
@@ -48,6 +49,18 @@ def test_least_loaded_follows_reports_and_open_calls():
         with r.using("c:1"), r.using("c:1"), r.using("c:1"), r.using("c:1"), r.using("c:1"):
             assert r.pick("worker") == "b:1"
     assert r.load("b:1") == 1 and r.load("a:1") == 5
+
+
+def test_a_probe_sent_before_a_call_failed_does_not_bring_the_replica_back():
+    r = router(worker=["a:1", "b:1"])
+    probed_at = time.monotonic()
+    r.mark_down("a:1")
+    # The probe's answer (sent while a was alive) arrives after the call failed.
+    r.report("a:1", serving=True, probed_at=probed_at)
+    assert {r.pick("worker") for _ in range(4)} == {"b:1"}
+    # A probe sent since may.
+    r.report("a:1", serving=True, probed_at=time.monotonic())
+    assert {r.pick("worker") for _ in range(4)} == {"a:1", "b:1"}
 
 
 def test_down_replicas_are_skipped_while_another_is_up():

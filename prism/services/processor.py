@@ -147,6 +147,7 @@ class Pipeline:
 
     async def _probe(self, address: str) -> bool:
         channel = self._channel(address)
+        probed_at = time.monotonic()
         serving = await rpc.is_serving(channel)
         in_flight = None
         if serving and self.router.policy == "least-loaded":
@@ -157,7 +158,7 @@ class Pipeline:
                 in_flight = load.in_flight
             except grpc.aio.AioRpcError:
                 pass  # e.g. a sidecar's upstream that balances by itself
-        self.router.report(address, serving, in_flight)
+        self.router.report(address, serving, in_flight, probed_at)
         return serving
 
     async def ready(self) -> bool:
