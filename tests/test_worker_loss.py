@@ -13,10 +13,13 @@ import time
 from collections import Counter
 
 import httpx
+import psutil
 import pytest
 from conftest import data_url, png, start_mesh, user, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.own_mesh]
+from prism.rpc import check_health
+
+pytestmark = pytest.mark.e2e
 
 
 def long_chat(mesh, max_tokens: int, image: bool = False) -> dict:
@@ -149,5 +152,40 @@ def test_chaos_in_e_p_d_leaves_nothing_hung_or_held(models, tmp_path):
 
         # Unread embeddings wait out their 30 s lease at most.
         assert wait_for(idle, timeout=45)
+    finally:
+        mesh.stop()
+
+
+def engine_core(mesh, stage: str) -> psutil.Process:
+    (core,) = [
+        child
+        for child in psutil.Process(mesh.mesh.stage(stage).process.pid).children(recursive=True)
+        if child.name() == "VLLM::EngineCore"
+    ]
+    return core
+
+
+def test_a_worker_whose_engine_cannot_generate_reports_not_serving(models, tmp_path):
+    """Its gRPC server still answers; its health follows the engine: NOT_SERVING while the
+    engine is wedged (stopped) or dead, SERVING again once it generates."""
+    mesh = start_mesh("llava", "epd", models["llava"], tmp_path)
+    worker = mesh.address("worker")
+
+    def serving() -> bool:
+        return check_health(worker)
+
+    try:
+        assert serving()
+        core = engine_core(mesh, "worker")
+        core.suspend()
+        # A canary after 10 s without output, which fails after 5 s.
+        assert wait_for(lambda: not serving(), timeout=30), mesh.log_tail()
+        core.resume()
+        assert wait_for(serving, timeout=30), mesh.log_tail()
+        core.kill()
+        assert wait_for(lambda: not serving(), timeout=15), mesh.log_tail()
+        # The worker itself lives on, answering health checks with the truth.
+        assert mesh.mesh.stage("worker").process.poll() is None
+        assert not serving()
     finally:
         mesh.stop()

@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 from unittest import mock
+from uuid import uuid4
 
 import grpc
 import psutil
@@ -66,6 +67,11 @@ _SPAN_NAME = {"aggregated": "generate", "prefill": "prefill", "encode_prefill": 
 _EMBEDS_ROLES = ("prefill", "decode")
 # Longest pause between tries to free a prefill's KV that the connector does not hold yet.
 _RELEASE_POLL_MAX_S = 0.25
+# The engine's health: checked this often; after this long without an output a one-token
+# canary proves it still generates, and fails past its timeout.
+_WATCH_S = 2.0
+_CANARY_AFTER_S = 10.0
+_CANARY_TIMEOUT_S = 5.0
 
 
 def engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
@@ -198,6 +204,8 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
         # cache waits for a decode.
         self._held: dict[str, tuple[str, float]] = {}
         self._releases: set[asyncio.Task] = set()
+        # When the engine last produced an output: traffic proves it generates.
+        self._last_output = time.monotonic()
         self.batches = multiplex.Server(
             f"/{SERVICE}/Generate",
             self._admitted,
@@ -363,6 +371,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             })  # fmt: skip
             generated = 0
             async for output in self.engine.generate(engine_input, params, request_id):
+                self._last_output = time.monotonic()
                 completion = output.outputs[0]
                 generated += len(completion.token_ids)
                 reply = engine_pb2.GenerateResponse(token_ids=completion.token_ids)
@@ -400,6 +409,46 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
 
     def in_flight(self) -> int:
         return len(self._running)
+
+    async def engine_problem(
+        self, canary_after: float = _CANARY_AFTER_S, timeout: float = _CANARY_TIMEOUT_S
+    ) -> str:
+        """Why the engine cannot generate, or "" when it can: its core must be alive
+        (vLLM's own check) and, after `canary_after` seconds without an output, a
+        one-token request on a one-token prompt must finish within `timeout`. A wedged
+        engine fails the canary; a busy one passes without it."""
+        try:
+            await self.engine.check_health()
+        except Exception as exc:
+            return f"its engine is dead ({exc!r})"
+        if time.monotonic() - self._last_output < canary_after:
+            return ""
+        canary = TokensPrompt(prompt_token_ids=[0])
+        params = SamplingParams(max_tokens=1, detokenize=False)
+        try:
+            async with asyncio.timeout(timeout):
+                async for _ in self.engine.generate(canary, params, f"prism-canary-{uuid4()}"):
+                    pass
+        except TimeoutError:
+            return f"its engine did not generate a token in {timeout:.0f} s"
+        except Exception as exc:
+            return f"its engine failed a request ({exc!r})"
+        self._last_output = time.monotonic()
+        return ""
+
+    async def watch(self, server: rpc.Server, period: float = _WATCH_S) -> None:
+        """Keeps the health status true to whether the engine can generate, as Dynamo's
+        canary checks do: a server that answers while its engine cannot generate would
+        keep taking requests from routing and Consul."""
+        serving = True
+        while True:
+            await asyncio.sleep(period)
+            problem = await self.engine_problem()
+            if bool(problem) == serving:
+                serving = not problem
+                log.warning("worker (%s): %s", self.role, f"NOT_SERVING: {problem}"
+                            if problem else "SERVING again")  # fmt: skip
+            await server.set_serving([SERVICE], serving)
 
     def _hold(self, request_id: str, engine_request_id: str) -> None:
         now = time.monotonic()
@@ -468,6 +517,7 @@ async def serve(args: argparse.Namespace) -> None:
     )
     telemetry.serve_metrics(args.metrics_port, args.host, collectors)
     await server.set_serving([SERVICE])
+    watcher = asyncio.create_task(servicer.watch(server))
     log.info("worker (%s) serving %s on %s:%d", args.role, args.model, args.host, server.port)
     if args.role != "aggregated":
         log.info("worker (%s) KV side channel on %s:%d", args.role, args.kv_host, args.kv_port)
@@ -484,6 +534,7 @@ async def serve(args: argparse.Namespace) -> None:
             server, [SERVICE], grace=args.shutdown_grace_s, on_drain=drain
         )
     finally:
+        watcher.cancel()
         await registry.close()
         engine.shutdown()
         if transfer is not None:
