@@ -1,10 +1,8 @@
 """Shared fixtures: tiny models, the offline-vLLM oracle, images and running meshes.
 
 Engines are expensive (about 20 s each on 2 cores), so everything that starts one is
-session-scoped and shared; at most one mesh runs at a time. Tests that start meshes of
-their own (`own_mesh`) run first, before any shared mesh is up: an idle prefill or decode
-engine still keeps a core busy (NIXL's progress thread), and two meshes at once on a
-small machine starve each other.
+session-scoped and shared: one shared mesh runs at a time. Tests that start meshes of
+their own may run beside it, since an idle mesh takes no CPU (`test_idle.py`).
 """
 
 from __future__ import annotations
@@ -32,6 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import grpc
+import httpx
 import numpy as np
 import PIL.Image
 import pytest
@@ -79,19 +78,6 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 15.0, period: float
             return True
         time.sleep(period)
     return predicate()
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Own meshes first, then tests without a mesh, then the shared meshes one by one
-    (a stable sort: pytest has already grouped the tests of each shared mesh)."""
-
-    def rank(item: pytest.Item) -> int:
-        if item.get_closest_marker("own_mesh"):
-            return 0
-        return 2 if "mesh" in getattr(item, "fixturenames", ()) else 1
-
-    items.sort(key=rank)
 
 
 def png(seed: int, size: tuple[int, int] = (64, 48)) -> bytes:
@@ -192,6 +178,8 @@ class RunningMesh:
     mesh: Mesh
     log_path: Path
     _channels: dict[str, grpc.Channel] = field(default_factory=dict)
+    # How the requests sent the moment the mesh was ready ended (`stream_outcome`).
+    first_outcomes: list[str] = field(default_factory=list)
 
     def channel(self, stage: str) -> grpc.Channel:
         """One channel per stage for the mesh's life, connected before its first call, as
@@ -283,6 +271,49 @@ def start_mesh(family: str, mode: str, model: Path, log_dir: Path, **config: Any
     return RunningMesh(family, mode, str(model), mesh, log_path)
 
 
+def stream_outcome(base_url: str, body: dict, timeout: float = 120) -> str:
+    """How one streamed request ended: "completed" (every one of its `max_tokens`, with
+    `ignore_eos`), "error CODE" (an HTTP error or an error event), "short N" (fewer tokens,
+    no error), or "dropped: ..." (the connection broke)."""
+    body = {**body, "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
+    tokens = None
+    try:
+        with httpx.stream("POST", f"{base_url}/chat/completions", json=body,
+                          timeout=timeout) as reply:  # fmt: skip
+            if reply.status_code != 200:
+                return f"error {json.loads(reply.read())['error']['code']}"
+            for line in reply.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                event = json.loads(line[len("data: ") :])
+                if "error" in event:
+                    return f"error {event['error']['code']}"
+                if event.get("usage"):
+                    tokens = event["usage"]["completion_tokens"]
+    except httpx.HTTPError as exc:
+        return f"dropped: {exc!r}"
+    return "completed" if tokens == body["max_tokens"] else f"short {tokens}"
+
+
+def first_requests(mesh: RunningMesh, count: int = 8) -> list[str]:
+    """Sends `count` streamed chats at once, the moment the mesh reports ready (half with
+    an image); returns how each ended."""
+    outcomes: list[str] = [""] * count
+
+    def send(i: int) -> None:
+        parts = [image_part(data_url(png(100 + i)))] if i % 2 else []
+        body = {"model": mesh.model, "messages": user(*parts, "Tell me more."),
+                "max_tokens": 32, "temperature": 0}  # fmt: skip
+        outcomes[i] = stream_outcome(mesh.base_url, body)
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return outcomes
+
+
 MESHES = [(family, mode) for family in FAMILIES for mode in MODES]
 
 
@@ -294,6 +325,7 @@ def mesh(request, models, oracle, tmp_path_factory):
     family, mode = request.param
     oracle(family)
     running = start_mesh(family, mode, models[family], tmp_path_factory.mktemp("logs"))
+    running.first_outcomes = first_requests(running)
     yield running
     running.stop()
 

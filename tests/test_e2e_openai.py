@@ -74,6 +74,12 @@ def test_http_image_url_matches_data_url(mesh, oracle, image_server):
     assert usage.prompt_tokens == oracle(mesh.family)["one_image"]["prompt_tokens"]
 
 
+def test_the_first_requests_after_ready_all_complete(mesh):
+    """The fixture sent them the moment the mesh reported ready: no stream may end short
+    without an error, or drop, because an engine or a connection was still warming up."""
+    assert mesh.first_outcomes == ["completed"] * len(mesh.first_outcomes), mesh.log_problems()
+
+
 def test_models_lists_the_served_model(mesh):
     models = client(mesh).models.list()
     assert [m.id for m in models.data] == [mesh.model]
