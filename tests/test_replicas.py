@@ -12,7 +12,7 @@ import pytest
 from conftest import data_url, png, start_mesh, user, wait_for
 from consul_double import ConsulDouble
 
-pytestmark = [pytest.mark.e2e, pytest.mark.own_mesh]
+pytestmark = pytest.mark.e2e
 
 
 def served(mesh, stage: str) -> float:

@@ -13,7 +13,7 @@ import pytest
 
 from prism.launcher import free_port, http_ok
 
-pytestmark = [pytest.mark.e2e, pytest.mark.own_mesh]
+pytestmark = pytest.mark.e2e
 
 
 def wait_gone(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:

@@ -17,7 +17,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from prism.launcher import free_port
 
-pytestmark = [pytest.mark.e2e, pytest.mark.own_mesh]
+pytestmark = pytest.mark.e2e
 
 STAGES = {"prism-gateway", "prism-processor", "prism-encoder", "prism-prefill", "prism-decode"}
 
