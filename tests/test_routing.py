@@ -13,11 +13,20 @@ import pytest
 
 from prism import multiplex, rpc
 from prism.launcher import free_port
+from prism.media import LoadedImage
 from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.rpc import PrismError
 from prism.services.processor import Call, Pipeline
-from prism.v1 import common_pb2, engine_pb2, engine_pb2_grpc, load_pb2, load_pb2_grpc
+from prism.v1 import (
+    common_pb2,
+    encoder_pb2,
+    encoder_pb2_grpc,
+    engine_pb2,
+    engine_pb2_grpc,
+    load_pb2,
+    load_pb2_grpc,
+)
 
 
 def router(policy: str = "round-robin", **peers: list[str]) -> Router:
@@ -312,3 +321,122 @@ def test_a_decode_gone_before_its_first_reply_is_not_retried_on_the_same_kv():
     assert decoded.kv_transfer_params.remote_request_id == "r1-migrated-1-engine"
     # The spare decode draws the first token again (here 2), which is dropped.
     assert tokens == [5, 5]
+
+
+class FakeDecode(FakeEngine):
+    """Decodes, unless the KV it is given is held by the prefill engine `lost`."""
+
+    def __init__(self, token: int, lost: str):
+        super().__init__(token)
+        self.lost = lost
+
+    async def replies(self, request):
+        if request.kv_transfer_params.remote_engine_id == self.lost:
+            self.calls += 1
+            raise PrismError(grpc.StatusCode.UNAVAILABLE, "no KV", reason="KV_TRANSFER_FAILED")
+        async for reply in super().replies(request):
+            yield reply
+
+
+class NamedPrefill(FakePrefill):
+    """A prefill whose KV parameters name it (its token) as their engine."""
+
+    async def replies(self, request):
+        async for reply in super().replies(request):
+            reply.kv_transfer_params.remote_engine_id = str(self.token)
+            yield reply
+
+
+def test_a_prefill_lost_with_its_kv_is_prefilled_again_elsewhere():
+    async def main() -> tuple[list[int], NamedPrefill, NamedPrefill]:
+        lost, spare = NamedPrefill(5), NamedPrefill(6)
+        decode = FakeDecode(2, lost="5")
+        servers = await engines(lost, spare, decode)
+        lost_at, spare_at, decode_at = (f"127.0.0.1:{s.port}" for s in servers)
+        registry = StaticRegistry({"prefill": [lost_at, spare_at], "decode": [decode_at]})
+        pipeline = Pipeline("ep/d", Router(registry))
+        tokens: list[int] = []
+        sampling = common_pb2.SamplingParams(max_tokens=4, seed=1)
+        try:
+            async for reply in pipeline.run_migrating("r1", [7, 8], [], sampling, Call(), 1):
+                tokens += reply.token_ids
+        finally:
+            await pipeline.close()
+            for server in servers:
+                await server.server.stop(None)
+        return tokens, lost, spare
+
+    tokens, lost, spare = asyncio.run(main())
+    assert [list(r.prompt_token_ids) for r in lost.requests] == [[7, 8]]
+    # The spare prefill continues from the token the lost one streamed.
+    assert [list(r.prompt_token_ids) for r in spare.requests] == [[7, 8, 5]]
+    assert tokens == [5, 6]
+
+
+class FakeEncoder(encoder_pb2_grpc.EncoderServiceServicer):
+    """Encodes every image into a handle that names this encoder."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.calls = 0
+
+    @rpc.rpc_errors
+    async def Encode(self, request, context):
+        self.calls += 1
+        handle = encoder_pb2.EmbeddingHandle(
+            embeddings=common_pb2.TensorDescriptor(agent_name=self.name)
+        )
+        return encoder_pb2.EncodeResponse(handles=[handle] * len(request.images))
+
+
+class EmbeddingsReader(FakeEngine):
+    """Generates, unless its embeddings are held by the encoder `lost`."""
+
+    def __init__(self, token: int, lost: str):
+        super().__init__(token)
+        self.lost = lost
+
+    async def replies(self, request):
+        if any(h.embeddings.agent_name == self.lost for h in request.image_embeddings):
+            self.calls += 1
+            raise PrismError(
+                grpc.StatusCode.UNAVAILABLE, "unreadable", reason="EMBEDDINGS_UNAVAILABLE"
+            )
+        async for reply in super().replies(request):
+            yield reply
+
+
+def test_embeddings_lost_with_their_encoder_are_encoded_again_elsewhere():
+    async def main() -> tuple[list[int], FakeEncoder, FakeEncoder, EmbeddingsReader]:
+        lost, spare = FakeEncoder("lost"), FakeEncoder("spare")
+        worker = EmbeddingsReader(9, lost="lost")
+        servers = []
+        for encoder in (lost, spare):
+            server = await rpc.start_server(
+                "127.0.0.1:0",
+                lambda s, e=encoder: encoder_pb2_grpc.add_EncoderServiceServicer_to_server(e, s),
+                ["prism.v1.EncoderService"],
+            )
+            await server.set_serving(["prism.v1.EncoderService"])
+            servers.append(server)
+        servers += await engines(worker)
+        lost_at, spare_at, worker_at = (f"127.0.0.1:{s.port}" for s in servers)
+        registry = StaticRegistry({"encoder": [lost_at, spare_at], "worker": [worker_at]})
+        pipeline = Pipeline("e/pd", Router(registry))
+        image = LoadedImage(b"png", "image/png", 1, 1)
+        tokens: list[int] = []
+        try:
+            replies = pipeline.run_migrating("r1", [7], [image], common_pb2.SamplingParams(),
+                                             Call(), 1)  # fmt: skip
+            async for reply in replies:
+                tokens += reply.token_ids
+        finally:
+            await pipeline.close()
+            for server in servers:
+                await server.server.stop(None)
+        return tokens, lost, spare, worker
+
+    tokens, lost, spare, worker = asyncio.run(main())
+    assert (lost.calls, spare.calls) == (1, 1)
+    assert [h.embeddings.agent_name for h in worker.requests[-1].image_embeddings] == ["spare"]
+    assert tokens == [9]

@@ -105,13 +105,37 @@ class Call:
 _CONNECT_S = 3.0
 
 
+# A worker could not read what another replica held for the request (prefill's KV, an
+# encoder's embeddings): that replica is lost, not the worker, and so is its data for every
+# worker. The request runs again from the stage that lost it.
+_UPSTREAM_LOST = ("KV_TRANSFER_FAILED", "EMBEDDINGS_UNAVAILABLE")
+
+
 def _replica_gone(exc: grpc.aio.AioRpcError) -> bool:
-    """The replica is down or draining. Not a decode that could not read a prefill's KV:
-    that one is lost for every decode."""
+    """The replica is down or draining (not the one whose data it could not read)."""
     return (
         exc.code() == grpc.StatusCode.UNAVAILABLE
-        and PrismError.from_rpc_error(exc).reason != "KV_TRANSFER_FAILED"
+        and PrismError.from_rpc_error(exc).reason not in _UPSTREAM_LOST
     )
+
+
+def _upstream_lost(exc: grpc.aio.AioRpcError) -> bool:
+    return PrismError.from_rpc_error(exc).reason in _UPSTREAM_LOST
+
+
+async def _marking_down(
+    router: Router, holder: str, reason: str, replies: AsyncIterator[engine_pb2.GenerateResponse]
+) -> AsyncIterator[engine_pb2.GenerateResponse]:
+    """A worker's `replies`; if they fail with `reason` (it could not read what the replica
+    at `holder` held for it), that replica is marked down, so that the request, run again,
+    goes elsewhere."""
+    try:
+        async for reply in replies:
+            yield reply
+    except grpc.aio.AioRpcError as exc:
+        if PrismError.from_rpc_error(exc).reason == reason:
+            router.mark_down(holder)
+        raise
 
 
 def _replica_full(exc: grpc.aio.AioRpcError) -> bool:
@@ -246,6 +270,7 @@ class Pipeline:
             request_id=request_id, prompt_token_ids=prompt_ids, sampling=sampling
         )
         images_pb = [image.to_proto() for image in images]
+        encoder = ""
         if images_pb and "encoder" in ROLES[self.mode]:
             encode = encoder_pb2.EncodeRequest(request_id=request_id, images=images_pb)
 
@@ -255,12 +280,15 @@ class Pipeline:
 
             async for reply in self._on_replica("encoder", call, encoded):
                 request.image_embeddings.extend(reply.handles)
+            encoder = call.address
         else:
             request.images.extend(images_pb)
         if "decode" in ROLES[self.mode]:
             replies = self._prefill_then_decode(request, call)
         else:
             replies = self._generate("worker", request, call)
+        if request.image_embeddings:
+            replies = _marking_down(self.router, encoder, "EMBEDDINGS_UNAVAILABLE", replies)
         async for reply in replies:
             yield reply
 
@@ -297,10 +325,13 @@ class Pipeline:
                     yield reply
                 return
             except grpc.aio.AioRpcError as exc:
-                if attempt == limit or not emitted or call.aborted or not _replica_gone(exc):
+                # A replica lost before the first token was tried again already
+                # (_on_replica), unless the data a worker was to read went with it.
+                lost = (emitted and _replica_gone(exc)) or _upstream_lost(exc)
+                if attempt == limit or call.aborted or not lost:
                     raise
                 log.warning(
-                    "request %s lost its worker after %d tokens (%s); resuming elsewhere",
+                    "request %s lost a replica after %d tokens (%s); resuming elsewhere",
                     request_id, len(emitted), exc.details(),
                 )  # fmt: skip
 
@@ -356,7 +387,9 @@ class Pipeline:
                 kv_transfer_params=prefilled.kv_transfer_params,
                 image_layouts=prefilled.image_layouts,
             )
-            async for reply in self._generate("decode", decode_request, call):
+            decoded = self._generate("decode", decode_request, call)
+            decoded = _marking_down(self.router, prefill_address, "KV_TRANSFER_FAILED", decoded)
+            async for reply in decoded:
                 if held:
                     # Decode draws the first token again, from the same KV cache.
                     held = False
