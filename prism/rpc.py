@@ -35,7 +35,12 @@ ERROR_DOMAIN = "prism.v1"
 _OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.keepalive_time_ms", 30_000),
+    # A peer cut off by the network sends nothing, not even a reset: a stream to it would
+    # wait forever. A ping unanswered 5 s after it went out, every 10 s, ends the
+    # connection (UNAVAILABLE), and its requests move to another replica. gRPC core
+    # answers pings, not the busy event loop.
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
     # gRPC's default backoff grows to minutes: a replica that came up (or back) after a
@@ -47,7 +52,8 @@ _OPTIONS = [
 # Servers accept the keepalive pings their clients send. By default a server takes a ping
 # more often than every 5 minutes on an idle connection as abuse and, at the third, drops
 # the connection with GOAWAY "too_many_pings": every idle channel was cut every 90 s.
-_SERVER_OPTIONS = [*_OPTIONS, ("grpc.http2.min_ping_interval_without_data_ms", 10_000)]
+# Half the clients' interval, so that a ping sent a little early is no abuse either.
+_SERVER_OPTIONS = [*_OPTIONS, ("grpc.http2.min_ping_interval_without_data_ms", 5_000)]
 
 # One place for the gRPC -> HTTP mapping the gateway uses.
 _HTTP_STATUS = {

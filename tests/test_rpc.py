@@ -100,11 +100,12 @@ def test_readiness_tolerates_isolated_probe_failures():
 
 
 def test_idle_connections_survive_keepalive(monkeypatch):
-    # The real timings, 30 times faster: the client's pings every second, for 4 s.
-    keepalive = ("grpc.keepalive_time_ms", "grpc.http2.min_ping_interval_without_data_ms")
+    # The real timings, 10 times faster: the client's pings every second, for 4 s.
+    keepalive = ("grpc.keepalive_time_ms", "grpc.keepalive_timeout_ms",
+                 "grpc.http2.min_ping_interval_without_data_ms")  # fmt: skip
 
     def faster(options):
-        return [(key, value // 30 if key in keepalive else value) for key, value in options]
+        return [(key, value // 10 if key in keepalive else value) for key, value in options]
 
     monkeypatch.setattr(rpc, "_OPTIONS", faster(rpc._OPTIONS))
     monkeypatch.setattr(rpc, "_SERVER_OPTIONS", faster(rpc._SERVER_OPTIONS))
