@@ -40,7 +40,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from prism import rpc
-from prism.launcher import Mesh, MeshConfig, free_port, plan
+from prism.launcher import Mesh, MeshConfig, Stage, free_port, plan
 from prism.modes import MODES
 from prism.tiny_models import build
 
@@ -251,15 +251,26 @@ class RunningMesh:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
 
-def start_mesh(family: str, mode: str, model: Path, log_dir: Path, **config: Any) -> RunningMesh:
-    """Starts a mesh; `config` sets further MeshConfig fields (replicas, registry)."""
+def start_mesh(
+    family: str,
+    mode: str,
+    model: Path,
+    log_dir: Path,
+    place: Callable[[list[Stage]], None] | None = None,
+    **config: Any,
+) -> RunningMesh:
+    """Starts a mesh; `config` sets further MeshConfig fields (replicas, registry), and
+    `place` may move the planned stages elsewhere (`hosts.place`)."""
     config = MeshConfig(
         mode=mode,
         model=str(model),
         http_port=free_port(),
         **{"log_level": "warning", "fetch_allow": [ALLOWED_HOST], **config},
     )
-    mesh = Mesh(plan(config))
+    stages = plan(config)
+    if place is not None:
+        place(stages)
+    mesh = Mesh(stages)
     log_path = log_dir / f"mesh-{family}-{mode.replace('/', '')}.log"
     with open(log_path, "w") as log:
         try:

@@ -126,6 +126,8 @@ class ConsulDouble:
         self.token = token
         self.requests: list[Request] = []
         self.services: dict[str, Registered] = {}
+        # Every change of a check's status: (service name, status, output).
+        self.transitions: list[tuple[str, str, str]] = []
         self.index = 10
         self._changed = threading.Condition()
         self._stop = threading.Event()
@@ -337,6 +339,7 @@ class ConsulDouble:
                     if status != registered.status:
                         registered.status, registered.output = status, output
                         registered.critical_since = time.monotonic()
+                        self.transitions.append((registered.definition["Name"], status, output))
                         self._bump()
                     after = check.get("DeregisterCriticalServiceAfter")
                     if (

@@ -1,15 +1,24 @@
-"""An idle mesh leaves the machine alone: once its requests are done, no process of any
-stage, engines included, keeps a core busy polling."""
+"""An idle mesh leaves the machine alone and its health checks hold, idle and under load.
+
+An E/P/D mesh registered with Consul (tests/consul_double.py, which runs the registered gRPC
+and HTTP checks as the agent does) is left idle for a minute, after a few requests: no
+process of any stage, engines included, keeps a core busy polling, and no check goes
+critical. Then a storm of streamed requests: every one is answered whole and still no
+check goes critical.
+"""
 
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections import Counter
 
 import httpx
 import psutil
 import pytest
-from conftest import data_url, image_part, png, user, wait_for
+from conftest import data_url, image_part, png, start_mesh, stream_outcome, user, wait_for
+from consul_double import ConsulDouble
 
 pytestmark = pytest.mark.e2e
 
@@ -18,6 +27,7 @@ IDLE_S = 60
 # gloo loop threads (one per process group, each waking every 10 ms), which Prism does not
 # control; everything of Prism's own stays far below.
 LIMIT = 0.03
+STAGES = ["prism-encoder", "prism-prefill", "prism-decode", "prism-processor", "prism-gateway"]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -27,23 +37,68 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def test_an_idle_disaggregated_mesh_takes_almost_no_cpu(mesh):
-    if mesh.mode != "e/p/d" or mesh.family != "llava":
-        pytest.skip("measured once, on the mode with the most stages")
-    for seed in range(3):
-        body = {"model": mesh.model, "max_tokens": 8,
-                "messages": user(image_part(data_url(png(200 + seed))), "Hello")}  # fmt: skip
-        reply = httpx.post(f"{mesh.base_url}/chat/completions", json=body, timeout=60)
-        assert reply.status_code == 200, reply.text
-    assert wait_for(lambda: not mesh.metric("processor", "prism_requests_in_flight"))
-    processes = {}
-    for stage in mesh.mesh.stages:
-        parent = psutil.Process(stage.process.pid)
-        for process in [parent, *parent.children(recursive=True)]:
-            processes[process.pid] = f"{stage.name} {process.name()}"
-    before = {pid: cpu_seconds(pid) for pid in processes}
-    time.sleep(IDLE_S)
-    busy = {
-        name: round((cpu_seconds(pid) - before[pid]) / IDLE_S, 4) for pid, name in processes.items()
-    }
-    assert max(busy.values()) < LIMIT, busy
+def storm(mesh, count: int, concurrency: int) -> Counter[str]:
+    outcomes: Counter[str] = Counter()
+    pending = iter(range(count))
+    lock = threading.Lock()
+
+    def client() -> None:
+        while True:
+            with lock:
+                i = next(pending, None)
+            if i is None:
+                return
+            parts = [image_part(data_url(png(i % 8)))] if i % 2 else []
+            body = {"model": mesh.model, "messages": user(*parts, "More."),
+                    "max_tokens": 16, "temperature": 0}  # fmt: skip
+            outcome = stream_outcome(mesh.base_url, body)
+            with lock:
+                outcomes[outcome] += 1
+
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    return outcomes
+
+
+def test_an_idle_e_p_d_mesh_takes_no_cpu_and_keeps_its_checks_passing_idle_and_in_a_storm(
+    models, tmp_path
+):
+    # Checks every second with a 2 s timeout: a minute idle sees as many as five minutes
+    # at Consul's usual 5 s.
+    with ConsulDouble() as consul:
+        registry = ["--registry", consul.url, "--consul-check-interval", "1s",
+                    "--consul-check-timeout", "2s"]  # fmt: skip
+        mesh = start_mesh("llava", "e/p/d", models["llava"], tmp_path, registry_args=registry)
+        try:
+            assert wait_for(lambda: all(consul.passing(name) for name in STAGES), timeout=30)
+            settled = len(consul.transitions)
+            for seed in range(3):
+                messages = user(image_part(data_url(png(200 + seed))), "Hello")
+                body = {"model": mesh.model, "max_tokens": 8, "messages": messages}
+                reply = httpx.post(f"{mesh.base_url}/chat/completions", json=body, timeout=60)
+                assert reply.status_code == 200, reply.text
+            assert wait_for(lambda: not mesh.metric("processor", "prism_requests_in_flight"))
+
+            processes = {}
+            for stage in mesh.mesh.stages:
+                parent = psutil.Process(stage.process.pid)
+                for process in [parent, *parent.children(recursive=True)]:
+                    processes[process.pid] = f"{stage.name} {process.name()} {process.pid}"
+            before = {pid: cpu_seconds(pid) for pid in processes}
+            time.sleep(IDLE_S)
+            busy = {
+                name: round((cpu_seconds(pid) - before[pid]) / IDLE_S, 4)
+                for pid, name in processes.items()
+            }
+            print("idle share of a core:", busy)
+            assert max(busy.values()) < LIMIT, busy
+            assert consul.transitions[settled:] == []
+
+            outcomes = storm(mesh, count=160, concurrency=32)
+            assert outcomes == {"completed": 160}, (outcomes, mesh.log_problems())
+            assert consul.transitions[settled:] == []
+        finally:
+            mesh.stop()
