@@ -123,21 +123,6 @@ def _upstream_lost(exc: grpc.aio.AioRpcError) -> bool:
     return PrismError.from_rpc_error(exc).reason in _UPSTREAM_LOST
 
 
-async def _marking_down(
-    router: Router, holder: str, reason: str, replies: AsyncIterator[engine_pb2.GenerateResponse]
-) -> AsyncIterator[engine_pb2.GenerateResponse]:
-    """A worker's `replies`; if they fail with `reason` (it could not read what the replica
-    at `holder` held for it), that replica is marked down, so that the request, run again,
-    goes elsewhere."""
-    try:
-        async for reply in replies:
-            yield reply
-    except grpc.aio.AioRpcError as exc:
-        if PrismError.from_rpc_error(exc).reason == reason:
-            router.mark_down(holder)
-        raise
-
-
 def _replica_full(exc: grpc.aio.AioRpcError) -> bool:
     return exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
@@ -287,10 +272,20 @@ class Pipeline:
             replies = self._prefill_then_decode(request, call)
         else:
             replies = self._generate("worker", request, call)
-        if request.image_embeddings:
-            replies = _marking_down(self.router, encoder, "EMBEDDINGS_UNAVAILABLE", replies)
-        async for reply in replies:
-            yield reply
+        try:
+            async for reply in replies:
+                yield reply
+        except grpc.aio.AioRpcError as exc:
+            if encoder:
+                self._blame(exc, "EMBEDDINGS_UNAVAILABLE", encoder)
+            raise
+
+    def _blame(self, exc: grpc.aio.AioRpcError, reason: str, holder: str) -> None:
+        """A worker's call failed with `exc`: if for `reason` (it could not read what the
+        replica at `holder` held for it), that replica is marked down, so that the request,
+        run again, goes elsewhere."""
+        if PrismError.from_rpc_error(exc).reason == reason:
+            self.router.mark_down(holder)
 
     async def run_migrating(
         self,
@@ -387,9 +382,7 @@ class Pipeline:
                 kv_transfer_params=prefilled.kv_transfer_params,
                 image_layouts=prefilled.image_layouts,
             )
-            decoded = self._generate("decode", decode_request, call)
-            decoded = _marking_down(self.router, prefill_address, "KV_TRANSFER_FAILED", decoded)
-            async for reply in decoded:
+            async for reply in self._generate("decode", decode_request, call):
                 if held:
                     # Decode draws the first token again, from the same KV cache.
                     held = False
@@ -402,6 +395,9 @@ class Pipeline:
                     del reply.token_ids[: len(first)]
                     reply.prompt_tokens = 0
                 yield reply
+        except grpc.aio.AioRpcError as exc:
+            self._blame(exc, "KV_TRANSFER_FAILED", prefill_address)
+            raise
         finally:
             if held:
                 self._release(prefill_address, request.request_id)

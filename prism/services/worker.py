@@ -448,7 +448,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                 serving = not problem
                 log.warning("worker (%s): %s", self.role, f"NOT_SERVING: {problem}"
                             if problem else "SERVING again")  # fmt: skip
-            await server.set_serving([SERVICE], serving)
+                await server.set_serving([SERVICE], serving)
 
     def _hold(self, request_id: str, engine_request_id: str) -> None:
         now = time.monotonic()
