@@ -1,7 +1,7 @@
 PY := .venv/bin/python
 PROTOS := $(wildcard protos/prism/v1/*.proto)
 
-.PHONY: setup demo test lint protos check-protos bench bench-transfer bench-modes
+.PHONY: setup demo test test-net lint protos check-protos bench bench-transfer bench-modes
 
 setup:
 	scripts/setup.sh
@@ -11,6 +11,11 @@ demo:
 
 test:
 	$(PY) -m pytest -q
+
+# Stages on simulated hosts (network namespaces; root): not yet in `make test`, see
+# tests/test_hosts.py.
+test-net:
+	PRISM_NET_TESTS=1 $(PY) -m pytest -q tests/test_hosts.py
 
 # Not a test: Prism in each mode against `vllm serve` at concurrency 1, 8 and 32, written to
 # bench/results/latest.json and docs/benchmarks.md.

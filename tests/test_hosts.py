@@ -6,6 +6,7 @@ cut off mid-stream loses no request."""
 from __future__ import annotations
 
 import functools
+import os
 import threading
 
 import hosts
@@ -15,8 +16,15 @@ from conftest import CASES, data_url, png, start_mesh, stream_outcome, user, wai
 
 from prism.rpc import check_health
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(hosts.available()),
-                                                  reason=hosts.available() or "-")]  # fmt: skip
+# Not in `make test` yet: on the kernel of these machines a worker in a network namespace
+# was once seen spinning in the kernel forever as it reaped its engine process (wait4 ->
+# release_task -> shrink_dcache_parent), unkillable, which hung the suite.
+OPT_IN = "PRISM_NET_TESTS"
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(os.environ.get(OPT_IN) != "1", reason=f"opt-in: {OPT_IN}=1 (make test-net)"),
+    pytest.mark.skipif(bool(hosts.available()), reason=hosts.available() or "-"),
+]
 
 
 def answer(mesh, case: str) -> tuple[str, int]:
