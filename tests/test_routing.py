@@ -292,6 +292,25 @@ class FakePrefill(FakeEngine):
         return engine_pb2.EngineServiceAbortResponse(aborted=True)
 
 
+async def migrated(
+    pipeline: Pipeline,
+    servers: list[rpc.Server],
+    sampling: common_pb2.SamplingParams,
+    images: list[LoadedImage] | None = None,
+) -> list[int]:
+    """The tokens of one request on prompt [7, 8] (migrating once at most); then stops the
+    pipeline and `servers`."""
+    tokens: list[int] = []
+    try:
+        async for reply in pipeline.run_migrating("r1", [7, 8], images or [], sampling, Call(), 1):
+            tokens += reply.token_ids
+    finally:
+        await pipeline.close()
+        for server in servers:
+            await server.server.stop(None)
+    return tokens
+
+
 def test_a_decode_gone_before_its_first_reply_is_not_retried_on_the_same_kv():
     """The lost decode may have read the prefill's KV, which prefill then freed: the
     request is prefilled again instead, with the token already streamed."""
@@ -301,16 +320,8 @@ def test_a_decode_gone_before_its_first_reply_is_not_retried_on_the_same_kv():
         servers = await engines(prefill, lost, spare)
         prefill_at, lost_at, spare_at = (f"127.0.0.1:{s.port}" for s in servers)
         registry = StaticRegistry({"prefill": [prefill_at], "decode": [lost_at, spare_at]})
-        pipeline = Pipeline("ep/d", Router(registry))
-        tokens: list[int] = []
         sampling = common_pb2.SamplingParams(max_tokens=4, seed=1)
-        try:
-            async for reply in pipeline.run_migrating("r1", [7, 8], [], sampling, Call(), 1):
-                tokens += reply.token_ids
-        finally:
-            await pipeline.close()
-            for server in servers:
-                await server.server.stop(None)
+        tokens = await migrated(Pipeline("ep/d", Router(registry)), servers, sampling)
         return tokens, prefill, lost, spare
 
     tokens, prefill, lost, spare = asyncio.run(main())
@@ -354,16 +365,8 @@ def test_a_prefill_lost_with_its_kv_is_prefilled_again_elsewhere():
         servers = await engines(lost, spare, decode)
         lost_at, spare_at, decode_at = (f"127.0.0.1:{s.port}" for s in servers)
         registry = StaticRegistry({"prefill": [lost_at, spare_at], "decode": [decode_at]})
-        pipeline = Pipeline("ep/d", Router(registry))
-        tokens: list[int] = []
         sampling = common_pb2.SamplingParams(max_tokens=4, seed=1)
-        try:
-            async for reply in pipeline.run_migrating("r1", [7, 8], [], sampling, Call(), 1):
-                tokens += reply.token_ids
-        finally:
-            await pipeline.close()
-            for server in servers:
-                await server.server.stop(None)
+        tokens = await migrated(Pipeline("ep/d", Router(registry)), servers, sampling)
         return tokens, lost, spare
 
     tokens, lost, spare = asyncio.run(main())
@@ -422,18 +425,9 @@ def test_embeddings_lost_with_their_encoder_are_encoded_again_elsewhere():
         servers += await engines(worker)
         lost_at, spare_at, worker_at = (f"127.0.0.1:{s.port}" for s in servers)
         registry = StaticRegistry({"encoder": [lost_at, spare_at], "worker": [worker_at]})
-        pipeline = Pipeline("e/pd", Router(registry))
         image = LoadedImage(b"png", "image/png", 1, 1)
-        tokens: list[int] = []
-        try:
-            replies = pipeline.run_migrating("r1", [7], [image], common_pb2.SamplingParams(),
-                                             Call(), 1)  # fmt: skip
-            async for reply in replies:
-                tokens += reply.token_ids
-        finally:
-            await pipeline.close()
-            for server in servers:
-                await server.server.stop(None)
+        pipeline = Pipeline("e/pd", Router(registry))
+        tokens = await migrated(pipeline, servers, common_pb2.SamplingParams(), [image])
         return tokens, lost, spare, worker
 
     tokens, lost, spare, worker = asyncio.run(main())
