@@ -308,9 +308,24 @@ class Mesh:
                 process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 process.kill()
-                process.wait()
+                _reap(process)
         for process in running:
             _kill_group(process)
+
+
+def _reap(process: subprocess.Popen, patience: float = 5.0) -> None:
+    """Waits for a killed stage to be gone.
+
+    Seen on these machines' kernel: a worker killed while reaping its engine process spun
+    in the kernel (wait4 -> release_task -> shrink_dcache_parent) with SIGKILL pending, for
+    as long as it was scheduled like its peers; made the lowest of priorities
+    (SCHED_IDLE), it let the kernel's own work run and was gone at once."""
+    try:
+        process.wait(timeout=patience)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(process.pid, os.SCHED_IDLE, os.sched_param(0))
+        process.wait()
 
 
 def _kill_group(process: subprocess.Popen) -> None:

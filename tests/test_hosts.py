@@ -16,9 +16,9 @@ from conftest import CASES, data_url, png, start_mesh, stream_outcome, user, wai
 
 from prism.rpc import check_health
 
-# Not in `make test` yet: on the kernel of these machines a worker in a network namespace
-# was once seen spinning in the kernel forever as it reaped its engine process (wait4 ->
-# release_task -> shrink_dcache_parent), unkillable, which hung the suite.
+# Not in `make test` yet: they hung a suite once, as a decode worker spun in the kernel
+# while reaping its engine (launcher._reap now breaks that), and have not been run in a
+# loop since.
 OPT_IN = "PRISM_NET_TESTS"
 pytestmark = [
     pytest.mark.e2e,

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import wait_for
 
+from prism import launcher
 from prism.cli import _forwarded_registry_args, build_parser
 from prism.launcher import Mesh, MeshConfig, Stage, _ephemeral_ports, free_port, plan
 
@@ -141,3 +142,30 @@ def test_a_lost_replica_is_spared_while_another_serves():
         for s in mesh.stages:
             s.process.kill()
             s.process.wait()
+
+
+class Unkillable:
+    """A process that outlives SIGKILL until it runs at idle priority (as a stage stuck in
+    the kernel did); records what happened to it."""
+
+    pid = 0
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    def wait(self, timeout: float | None = None) -> int:
+        if "idle" not in self.events:
+            if timeout is None:
+                raise AssertionError("waited forever on a process that cannot exit")
+            raise subprocess.TimeoutExpired("stage", timeout)
+        self.events.append("reaped")
+        return -9
+
+
+def test_a_killed_stage_that_does_not_exit_is_made_idle_then_reaped(monkeypatch):
+    stuck = Unkillable()
+    monkeypatch.setattr(
+        os, "sched_setscheduler", lambda pid, policy, param: stuck.events.append("idle")
+    )
+    launcher._reap(stuck, patience=0.01)
+    assert stuck.events == ["idle", "reaped"]
