@@ -12,10 +12,9 @@ demo:
 test:
 	$(PY) -m pytest -q
 
-# Stages on simulated hosts (network namespaces; root): not yet in `make test`, see
-# tests/test_hosts.py.
+# Only the tests on simulated hosts (network namespaces; root), which `make test` runs too.
 test-net:
-	PRISM_NET_TESTS=1 $(PY) -m pytest -q tests/test_hosts.py
+	$(PY) -m pytest -q tests/test_hosts.py
 
 # Not a test: Prism in each mode against `vllm serve` at concurrency 1, 8 and 32, written to
 # bench/results/latest.json and docs/benchmarks.md.

@@ -14,8 +14,10 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 from prism.launcher import Stage, http_ok
 from prism.rpc import check_health
@@ -45,17 +47,23 @@ class Host:
     address: str
     # The host's end of its link, in the test's namespace: down is a partition.
     link: str
+    # The netem.py process that carries an impairable host's link.
+    netem: subprocess.Popen | None = None
 
     def command(self, argv: list[str]) -> list[str]:
         return ["ip", "netns", "exec", self.namespace, *argv]
 
 
 class Hosts:
-    """`with Hosts(["front", "gpu0"]) as hosts: hosts["gpu0"].address ...`"""
+    """`with Hosts(["front", "gpu0"]) as hosts: hosts["gpu0"].address ...`
 
-    def __init__(self, names: list[str]):
+    The links of the hosts named in `impairable` run through tests/netem.py, so that
+    `impair` can give them latency and loss; the others are veth pairs."""
+
+    def __init__(self, names: list[str], impairable: tuple[str, ...] = ()):
         tag = uuid.uuid4().hex[:6]
         self.bridge = f"prbr{tag}"
+        self.impairable = impairable
         self.hosts = {
             name: Host(name, f"prism-{tag}-{name}", f"{SUBNET}.{10 + i}", f"prv{tag}{i}")
             for i, name in enumerate(names)
@@ -71,10 +79,22 @@ class Hosts:
             _ip("link", "set", self.bridge, "up")
             for host in self.hosts.values():
                 _ip("netns", "add", host.namespace)
-                _ip("link", "add", host.link, "type", "veth", "peer", "name", "eth0",
-                    "netns", host.namespace)  # fmt: skip
-                _ip("link", "set", host.link, "master", self.bridge, "up")
                 inside = ["-n", host.namespace]
+                if host.name in self.impairable:
+                    inner = host.link.replace("prv", "prt")
+                    host.netem = subprocess.Popen(
+                        [sys.executable, str(Path(__file__).with_name("netem.py")), inner,
+                         host.link],
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                    )  # fmt: skip
+                    if host.netem.stdout.readline().strip() != "ready":
+                        raise RuntimeError(f"netem.py did not start for {host.name}")
+                    _ip("link", "set", inner, "netns", host.namespace)
+                    _ip(*inside, "link", "set", inner, "name", "eth0")
+                else:
+                    _ip("link", "add", host.link, "type", "veth", "peer", "name", "eth0",
+                        "netns", host.namespace)  # fmt: skip
+                _ip("link", "set", host.link, "master", self.bridge, "up")
                 _ip(*inside, "addr", "add", f"{host.address}/24", "dev", "eth0")
                 _ip(*inside, "link", "set", "eth0", "up")
                 _ip(*inside, "link", "set", "lo", "up")
@@ -85,6 +105,9 @@ class Hosts:
 
     def __exit__(self, *exc: object) -> None:
         for host in self.hosts.values():
+            if host.netem is not None:
+                host.netem.stdin.close()
+                host.netem.wait(timeout=10)
             subprocess.run(["ip", "netns", "del", host.namespace], capture_output=True)
         # Deleting a namespace deletes its end of the link, and so the link.
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
@@ -95,6 +118,15 @@ class Hosts:
 
     def heal(self, name: str) -> None:
         _ip("link", "set", self[name].link, "up", "master", self.bridge)
+
+    def impair(self, name: str, delay_s: float = 0.0, loss: float = 0.0) -> None:
+        """Every frame to and from the host is delayed by `delay_s` and lost with
+        probability `loss`, each way (an impairable host's link only)."""
+        netem = self[name].netem
+        if netem is None:
+            raise ValueError(f"{name} is not impairable")
+        netem.stdin.write(f"{delay_s} {loss}\n")
+        netem.stdin.flush()
 
 
 def place(stages: list[Stage], placement: dict[str, Host]) -> None:
