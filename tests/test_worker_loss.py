@@ -66,12 +66,13 @@ def test_a_worker_killed_mid_stream_hands_the_request_to_another(models, tmp_pat
 
 
 def test_chaos_in_e_p_d_leaves_nothing_hung_or_held(models, tmp_path):
-    """200 streaming requests, 16 at a time; a tenth of the clients hang up at a random
+    """300 streaming requests, 16 at a time; a tenth of the clients hang up at a random
     point; one of the two decode workers (its whole process group) is SIGKILLed after the
-    first 60."""
+    first 90. At most 1 % end in an error: the killed decode's requests move to the other."""
     mesh = start_mesh("llava", "e/p/d", models["llava"], tmp_path, decode_workers=2)
     rng = random.Random(7)
-    plan = [(i % 3 == 0, rng.random() < 0.1, rng.randint(1, 10)) for i in range(200)]
+    count = 300
+    plan = [(i % 3 == 0, rng.random() < 0.1, rng.randint(1, 10)) for i in range(count)]
     outcomes: Counter[str] = Counter()
     done = threading.Event()
     lock = threading.Lock()
@@ -105,7 +106,7 @@ def test_chaos_in_e_p_d_leaves_nothing_hung_or_held(models, tmp_path):
         finally:
             with lock:
                 outcomes[outcome] += 1
-                if sum(outcomes.values()) >= 60:
+                if sum(outcomes.values()) >= 90:
                     done.set()
 
     def kill_a_decode() -> None:
@@ -125,16 +126,15 @@ def test_chaos_in_e_p_d_leaves_nothing_hung_or_held(models, tmp_path):
         for thread in threads:
             thread.join(timeout=120)
         killer.join(timeout=10)
-        assert time.monotonic() - started < 400
         print(f"chaos: {dict(outcomes)} in {time.monotonic() - started:.0f} s")
         # Shown only if the test fails.
         print(mesh.log_problems())
-        assert sum(outcomes.values()) == 200, outcomes
-        # Every request completed, was hung up on, or ended with a clean error.
+        assert sum(outcomes.values()) == count, outcomes
+        # Every request completed, was hung up on, or ended with a clean error, rarely.
         clean = {"completed", "hung up"}
         assert not [o for o in outcomes if o not in clean and not o.startswith(("http ", "error "))]
-        assert outcomes["completed"] >= 150, outcomes
         assert outcomes["hung up"] == sum(hang for _, hang, _ in plan), outcomes
+        assert outcomes["completed"] + outcomes["hung up"] >= count * 0.99, outcomes
 
         def idle() -> bool:
             held = [
