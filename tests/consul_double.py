@@ -167,6 +167,11 @@ class ConsulDouble:
         path = f"/v1/health/service/{name}"
         return [r for r in self.requests if r.method == "GET" and r.path == path]
 
+    def states(self) -> dict[str, tuple[str, str]]:
+        """Status and last check output of every service, by ID (to explain a failure)."""
+        with self._changed:
+            return {s: (r.status, r.output) for s, r in self.services.items()}
+
     def passing(self, name: str) -> list[str]:
         """IDs of the instances of `name` that Consul would list as passing."""
         with self._changed:
@@ -336,8 +341,9 @@ class ConsulDouble:
                     if self.services.get(service_id) is not registered:
                         continue
                     status = "passing" if ok else "critical"
+                    registered.output = output
                     if status != registered.status:
-                        registered.status, registered.output = status, output
+                        registered.status = status
                         registered.critical_since = time.monotonic()
                         self.transitions.append((registered.definition["Name"], status, output))
                         self._bump()

@@ -74,7 +74,10 @@ def test_an_idle_e_p_d_mesh_takes_no_cpu_and_keeps_its_checks_passing_idle_and_i
                     "--consul-check-timeout", "2s"]  # fmt: skip
         mesh = start_mesh("llava", "e/p/d", models["llava"], tmp_path, registry_args=registry)
         try:
-            assert wait_for(lambda: all(consul.passing(name) for name in STAGES), timeout=30)
+            assert wait_for(lambda: all(consul.passing(name) for name in STAGES), timeout=30), (
+                consul.states(),
+                consul.transitions,
+            )
             settled = len(consul.transitions)
             for seed in range(3):
                 messages = user(image_part(data_url(png(200 + seed))), "Hello")
