@@ -106,8 +106,10 @@ class Hosts:
     def __exit__(self, *exc: object) -> None:
         for host in self.hosts.values():
             if host.netem is not None:
-                host.netem.stdin.close()
-                host.netem.wait(timeout=10)
+                # Its TAP devices go with it. (Were this process to die first, the end of
+                # netem.py's stdin would end it.)
+                host.netem.kill()
+                host.netem.wait()
             subprocess.run(["ip", "netns", "del", host.namespace], capture_output=True)
         # Deleting a namespace deletes its end of the link, and so the link.
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
