@@ -24,6 +24,7 @@ Every request is recorded (`requests`) so that tests can assert what was sent.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
@@ -284,14 +285,17 @@ class ConsulDouble:
                 payload = b"" if body is None else (
                     body.encode() if isinstance(body, str) else json.dumps(body).encode()
                 )  # fmt: skip
-                self.send_response(status)
                 kind = "text/plain" if isinstance(body, str) else "application/json"
-                self.send_header("Content-Type", kind)
-                if index is not None:
-                    self.send_header("X-Consul-Index", str(index))
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                # A watcher that stopped waiting (a stage shutting down) has hung up on its
+                # blocking query: the agent drops the answer, and so does the double.
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.send_response(status)
+                    self.send_header("Content-Type", kind)
+                    if index is not None:
+                        self.send_header("X-Consul-Index", str(index))
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
 
             def _handle(self, method: str) -> None:
                 url = urlsplit(self.path)

@@ -6,6 +6,7 @@ The owner runs in tests/transfer_owner.py (its own process); this process is the
 from __future__ import annotations
 
 import base64
+import ctypes
 import json
 import queue
 import resource
@@ -214,6 +215,30 @@ def test_vllms_nixl_agent_is_made_not_to_spin():
     time.sleep(1.0)
     after = resource.getrusage(resource.RUSAGE_SELF)
     assert after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime < 0.5
+
+
+def test_threads_made_under_timer_slack_get_it_and_their_maker_keeps_its_own():
+    """vLLM's gloo groups, made once the engine process imports Prism's engine extension,
+    start their threads under 50 ms of timer slack; the engine's own thread keeps its."""
+    import torch.distributed
+
+    from prism.services.engine_extension import GLOO_TIMER_SLACK_NS, timer_slack
+
+    prctl = ctypes.CDLL(None).prctl
+
+    def slack() -> int:
+        return prctl(30, 0, 0, 0, 0)  # PR_GET_TIMERSLACK
+
+    own = slack()
+    seen: list[int] = []
+    with timer_slack(GLOO_TIMER_SLACK_NS):
+        thread = threading.Thread(target=lambda: seen.append(slack()))
+        thread.start()
+    thread.join()
+    assert seen == [GLOO_TIMER_SLACK_NS] != [own]
+    assert slack() == own
+    for make in (torch.distributed.new_group, torch.distributed.init_process_group):
+        assert make.__code__.co_name == "made_with_slack"
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,16 @@
-"""Prism's code inside vLLM's engine process (vLLM's `worker_extension_cls`), for the
-workers whose engine has a NIXL KV connector.
+"""Prism's code inside vLLM's engine process (vLLM's `worker_extension_cls`).
 
-Importing this module (vLLM does, when it builds the engine's worker, before the KV
-connector exists) gives that connector a NIXL agent whose progress thread sleeps while
-idle: NIXL's Python agent hard-codes a 0 µs wake-up, and vLLM has no setting for it, so
-every prefill and decode engine spun a core (`prism.transfer.nixl_agent`).
+Importing this module (vLLM does, when it builds the engine's worker, before the worker
+makes its process groups or its KV connector) does two things to let an idle engine idle:
+
+- vLLM makes about a dozen gloo process groups even at world size 1 (world, TP, PP, DP,
+  EP…, each with a device and a CPU group). Each has a thread that waits for its sockets
+  with a 10 ms timeout, only to look whether it should stop: together about 3 % of a core
+  while nothing happens. Made under 50 ms of timer slack, which the threads inherit, those
+  timeouts come at most 20 times a second, while socket events still wake them at once.
+- the NIXL KV connector gets an agent whose progress thread sleeps while idle: NIXL's
+  Python agent hard-codes a 0 µs wake-up, and vLLM has no setting for it, so every prefill
+  and decode engine spun a core (`prism.transfer.nixl_agent`).
 
 `prism_release_kv` frees a finished prefill's KV blocks on demand. vLLM keeps them for
 the decode that reads them, or until the connector's lease expires; `AsyncLLM.abort`
@@ -15,8 +21,13 @@ request as sent at its next step and the scheduler frees the blocks the usual wa
 
 from __future__ import annotations
 
-from typing import Literal
+import contextlib
+import ctypes
+import functools
+from collections.abc import Callable, Iterator
+from typing import Literal, TypeVar
 
+import torch.distributed
 from vllm.distributed import nixl_utils
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
 
@@ -25,6 +36,42 @@ from prism.transfer import nixl_agent
 # The connector's worker reads this module global when it starts; the engine process may
 # have imported it (binding vLLM's own agent) before this module, hence both.
 nixl_utils.NixlWrapper = base_worker.NixlWrapper = nixl_agent
+
+GLOO_TIMER_SLACK_NS = 50_000_000
+_PR_SET_TIMERSLACK, _PR_GET_TIMERSLACK = 29, 30
+_T = TypeVar("_T")
+
+
+@contextlib.contextmanager
+def timer_slack(ns: int) -> Iterator[None]:
+    """Threads started inside get `ns` of timer slack (how late a timed wait may end);
+    the calling thread keeps its own."""
+    # The standard library has no prctl; libc's is one call. Where there is none (not
+    # Linux), threads keep the default.
+    prctl = getattr(ctypes.CDLL(None), "prctl", None)
+    if prctl is None:
+        yield
+        return
+    own = prctl(_PR_GET_TIMERSLACK, 0, 0, 0, 0)
+    prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(ns), 0, 0, 0)
+    try:
+        yield
+    finally:
+        prctl(_PR_SET_TIMERSLACK, ctypes.c_ulong(own), 0, 0, 0)
+
+
+def _with_gloo_slack(make: Callable[..., _T]) -> Callable[..., _T]:
+    @functools.wraps(make)
+    def made_with_slack(*args, **kwargs) -> _T:
+        with timer_slack(GLOO_TIMER_SLACK_NS):
+            return make(*args, **kwargs)
+
+    return made_with_slack
+
+
+# vLLM makes its groups with these two.
+torch.distributed.init_process_group = _with_gloo_slack(torch.distributed.init_process_group)
+torch.distributed.new_group = _with_gloo_slack(torch.distributed.new_group)
 
 Release = Literal["released", "pending", "gone"]
 

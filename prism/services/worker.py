@@ -88,9 +88,7 @@ def engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
     return AsyncEngineArgs(
         enable_mm_embeds=args.enable_mm_embeds or args.role in _EMBEDS_ROLES,
         kv_transfer_config=kv_config,
-        worker_extension_cls=(
-            "prism.services.engine_extension.EngineExtension" if disaggregated else ""
-        ),
+        worker_extension_cls="prism.services.engine_extension.EngineExtension",
         model=args.model,
         served_model_name=args.served_model_name or None,
         dtype=args.dtype,
