@@ -1,7 +1,7 @@
 PY := .venv/bin/python
 PROTOS := $(wildcard protos/prism/v1/*.proto)
 
-.PHONY: setup demo test test-net lint protos check-protos bench bench-transfer bench-modes
+.PHONY: setup demo test test-unit test-net lint protos check-protos bench bench-transfer bench-modes
 
 setup:
 	scripts/setup.sh
@@ -12,9 +12,13 @@ demo:
 test:
 	$(PY) -m pytest -q
 
+# The everyday loop: no engine, no subprocess.
+test-unit:
+	$(PY) -m pytest -q tests/unit
+
 # Only the tests on simulated hosts (network namespaces; root), which `make test` runs too.
 test-net:
-	$(PY) -m pytest -q tests/test_hosts.py
+	$(PY) -m pytest -q tests/e2e/test_hosts.py
 
 # Not a test: Prism in each mode against `vllm serve` at concurrency 1, 8 and 32, written to
 # bench/results/latest.json and docs/benchmarks.md.

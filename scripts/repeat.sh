@@ -2,8 +2,8 @@
 # Runs the given tests N times in a row, each run in a fresh pytest, and says how many
 # passed. With LOAD=1 a CPU burner per core runs all the while (a loaded machine).
 # Logs: $OUT (default /tmp/prism-repeat)/run-K.log, and a failed run's mesh logs beside it.
-#   scripts/repeat.sh 20 tests/test_worker_loss.py
-#   LOAD=1 scripts/repeat.sh 20 tests/test_worker_loss.py::test_a_worker_killed_mid_stream_hands_the_request_to_another
+#   scripts/repeat.sh 20 tests/e2e/test_worker_loss.py
+#   LOAD=1 scripts/repeat.sh 20 tests/e2e/test_worker_loss.py::test_a_worker_killed_mid_stream_hands_the_request_to_another
 set -uo pipefail
 cd "$(dirname "$0")/.."
 runs=$1

@@ -1,8 +1,11 @@
 """Shared fixtures: tiny models, the offline-vLLM oracle, images and running meshes.
 
-Engines are expensive (about 20 s each on 2 cores), so everything that starts one is
-session-scoped and shared: one shared mesh runs at a time. Tests that start meshes of
-their own may run beside it, since an idle mesh takes no CPU (`test_idle.py`).
+Three lanes: tests/unit (pure logic and in-process servers: no engine, no subprocess; `make
+test-unit`), tests/contract (each RPC and wire contract against real server processes) and
+tests/e2e (meshes of real processes). Engines are expensive (about 20 s each on 2 cores),
+so everything that starts one is session-scoped and shared: one shared mesh runs at a
+time. Tests that start meshes of their own may run beside it, since an idle mesh takes no
+CPU (`e2e/test_idle.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import base64
 import contextlib
 import io
 import json
+import multiprocessing.process
 import os
 import subprocess
 import sys
@@ -128,6 +132,24 @@ CASES = {
     ),
     "completion": ("completion", "The quick brown fox", 16),
 }
+
+
+UNIT = ROOT / "unit"
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch) -> None:
+    """Keeps the unit lane fast and self-contained: a test there that starts a process
+    fails, and belongs in tests/contract or tests/e2e."""
+    if request.path.parent != UNIT:
+        return
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a unit test started a process: move it to tests/e2e")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
 
 
 @pytest.fixture(scope="session")
@@ -385,3 +407,12 @@ def image_server():
     yield serve
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture(scope="module")
+def reader():
+    """A NIXL transfer agent in this process, the reading side of transfer tests."""
+    from prism.transfer import TransferAgent
+
+    with TransferAgent(pool_bytes=64 * 2**20) as agent:
+        yield agent

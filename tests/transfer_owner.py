@@ -1,4 +1,5 @@
-"""The owner side of tests/test_transfer.py: a TransferAgent in its own OS process.
+"""The owner side of tests/contract/test_transfer_between_processes.py: a TransferAgent in
+its own OS process; and the tensor helpers of both sides' tests.
 
 Reads one JSON request per line on stdin and answers one JSON line on stdout; descriptors
 travel as base64 of the serialized protobuf, as they would inside a mesh message.
@@ -14,6 +15,8 @@ from dataclasses import asdict
 
 import torch
 
+from prism.v1 import common_pb2
+
 FLOATS = {"float32", "float16", "bfloat16", "float64"}
 
 
@@ -24,6 +27,20 @@ def make_tensor(dtype: str, shape: list[int], seed: int) -> torch.Tensor:
         return torch.randn(shape, generator=generator).to(getattr(torch, dtype))
     values = torch.randint(-(2**40), 2**40, shape, generator=generator, dtype=torch.int64)
     return values.to(getattr(torch, dtype))
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.view(-1).view(torch.uint8), b.view(-1).view(torch.uint8))
+    )
+
+
+def parse(wire: bytes) -> common_pb2.TensorDescriptor:
+    descriptor = common_pb2.TensorDescriptor()
+    descriptor.ParseFromString(wire)
+    return descriptor
 
 
 def main() -> None:

@@ -18,8 +18,6 @@ from prism import rpc
 from prism.rpc import PrismError
 from prism.v1 import common_pb2, engine_pb2, engine_pb2_grpc
 
-pytestmark = pytest.mark.e2e
-
 BOUND, TIMEOUT_S = 4, 1.5
 
 

@@ -17,8 +17,6 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from prism.launcher import free_port
 
-pytestmark = pytest.mark.e2e
-
 STAGES = {"prism-gateway", "prism-processor", "prism-encoder", "prism-prefill", "prism-decode"}
 
 

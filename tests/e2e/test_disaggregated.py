@@ -15,8 +15,6 @@ from prism.modes import ROLES
 from prism.rpc import PrismError
 from prism.v1 import common_pb2, engine_pb2, engine_pb2_grpc, inference_pb2
 
-pytestmark = pytest.mark.e2e
-
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13]
 
 

@@ -13,7 +13,7 @@ import yaml
 from prism.cli import build_parser
 from prism.modes import MESH_ROLE, MODES, ROLES, modes_served
 
-COMPOSE = yaml.safe_load((Path(__file__).parent.parent / "compose.yaml").read_text())
+COMPOSE = yaml.safe_load((Path(__file__).parents[2] / "compose.yaml").read_text())
 SERVICES = COMPOSE["services"]
 PRISM = {name: s for name, s in SERVICES.items() if s.get("image") == "prism:latest"}
 

@@ -27,9 +27,6 @@ from prism.v1 import (
     inference_pb2_grpc,
 )
 
-pytestmark = pytest.mark.e2e
-
-
 ENGINE_STAGES = ("worker", "prefill", "decode")
 
 

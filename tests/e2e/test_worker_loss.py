@@ -14,12 +14,9 @@ from collections import Counter
 
 import httpx
 import psutil
-import pytest
 from conftest import data_url, png, start_mesh, user, wait_for
 
 from prism.rpc import check_health
-
-pytestmark = pytest.mark.e2e
 
 
 def long_chat(mesh, max_tokens: int, image: bool = False) -> dict:

@@ -8,11 +8,8 @@ import os
 import signal
 
 import openai
-import pytest
 from conftest import data_url, png, start_mesh, user, wait_for
 from consul_double import ConsulDouble
-
-pytestmark = pytest.mark.e2e
 
 
 def served(mesh, stage: str) -> float:

@@ -21,8 +21,6 @@ from prism.services.encoder import VisionEncoder
 from prism.transfer import TransferAgent
 from prism.v1 import common_pb2, encoder_pb2, encoder_pb2_grpc, engine_pb2, engine_pb2_grpc
 
-pytestmark = pytest.mark.e2e
-
 POOL = "prism_nixl_pool_bytes_in_use"
 
 

@@ -30,10 +30,7 @@ from conftest import (
 
 from prism.rpc import check_health
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(bool(hosts.available()), reason=hosts.available() or "-"),
-]
+pytestmark = pytest.mark.skipif(bool(hosts.available()), reason=hosts.available() or "-")
 
 
 def answer(mesh, case: str) -> tuple[str, int]:

@@ -16,11 +16,8 @@ from collections import Counter
 
 import httpx
 import psutil
-import pytest
 from conftest import data_url, image_part, png, start_mesh, stream_outcome, user, wait_for
 from consul_double import ConsulDouble
-
-pytestmark = pytest.mark.e2e
 
 # PRISM_IDLE_S=300 for the five idle minutes a deployment on Consul must stay green.
 IDLE_S = float(os.environ.get("PRISM_IDLE_S", "60"))

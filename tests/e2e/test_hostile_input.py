@@ -20,8 +20,6 @@ from prism.rpc import PrismError
 from prism.tiny_models import MAX_POSITIONS
 from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
-pytestmark = pytest.mark.e2e
-
 CHAT, COMPLETIONS = "/chat/completions", "/completions"
 # The part after the text in `chat(...)`'s message, and its URL.
 PART = "messages[0].content[1]"

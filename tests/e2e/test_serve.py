@@ -13,8 +13,6 @@ import pytest
 
 from prism.launcher import free_port, http_ok
 
-pytestmark = pytest.mark.e2e
-
 
 def wait_gone(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
     _, alive = psutil.wait_procs(processes, timeout=timeout)

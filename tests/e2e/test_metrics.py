@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import openai
-import pytest
 from conftest import data_url, png, user, wait_for
 
 from prism.modes import ROLES
-
-pytestmark = pytest.mark.e2e
 
 CHAT = "/v1/chat/completions"
 

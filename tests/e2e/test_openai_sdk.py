@@ -11,8 +11,6 @@ import openai
 import pytest
 from conftest import CASES, image_part, png
 
-pytestmark = pytest.mark.e2e
-
 
 def client(mesh) -> openai.OpenAI:
     return openai.OpenAI(base_url=mesh.base_url, api_key="unused", max_retries=0)
