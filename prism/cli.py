@@ -257,15 +257,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _resolve_dtype(args: argparse.Namespace) -> None:
-    if args.dtype == "auto":
-        from vllm.platforms import current_platform
-
-        # bfloat16 kernels crash (SIGILL) on some CPUs; float32 works everywhere.
-        if current_platform.is_cpu():
-            args.dtype = "float32"
-
-
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     # Until a stage installs its graceful handler (e.g. while vLLM starts), SIGTERM must
     # unwind Python so that vLLM's finalizers stop the engine processes it spawned.
@@ -312,16 +303,6 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     if args.command == "worker":
-        # vLLM reads these when the engine starts; they must be set before.
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)
-        if args.role != "aggregated":
-            from prism.launcher import free_port
-
-            args.kv_host = args.kv_host or registry.advertise_host(args)
-            args.kv_port = args.kv_port or free_port(args.kv_host)
-            os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = args.kv_host
-            os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(args.kv_port)
-        _resolve_dtype(args)
         from prism.services import worker
 
         asyncio.run(worker.serve(args))

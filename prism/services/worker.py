@@ -14,28 +14,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
-from unittest import mock
 from uuid import uuid4
 
 import grpc
-import psutil
 import torch
 from opentelemetry.trace import Span
-from vllm import AsyncEngineArgs, SamplingParams, TokensPrompt
-from vllm.config import KVTransferConfig
+from vllm import SamplingParams, TokensPrompt
 from vllm.exceptions import VLLMClientError
-from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind
-from vllm.usage.usage_lib import UsageContext
-from vllm.utils.ompmultiprocessing import OMPProcessManager
 from vllm.v1.engine.async_llm import AsyncLLM
-from vllm.v1.executor import Executor
 
 from prism import kv_transfer, logs, multiplex, rpc, telemetry, tracing
 from prism.media import decode_image
@@ -43,6 +34,7 @@ from prism.modes import MESH_ROLE, modes_served
 from prism.registry import instance, open_registry
 from prism.rpc import PrismError, invalid
 from prism.sampling import to_vllm
+from prism.services.engine import start_engine
 from prism.tracing import tracer
 from prism.transfer import TransferAgent, TransferError
 from prism.v1 import common_pb2, encoder_pb2, engine_pb2, engine_pb2_grpc
@@ -62,9 +54,6 @@ PREFILL_ROLES = ("prefill", "encode_prefill")
 # The span of a request's work in the engine, by role.
 _SPAN_NAME = {"aggregated": "generate", "prefill": "prefill", "encode_prefill": "prefill",
               "decode": "decode"}  # fmt: skip
-# Roles that take images as embeddings: `prefill` reads them from the encoder; `decode`
-# gets placeholders, since the images' KV comes from prefill.
-_EMBEDS_ROLES = ("prefill", "decode")
 # Longest pause between tries to free a prefill's KV that the connector does not hold yet.
 _RELEASE_POLL_MAX_S = 0.25
 # The engine's health: checked this often; after this long without an output a one-token
@@ -72,33 +61,6 @@ _RELEASE_POLL_MAX_S = 0.25
 _WATCH_S = 2.0
 _CANARY_AFTER_S = 10.0
 _CANARY_TIMEOUT_S = 5.0
-
-
-def engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
-    disaggregated = args.role != "aggregated"
-    kv_config = (
-        KVTransferConfig(
-            kv_connector="NixlConnector",
-            kv_role="kv_both",
-            kv_connector_extra_config={"kv_lease_duration": args.kv_lease_s},
-        )
-        if disaggregated
-        else None
-    )
-    return AsyncEngineArgs(
-        enable_mm_embeds=args.enable_mm_embeds or args.role in _EMBEDS_ROLES,
-        kv_transfer_config=kv_config,
-        worker_extension_cls="prism.services.engine_extension.EngineExtension",
-        model=args.model,
-        served_model_name=args.served_model_name or None,
-        dtype=args.dtype,
-        max_model_len=args.max_model_len or None,
-        limit_mm_per_prompt={"image": args.max_images},
-        enforce_eager=True,
-        enable_log_requests=False,
-        disable_log_stats=False,
-        seed=args.seed,
-    )
 
 
 def embeddings_input(tensors: list[torch.Tensor], grids: Sequence[Sequence[int]]) -> object:
@@ -129,57 +91,6 @@ def image_layouts(engine_input: Mapping[str, Any]) -> list[engine_pb2.ImageLayou
             )
         )
     return layouts
-
-
-def start_engine(args: AsyncEngineArgs) -> AsyncLLM:
-    """vLLM's `AsyncLLM`; on the CPU backend, with the model run inside the engine core.
-
-    There vLLM would run the model in a process of its own, and the engine core and that
-    process wait for each other's every step by spinning on shared memory: two cores'
-    worth of waiting, taken from the request path. Run in one process, the step is a call.
-    vLLM's CPU platform allows that only where its multiprocessing flag is off (the flag
-    governs nothing else that `AsyncLLM` does)."""
-    if not current_platform.is_cpu():
-        return AsyncLLM.from_engine_args(args)
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    args.distributed_executor_backend = "uni"
-    config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
-    omp = OMPProcessManager(config)
-    if omp.auto_setup:
-        # vLLM's own binding keeps a core free for its scheduler process. Here that process
-        # runs the model, and shares every core with the request path: bound, the model
-        # would wait for a core that the request path holds while another sits idle. As
-        # many OpenMP threads as vLLM would bind, unbound.
-        environment = mock.patch.dict(os.environ, {"OMP_NUM_THREADS": str(len(omp.cpu_lists[0]))})
-    else:
-        environment = omp.configure_omp_envs(rank=0, local_rank=0)
-    # The engine core process is started inside: it inherits the OpenMP settings.
-    with environment:
-        return AsyncLLM(
-            vllm_config=config,
-            executor_class=Executor.get_class(config),
-            log_requests=args.enable_log_requests,
-            log_stats=not args.disable_log_stats,
-        )
-
-
-def lower_engine_priority(niceness: int) -> int:
-    """Makes every thread of this process's children (vLLM's engine core) `niceness`
-    nicer; returns how many threads it changed.
-
-    On the CPU backend the engine steps without pause while it has requests, on the same
-    cores as the stages that feed it. At equal priority it takes the cores from their gRPC
-    and input processing: requests then reach it late and its batches shrink. Nicer, it
-    still gets every cycle the request path leaves."""
-    changed = 0
-    for child in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            for thread in child.threads():
-                with contextlib.suppress(OSError):
-                    now = os.getpriority(os.PRIO_PROCESS, thread.id)
-                    os.setpriority(os.PRIO_PROCESS, thread.id, now + niceness)
-                    changed += 1
-    return changed
 
 
 class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
@@ -491,13 +402,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
 
 async def serve(args: argparse.Namespace) -> None:
     tracing.setup(MESH_ROLE[args.role])
-    engine = start_engine(engine_args(args))
-    niceness = args.engine_nice
-    if niceness is None:
-        niceness = 10 if current_platform.is_cpu() else 0
-    if niceness:
-        threads = lower_engine_priority(niceness)
-        log.info("engine: %d threads made %d nicer than the request path", threads, niceness)
+    engine = start_engine(args)
     reads_embeddings = args.enable_mm_embeds or args.role == "prefill"
     transfer = TransferAgent(pool_bytes=args.pool_mib * 2**20) if reads_embeddings else None
     servicer = EngineServicer(engine, args.role, transfer, args.kv_lease_s, args.max_in_flight)

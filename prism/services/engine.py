@@ -1,0 +1,133 @@
+"""A worker's vLLM engine: its environment and arguments from the worker's flags, the
+`AsyncLLM` that runs it, and its priority beside the request path."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+
+import psutil
+from vllm import AsyncEngineArgs
+from vllm.config import KVTransferConfig
+from vllm.platforms import current_platform
+from vllm.usage.usage_lib import UsageContext
+from vllm.utils.ompmultiprocessing import OMPProcessManager
+from vllm.utils.system_utils import set_env_var
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.executor import Executor
+
+from prism import registry
+from prism.launcher import free_port
+
+log = logging.getLogger(__name__)
+
+# Roles that take images as embeddings: `prefill` reads them from the encoder; `decode`
+# gets placeholders, since the images' KV comes from prefill.
+_EMBEDS_ROLES = ("prefill", "decode")
+
+
+def start_engine(args: argparse.Namespace) -> AsyncLLM:
+    """The worker's engine, started, at the priority `--engine-nice` gives it."""
+    _configure(args)
+    engine = _async_llm(engine_args(args))
+    niceness = args.engine_nice
+    if niceness is None:
+        niceness = 10 if current_platform.is_cpu() else 0
+    if niceness:
+        threads = _lower_engine_priority(niceness)
+        log.info("engine: %d threads made %d nicer than the request path", threads, niceness)
+    return engine
+
+
+def _configure(args: argparse.Namespace) -> None:
+    """What vLLM reads from the environment when the engine starts, and the dtype: the KV
+    cache size on the CPU, and the NIXL side channel of a disaggregated role."""
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)
+    if args.role != "aggregated":
+        args.kv_host = args.kv_host or registry.advertise_host(args)
+        args.kv_port = args.kv_port or free_port(args.kv_host)
+        os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = args.kv_host
+        os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(args.kv_port)
+    # bfloat16 kernels crash (SIGILL) on some CPUs; float32 works everywhere.
+    if args.dtype == "auto" and current_platform.is_cpu():
+        args.dtype = "float32"
+
+
+def engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
+    disaggregated = args.role != "aggregated"
+    kv_config = (
+        KVTransferConfig(
+            kv_connector="NixlConnector",
+            kv_role="kv_both",
+            kv_connector_extra_config={"kv_lease_duration": args.kv_lease_s},
+        )
+        if disaggregated
+        else None
+    )
+    return AsyncEngineArgs(
+        enable_mm_embeds=args.enable_mm_embeds or args.role in _EMBEDS_ROLES,
+        kv_transfer_config=kv_config,
+        worker_extension_cls="prism.services.engine_extension.EngineExtension",
+        model=args.model,
+        served_model_name=args.served_model_name or None,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len or None,
+        limit_mm_per_prompt={"image": args.max_images},
+        enforce_eager=True,
+        enable_log_requests=False,
+        disable_log_stats=False,
+        seed=args.seed,
+    )
+
+
+def _async_llm(args: AsyncEngineArgs) -> AsyncLLM:
+    """vLLM's `AsyncLLM`; on the CPU backend, with the model run inside the engine core.
+
+    There vLLM would run the model in a process of its own, and the engine core and that
+    process wait for each other's every step by spinning on shared memory: two cores'
+    worth of waiting, taken from the request path. Run in one process, the step is a call.
+    vLLM's CPU platform allows that only where its multiprocessing flag is off (the flag
+    governs nothing else that `AsyncLLM` does)."""
+    if not current_platform.is_cpu():
+        return AsyncLLM.from_engine_args(args)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    args.distributed_executor_backend = "uni"
+    config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+    omp = OMPProcessManager(config)
+    if omp.auto_setup:
+        # vLLM's own binding keeps a core free for its scheduler process. Here that process
+        # runs the model, and shares every core with the request path: bound, the model
+        # would wait for a core that the request path holds while another sits idle. As
+        # many OpenMP threads as vLLM would bind, unbound.
+        environment = set_env_var("OMP_NUM_THREADS", str(len(omp.cpu_lists[0])))
+    else:
+        environment = omp.configure_omp_envs(rank=0, local_rank=0)
+    # The engine core process is started inside: it inherits the OpenMP settings.
+    with environment:
+        return AsyncLLM(
+            vllm_config=config,
+            executor_class=Executor.get_class(config),
+            log_requests=args.enable_log_requests,
+            log_stats=not args.disable_log_stats,
+        )
+
+
+def _lower_engine_priority(niceness: int) -> int:
+    """Makes every thread of this process's children (vLLM's engine core) `niceness`
+    nicer; returns how many threads it changed.
+
+    On the CPU backend the engine steps without pause while it has requests, on the same
+    cores as the stages that feed it. At equal priority it takes the cores from their gRPC
+    and input processing: requests then reach it late and its batches shrink. Nicer, it
+    still gets every cycle the request path leaves."""
+    changed = 0
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            for thread in child.threads():
+                with contextlib.suppress(OSError):
+                    now = os.getpriority(os.PRIO_PROCESS, thread.id)
+                    os.setpriority(os.PRIO_PROCESS, thread.id, now + niceness)
+                    changed += 1
+    return changed
