@@ -20,10 +20,9 @@ from prism.cache import ByteLru
 from prism.rpc import PrismError, invalid
 from prism.tracing import tracer
 from prism.url_guard import Allowance, GuardedResolver, Refused, check_host
-from prism.v1 import common_pb2
+from prism.v1 import common_pb2, errors_pb2
 
 MIME_BY_FORMAT = {"JPEG": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp"}
-UNSUPPORTED = "UNSUPPORTED_MEDIA_TYPE"
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,7 @@ def decode_image(data: bytes) -> PIL.Image.Image:
 
 
 def unsupported(message: str, param: str) -> PrismError:
-    return invalid(message, param=param, reason=UNSUPPORTED)
+    return invalid(message, param=param, reason=errors_pb2.ERROR_REASON_UNSUPPORTED_MEDIA_TYPE)
 
 
 def check_image(data: bytes, policy: MediaPolicy, param: str) -> LoadedImage:
@@ -181,7 +180,9 @@ class ImageLoader:
                         raise invalid(f"fetching image failed: HTTP {response.status}", param)
                     return await self._read(response, param)
         except Refused as exc:
-            raise invalid(f"image URL refused: {exc}", param, reason="URL_REFUSED") from None
+            raise invalid(
+                f"image URL refused: {exc}", param, reason=errors_pb2.ERROR_REASON_URL_REFUSED
+            ) from None
         except TimeoutError:
             raise invalid("fetching image timed out", param) from None
         except aiohttp.ClientError as exc:

@@ -1,8 +1,8 @@
 """gRPC plumbing shared by every process: servers, channels and the error model.
 
-Errors travel as gRPC status codes with a `google.rpc.ErrorInfo` detail (reason and the
-offending parameter), so any client can read them and the gateway maps them to HTTP in
-one place (`http_status`).
+Errors travel as gRPC status codes with a `google.rpc.ErrorInfo` detail (a reason of
+`prism.v1.ErrorReason` and the offending parameter), so any client can read them and the
+gateway maps them to HTTP in one place (`http_status`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
 from prism import logs, tracing
-from prism.v1 import load_pb2, load_pb2_grpc
+from prism.v1 import errors_pb2, load_pb2, load_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -70,22 +70,33 @@ _HTTP_STATUS = {
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
-# ErrorInfo reasons whose HTTP status is finer than their gRPC code.
-_HTTP_STATUS_BY_REASON = {"UNSUPPORTED_MEDIA_TYPE": 415}
+# Reasons whose HTTP status is finer than their gRPC code.
+_HTTP_STATUS_BY_REASON = {errors_pb2.ERROR_REASON_UNSUPPORTED_MEDIA_TYPE: 415}
+_REASON_PREFIX = "ERROR_REASON_"
 
 
 @dataclass
 class PrismError(Exception):
-    """A request failure with its gRPC code, a reason and the parameter at fault."""
+    """A request failure with its gRPC code, a reason and the parameter at fault. Without
+    a finer reason, the reason is the one that names the code."""
 
     code: grpc.StatusCode
     message: str
-    reason: str = ""
+    reason: errors_pb2.ErrorReason = errors_pb2.ERROR_REASON_UNSPECIFIED
     param: str | None = None
     metadata: dict[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if self.reason == errors_pb2.ERROR_REASON_UNSPECIFIED:
+            self.reason = errors_pb2.ErrorReason.Value(_REASON_PREFIX + self.code.name)
+
     def __str__(self) -> str:
         return self.message
+
+    @property
+    def reason_name(self) -> str:
+        """The reason as `ErrorInfo` carries it: "KV_TRANSFER_FAILED"."""
+        return errors_pb2.ErrorReason.Name(self.reason).removeprefix(_REASON_PREFIX)
 
     @property
     def http_status(self) -> int:
@@ -93,7 +104,7 @@ class PrismError(Exception):
 
     def to_status(self) -> grpc.Status:
         info = error_details_pb2.ErrorInfo(
-            reason=self.reason or self.code.name, domain=ERROR_DOMAIN, metadata=self.metadata
+            reason=self.reason_name, domain=ERROR_DOMAIN, metadata=self.metadata
         )
         if self.param is not None:
             info.metadata["param"] = self.param
@@ -109,12 +120,15 @@ class PrismError(Exception):
         """Reads the code, message and ErrorInfo back from a failed call."""
         code = err.code() if callable(getattr(err, "code", None)) else grpc.StatusCode.UNKNOWN
         message = err.details() if callable(getattr(err, "details", None)) else str(err)
-        reason, param, metadata = "", None, {}
+        reason, param, metadata = errors_pb2.ERROR_REASON_UNSPECIFIED, None, {}
         status = rpc_status.from_call(err) if hasattr(err, "trailing_metadata") else None
         for detail in status.details if status else ():
             info = error_details_pb2.ErrorInfo()
             if detail.Unpack(info):
-                reason = info.reason
+                # A reason this version does not know (a newer peer's) leaves the code's.
+                name = _REASON_PREFIX + info.reason
+                if name in errors_pb2.ErrorReason.DESCRIPTOR.values_by_name:
+                    reason = errors_pb2.ErrorReason.Value(name)
                 metadata = dict(info.metadata)
                 param = metadata.pop("param", None)
         return cls(code, message or code.name, reason=reason, param=param, metadata=metadata)
@@ -138,7 +152,7 @@ class InFlightLimit:
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"overloaded: {self.count} {self.what} in flight, the limit is {self.limit}; "
                 "retry later",
-                reason="OVERLOADED",
+                reason=errors_pb2.ERROR_REASON_OVERLOADED,
                 metadata={"retry_after_s": str(self.RETRY_AFTER_S)},
             )
         self.count += 1
@@ -148,7 +162,11 @@ class InFlightLimit:
             self.count -= 1
 
 
-def invalid(message: str, param: str | None = None, reason: str = "") -> PrismError:
+def invalid(
+    message: str,
+    param: str | None = None,
+    reason: errors_pb2.ErrorReason = errors_pb2.ERROR_REASON_UNSPECIFIED,
+) -> PrismError:
     return PrismError(grpc.StatusCode.INVALID_ARGUMENT, message, reason=reason, param=param)
 
 

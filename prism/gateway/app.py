@@ -25,7 +25,7 @@ from prism.gateway import translate
 from prism.registry import Instance, instance, open_registry
 from prism.routing import Router
 from prism.rpc import PrismError, invalid
-from prism.v1 import inference_pb2, inference_pb2_grpc
+from prism.v1 import errors_pb2, inference_pb2, inference_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +237,7 @@ class FrontDoor:
             raise PrismError(
                 grpc.StatusCode.UNAUTHENTICATED,
                 "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                reason="INVALID_API_KEY",
+                reason=errors_pb2.ERROR_REASON_INVALID_API_KEY,
             )
 
 

@@ -252,7 +252,7 @@ def error_body(error: PrismError) -> dict[str, Any]:
             "message": error.message,
             "type": kind,
             "param": error.param,
-            "code": (error.reason or error.code.name).lower(),
+            "code": error.reason_name.lower(),
         }
     }
 

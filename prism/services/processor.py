@@ -36,6 +36,7 @@ from prism.v1 import (
     encoder_pb2_grpc,
     engine_pb2,
     engine_pb2_grpc,
+    errors_pb2,
     inference_pb2,
     inference_pb2_grpc,
     load_pb2,
@@ -108,7 +109,10 @@ _CONNECT_S = 3.0
 # A worker could not read what another replica held for the request (prefill's KV, an
 # encoder's embeddings): that replica is lost, not the worker, and so is its data for every
 # worker. The request runs again from the stage that lost it.
-_UPSTREAM_LOST = ("KV_TRANSFER_FAILED", "EMBEDDINGS_UNAVAILABLE")
+_UPSTREAM_LOST = (
+    errors_pb2.ERROR_REASON_KV_TRANSFER_FAILED,
+    errors_pb2.ERROR_REASON_EMBEDDINGS_UNAVAILABLE,
+)
 
 
 def _replica_gone(exc: grpc.aio.AioRpcError) -> bool:
@@ -277,10 +281,12 @@ class Pipeline:
                 yield reply
         except grpc.aio.AioRpcError as exc:
             if encoder:
-                self._blame(exc, "EMBEDDINGS_UNAVAILABLE", encoder)
+                self._blame(exc, errors_pb2.ERROR_REASON_EMBEDDINGS_UNAVAILABLE, encoder)
             raise
 
-    def _blame(self, exc: grpc.aio.AioRpcError, reason: str, holder: str) -> None:
+    def _blame(
+        self, exc: grpc.aio.AioRpcError, reason: errors_pb2.ErrorReason, holder: str
+    ) -> None:
         """A worker's call failed with `exc`: if for `reason` (it could not read what the
         replica at `holder` held for it), that replica is marked down, so that the request,
         run again, goes elsewhere."""
@@ -396,7 +402,7 @@ class Pipeline:
                     reply.prompt_tokens = 0
                 yield reply
         except grpc.aio.AioRpcError as exc:
-            self._blame(exc, "KV_TRANSFER_FAILED", prefill_address)
+            self._blame(exc, errors_pb2.ERROR_REASON_KV_TRANSFER_FAILED, prefill_address)
             raise
         finally:
             if held:
@@ -460,7 +466,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
             raise PrismError(
                 grpc.StatusCode.NOT_FOUND,
                 f"The model `{model}` does not exist.",
-                reason="MODEL_NOT_FOUND",
+                reason=errors_pb2.ERROR_REASON_MODEL_NOT_FOUND,
                 param="model",
             )
 

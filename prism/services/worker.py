@@ -37,7 +37,7 @@ from prism.sampling import to_vllm
 from prism.services.engine import start_engine
 from prism.tracing import tracer
 from prism.transfer import TransferAgent, TransferError
-from prism.v1 import common_pb2, encoder_pb2, engine_pb2, engine_pb2_grpc
+from prism.v1 import common_pb2, encoder_pb2, engine_pb2, engine_pb2_grpc, errors_pb2
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
             raise PrismError(
                 grpc.StatusCode.UNAVAILABLE,
                 f"image embeddings could not be read: {exc}",
-                reason="EMBEDDINGS_UNAVAILABLE",
+                reason=errors_pb2.ERROR_REASON_EMBEDDINGS_UNAVAILABLE,
                 param="image_embeddings",
             ) from None
         return embeddings_input(list(tensors), [h.image_grid_thw for h in handles])
@@ -221,7 +221,7 @@ class EngineServicer(engine_pb2_grpc.EngineServiceServicer):
                     grpc.StatusCode.UNAVAILABLE,
                     "the prompt's KV cache could not be read from the prefill engine "
                     f"{kv.remote_engine_id} at {kv.remote_host}:{kv.remote_port}",
-                    reason="KV_TRANSFER_FAILED",
+                    reason=errors_pb2.ERROR_REASON_KV_TRANSFER_FAILED,
                     param="kv_transfer_params",
                 )
             raise PrismError(grpc.StatusCode.INTERNAL, "the engine failed the request")

@@ -265,7 +265,7 @@ def test_unknown_model_is_not_found(mesh):
     with pytest.raises(grpc.RpcError) as info:
         list(inference(mesh).Chat(request, timeout=30))
     assert info.value.code() == grpc.StatusCode.NOT_FOUND
-    assert PrismError.from_rpc_error(info.value).reason == "MODEL_NOT_FOUND"
+    assert PrismError.from_rpc_error(info.value).reason_name == "MODEL_NOT_FOUND"
 
 
 def test_health_and_reflection(mesh):

@@ -110,7 +110,7 @@ def test_decode_fails_cleanly_when_the_prefill_kv_is_unreachable(pd):
         list(stub(pd, "decode").Generate(lost, timeout=60))
     error = PrismError.from_rpc_error(info.value)
     assert error.code == grpc.StatusCode.UNAVAILABLE
-    assert error.reason == "KV_TRANSFER_FAILED" and "gone" in error.message
+    assert error.reason_name == "KV_TRANSFER_FAILED" and "gone" in error.message
     # Decode keeps serving, and frees what it had allocated for the failed request.
     again = prefill(pd, "pd-after-lost")
     replies = list(stub(pd, "decode").Generate(decode_request("pd-after-lost", again)))

@@ -155,7 +155,7 @@ def test_worker_fails_cleanly_when_the_embeddings_owner_is_gone(mesh, models, or
     assert time.monotonic() - started < 30
     error = PrismError.from_rpc_error(info.value)
     assert error.code == grpc.StatusCode.UNAVAILABLE
-    assert error.reason == "EMBEDDINGS_UNAVAILABLE" and "embeddings" in error.message
+    assert error.reason_name == "EMBEDDINGS_UNAVAILABLE" and "embeddings" in error.message
     # The worker keeps serving.
     client = openai.OpenAI(base_url=mesh.base_url, api_key="unused", max_retries=0)
     _, messages, max_tokens = CASES["one_image"]

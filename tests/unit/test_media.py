@@ -33,17 +33,17 @@ def test_accepted_formats(fmt, mime):
         (encode("BMP"), "UNSUPPORTED_MEDIA_TYPE"),
         (b"<svg xmlns='http://www.w3.org/2000/svg'/>", "UNSUPPORTED_MEDIA_TYPE"),
         (b"hello", "UNSUPPORTED_MEDIA_TYPE"),
-        (b"", ""),
-        (png(1)[:-30], ""),
+        (b"", "INVALID_ARGUMENT"),
+        (png(1)[:-30], "INVALID_ARGUMENT"),
     ],
     ids=["gif", "bmp", "svg", "text", "empty", "truncated"],
 )
 def test_rejected_images(data, reason):
     with pytest.raises(PrismError) as info:
         check_image(data, MediaPolicy(), "img")
-    assert info.value.reason == reason
+    assert info.value.reason_name == reason
     assert info.value.param == "img"
-    assert info.value.http_status == (415 if reason else 400)
+    assert info.value.http_status == (415 if reason == "UNSUPPORTED_MEDIA_TYPE" else 400)
 
 
 def test_pixel_cap_is_checked_before_decoding():

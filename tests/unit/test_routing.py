@@ -24,6 +24,7 @@ from prism.v1 import (
     encoder_pb2_grpc,
     engine_pb2,
     engine_pb2_grpc,
+    errors_pb2,
     load_pb2,
     load_pb2_grpc,
 )
@@ -210,7 +211,9 @@ def test_only_one_retry_and_only_before_the_first_reply():
 
 
 def test_errors_that_another_replica_would_repeat_are_not_retried():
-    lost = PrismError(grpc.StatusCode.UNAVAILABLE, "KV gone", reason="KV_TRANSFER_FAILED")
+    lost = PrismError(
+        grpc.StatusCode.UNAVAILABLE, "KV gone", reason=errors_pb2.ERROR_REASON_KV_TRANSFER_FAILED
+    )
     for fail in (lost, PrismError(grpc.StatusCode.INVALID_ARGUMENT, "bad")):
         first, second = FakeEngine(1, fail=fail), FakeEngine(2)
         with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -344,7 +347,11 @@ class FakeDecode(FakeEngine):
     async def replies(self, request):
         if request.kv_transfer_params.remote_engine_id == self.lost:
             self.calls += 1
-            raise PrismError(grpc.StatusCode.UNAVAILABLE, "no KV", reason="KV_TRANSFER_FAILED")
+            raise PrismError(
+                grpc.StatusCode.UNAVAILABLE,
+                "no KV",
+                reason=errors_pb2.ERROR_REASON_KV_TRANSFER_FAILED,
+            )
         async for reply in super().replies(request):
             yield reply
 
@@ -403,7 +410,9 @@ class EmbeddingsReader(FakeEngine):
         if any(h.embeddings.agent_name == self.lost for h in request.image_embeddings):
             self.calls += 1
             raise PrismError(
-                grpc.StatusCode.UNAVAILABLE, "unreadable", reason="EMBEDDINGS_UNAVAILABLE"
+                grpc.StatusCode.UNAVAILABLE,
+                "unreadable",
+                reason=errors_pb2.ERROR_REASON_EMBEDDINGS_UNAVAILABLE,
             )
         async for reply in super().replies(request):
             yield reply

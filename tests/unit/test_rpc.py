@@ -13,13 +13,15 @@ from prism import rpc
 from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.rpc import PrismError
-from prism.v1 import inference_pb2, inference_pb2_grpc
+from prism.v1 import errors_pb2, inference_pb2, inference_pb2_grpc
 
 
 class Failing(inference_pb2_grpc.InferenceServiceServicer):
     @rpc.rpc_errors
     async def ListModels(self, request, context):
-        raise rpc.invalid("bad thing", param="messages[0]", reason="UNSUPPORTED_MEDIA_TYPE")
+        raise rpc.invalid(
+            "bad thing", param="messages[0]", reason=errors_pb2.ERROR_REASON_UNSUPPORTED_MEDIA_TYPE
+        )
 
     @rpc.rpc_errors
     async def Chat(self, request, context):
@@ -42,6 +44,7 @@ def test_errors_round_trip_with_details():
                 error = PrismError.from_rpc_error(info.value)
                 assert error.code == grpc.StatusCode.INVALID_ARGUMENT
                 assert (error.message, error.param) == ("bad thing", "messages[0]")
+                assert error.reason == errors_pb2.ERROR_REASON_UNSUPPORTED_MEDIA_TYPE
                 assert error.http_status == 415
 
                 call = stub.Chat(inference_pb2.ChatRequest())
@@ -50,10 +53,21 @@ def test_errors_round_trip_with_details():
                     await call.read()
                 error = PrismError.from_rpc_error(info.value)
                 assert error.code == grpc.StatusCode.INTERNAL and "exploded" in error.message
+                assert error.reason_name == "INTERNAL"
         finally:
             await server.server.stop(0)
 
     asyncio.run(run())
+
+
+def test_every_status_code_names_a_reason_of_its_own():
+    """Every ErrorInfo reason comes from prism.v1.ErrorReason: where no finer reason is
+    given, the one that names the status code."""
+    for code in grpc.StatusCode:
+        if code is not grpc.StatusCode.OK:
+            assert PrismError(code, "failed").reason_name == code.name
+    named = PrismError(grpc.StatusCode.NOT_FOUND, "no", errors_pb2.ERROR_REASON_MODEL_NOT_FOUND)
+    assert named.reason_name == "MODEL_NOT_FOUND"
 
 
 def test_health_starts_not_serving_then_serves():

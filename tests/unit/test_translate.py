@@ -5,7 +5,7 @@ import pytest
 
 from prism.gateway import translate
 from prism.rpc import PrismError
-from prism.v1 import common_pb2, inference_pb2
+from prism.v1 import common_pb2, errors_pb2, inference_pb2
 
 
 def chat(**fields):
@@ -122,12 +122,13 @@ def test_finish_reasons_and_usage():
         (grpc.StatusCode.INVALID_ARGUMENT, "UNSUPPORTED_MEDIA_TYPE", 415, "invalid_request_error"),
         (grpc.StatusCode.NOT_FOUND, "MODEL_NOT_FOUND", 404, "invalid_request_error"),
         (grpc.StatusCode.UNAVAILABLE, "", 503, "server_error"),
-        (grpc.StatusCode.RESOURCE_EXHAUSTED, "", 429, "rate_limit_error"),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, "OVERLOADED", 429, "rate_limit_error"),
         (grpc.StatusCode.INTERNAL, "", 500, "server_error"),
     ],
 )
 def test_error_body(code, reason, status, kind):
-    error = PrismError(code, "boom", reason=reason, param="p")
+    named = errors_pb2.ErrorReason.Value(f"ERROR_REASON_{reason}") if reason else 0
+    error = PrismError(code, "boom", reason=named, param="p")
     assert error.http_status == status
     body = translate.error_body(error)["error"]
     assert body == {"message": "boom", "type": kind, "param": "p",

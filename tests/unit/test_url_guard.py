@@ -106,7 +106,7 @@ def test_loopback_fetches_are_refused_unless_allowed(image_server):
     for target in (url, by_ip, by_ip.replace("127.0.0.1", "[::1]")):
         with pytest.raises(PrismError) as info:
             fetch(target)
-        assert info.value.reason == "URL_REFUSED" and info.value.http_status == 400
+        assert info.value.reason_name == "URL_REFUSED" and info.value.http_status == 400
         assert "loopback" in info.value.message and info.value.param == "image_url"
     assert fetch(url, fetch_allow=(ALLOWED_HOST,)) == png(8)
     assert fetch(by_ip, fetch_allow=("127.0.0.1/32",)) == png(8)
@@ -121,7 +121,7 @@ def test_every_redirect_is_checked_and_counted(image_server):
     sneaky = image_server("/guard/sneaky", location=by_ip)
     with pytest.raises(PrismError) as info:
         fetch(sneaky, fetch_allow=(ALLOWED_HOST,))
-    assert info.value.reason == "URL_REFUSED"
+    assert info.value.reason_name == "URL_REFUSED"
     loop = image_server("/guard/loop", location="/guard/loop")
     with pytest.raises(PrismError, match="more than 3 redirects"):
         fetch(loop, fetch_allow=(ALLOWED_HOST,))
