@@ -28,19 +28,13 @@ from typing import Any, TypeVar
 
 import torch
 
+from prism.nixl_compat import nixl_agent
 from prism.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 
 ALIGNMENT = 64
 DEFAULT_POOL_BYTES = 256 * 2**20
-
-# nixl_agent starts UCX's progress thread with a 0 µs poll() timeout, which spins a whole
-# core per process even when idle, mostly in the kernel. With a timeout the thread sleeps on
-# UCX's event fd and still wakes at once on traffic; the timeout only bounds a missed
-# wake-up. The thread is needed: a reader's READ completes only after the owner's UCX
-# worker has progressed.
-PROGRESS_WAKEUP_US = 10_000
 
 _DTYPES: dict[str, torch.dtype] = {
     str(dtype).removeprefix("torch."): dtype
@@ -153,39 +147,6 @@ class PoolAllocator:
 class _Publication:
     offset: int
     id: int
-
-
-def nixl_agent(name: str, conf: Any = None) -> Any:
-    """`nixl.nixl_agent(name, conf)`, alike in all but its progress thread's wake-up.
-
-    Prism's transfer agents are made here, and so are vLLM's (`engine_extension`)."""
-    import nixl
-
-    conf = conf or nixl.nixl_agent_config()
-    # nixl_agent cannot set the wake-up: build it with no backend and no thread, swap in a
-    # core agent built with one, then add the backends as nixl_agent would have.
-    agent = nixl.nixl_agent(name, nixl.nixl_agent_config(enable_prog_thread=False, backends=[]))
-    core = nixl._bindings.nixlAgentConfig()
-    core.useProgThread = conf.enable_pthread
-    core.useListenThread = conf.enable_listen
-    core.listenPort = conf.port
-    sync = conf.sync_mode or (
-        nixl.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT
-        if conf.enable_listen
-        else nixl.nixl_thread_sync_t.NIXL_THREAD_SYNC_NONE
-    )
-    core.syncMode = sync.value
-    core.pthrDelay = PROGRESS_WAKEUP_US
-    core.lthrDelay = 100_000
-    core.captureTelemetry = conf.capture_telemetry
-    agent.agent = nixl._bindings.nixlAgent(name, core)
-    for backend in conf.backends:
-        if backend not in agent.plugin_list:
-            log.warning("NIXL has no %s plugin; agent %s goes without it", backend, name)
-            continue
-        init = {"num_threads": str(conf.num_threads)} if conf.num_threads > 0 else {}
-        agent.create_backend(backend, init)
-    return agent
 
 
 def _new_nixl_agent(name: str) -> Any:

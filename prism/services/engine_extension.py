@@ -10,7 +10,7 @@ makes its process groups or its KV connector) does two things to let an idle eng
   timeouts come at most 20 times a second, while socket events still wake them at once.
 - the NIXL KV connector gets an agent whose progress thread sleeps while idle: NIXL's
   Python agent hard-codes a 0 µs wake-up, and vLLM has no setting for it, so every prefill
-  and decode engine spun a core (`prism.transfer.nixl_agent`).
+  and decode engine spun a core (`prism.nixl_compat`).
 
 `prism_release_kv` frees a finished prefill's KV blocks on demand. vLLM keeps them for
 the decode that reads them, or until the connector's lease expires; `AsyncLLM.abort`
@@ -31,7 +31,7 @@ import torch.distributed
 from vllm.distributed import nixl_utils
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
 
-from prism.transfer import nixl_agent
+from prism.nixl_compat import nixl_agent
 
 # The connector's worker reads this module global when it starts; the engine process may
 # have imported it (binding vLLM's own agent) before this module, hence both.

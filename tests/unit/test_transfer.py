@@ -12,7 +12,8 @@ import time
 import pytest
 from transfer_owner import make_tensor, parse, same_bytes
 
-from prism.transfer import PoolAllocator, TransferAgent, TransferError, nixl_agent
+from prism.nixl_compat import nixl_agent
+from prism.transfer import PoolAllocator, TransferAgent, TransferError
 from prism.v1 import common_pb2
 
 pytestmark = pytest.mark.timeout(120)
