@@ -9,10 +9,18 @@ import sys
 import threading
 import time
 
+import nixl
 import pytest
 from transfer_owner import make_tensor, parse, same_bytes
 
+# vLLM's connector and Prism's engine extension are imported here, not in a test: the
+# import runs `file` (Python's platform.architecture), and unit tests start no process.
+# With the extension imported, vLLM's connector makes Prism's NIXL agent, as it does in an
+# engine process.
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker  # isort: skip
+
 from prism.nixl_compat import nixl_agent
+from prism.services.engine_extension import GLOO_TIMER_SLACK_NS, timer_slack
 from prism.transfer import PoolAllocator, TransferAgent, TransferError
 from prism.v1 import common_pb2
 
@@ -105,11 +113,6 @@ def test_idle_agent_does_not_spin(reader):
 def test_vllms_nixl_agent_is_made_not_to_spin():
     """vLLM's KV connector builds its NIXL agent (with its own config) through
     `nixl_agent`, once the engine process imports Prism's engine extension."""
-    import nixl
-    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
-
-    import prism.services.engine_extension  # noqa: F401
-
     assert base_worker.NixlWrapper is nixl_agent
     agent = nixl_agent("vllm-like", nixl.nixl_agent_config(num_threads=4, capture_telemetry=True))
     assert "UCX" in agent.backends
@@ -123,8 +126,6 @@ def test_threads_made_under_timer_slack_get_it_and_their_maker_keeps_its_own():
     """vLLM's gloo groups, made once the engine process imports Prism's engine extension,
     start their threads under 50 ms of timer slack; the engine's own thread keeps its."""
     import torch.distributed
-
-    from prism.services.engine_extension import GLOO_TIMER_SLACK_NS, timer_slack
 
     prctl = ctypes.CDLL(None).prctl
 
