@@ -13,7 +13,7 @@ import signal
 import sys
 
 from prism import logs, registry
-from prism.modes import MODES, WORKER_ROLES
+from prism.modes import MODES, EngineRole
 from prism.routing import POLICIES
 
 
@@ -178,8 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_args(worker)
     worker.add_argument(
         "--role",
-        default="aggregated",
-        choices=WORKER_ROLES,
+        default=EngineRole.AGGREGATED,
+        type=EngineRole,
+        choices=list(EngineRole),
         help="aggregated: whole answers; prefill (images as embeddings) and encode_prefill "
         "(images as pixels): the prompt's KV cache and first token; decode: the rest",
     )

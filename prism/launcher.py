@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
-from prism.modes import MODES, PREFILL_ROLE, ROLES
+from prism.modes import EngineRole, MeshRole, mode
 from prism.rpc import check_health
 
 _PR_SET_PDEATHSIG = 1
@@ -153,8 +153,7 @@ def _grpc_stage(name: str, host: str, argv: list[str]) -> Stage:
 
 def plan(config: MeshConfig) -> list[Stage]:
     """The stages of a mode, in start order, with their ports and peers."""
-    if config.mode not in MODES:
-        raise ValueError(f"unknown mode {config.mode!r}; choose from {', '.join(MODES)}")
+    deployed = mode(config.mode)
     prism = [sys.executable, "-m", "prism.cli", "--log-level", config.log_level,
              "--log-format", config.log_format]  # fmt: skip
     common = ["--model", config.model, "--host", config.host,
@@ -167,35 +166,37 @@ def plan(config: MeshConfig) -> list[Stage]:
     engine = ["--dtype", config.dtype, "--kv-cache-gib", str(config.kv_cache_gib)]
     fetch = [arg for allowed in config.fetch_allow for arg in ("--fetch-allow", allowed)]
 
-    roles = ROLES[config.mode]
     encoders = [
         _grpc_stage(f"encoder-{i}", config.host, [*prism, "encoder", *common, *fetch])
-        for i in range(config.encoders if "encoder" in roles else 0)
+        for i in range(config.encoders if deployed.has_encoder else 0)
     ]
 
     def workers(name: str, count: int, flags: list[str]) -> list[Stage]:
         argv = [*prism, "worker", *common, *engine, *flags]
         return [_grpc_stage(f"{name}-{i}", config.host, argv) for i in range(count)]
 
-    if "decode" in roles:
+    by_role: dict[str, list[Stage]]
+    if deployed.prefill is not None:
         by_role = {
-            "prefill": workers(
-                "prefill", config.prefill_workers, ["--role", PREFILL_ROLE[config.mode]]
+            MeshRole.PREFILL: workers(
+                "prefill", config.prefill_workers, ["--role", deployed.prefill]
             ),
-            "decode": workers("decode", config.decode_workers, ["--role", "decode"]),
+            MeshRole.DECODE: workers(
+                "decode", config.decode_workers, ["--role", EngineRole.DECODE]
+            ),
         }
-        for stage in by_role["prefill"] + by_role["decode"]:
+        for stage in by_role[MeshRole.PREFILL] + by_role[MeshRole.DECODE]:
             stage.argv += ["--kv-port", str(free_port(config.host))]
     else:
-        flags = ["--role", "aggregated"] + (["--enable-mm-embeds"] if encoders else [])
-        by_role = {"worker": workers("worker", config.workers, flags)}
+        flags = ["--role", EngineRole.AGGREGATED] + (["--enable-mm-embeds"] if encoders else [])
+        by_role = {MeshRole.WORKER: workers("worker", config.workers, flags)}
     engines = [stage for stages in by_role.values() for stage in stages]
     # One engine alone keeps vLLM's own binding.
     if len(engines) > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         for stage, cores in zip(engines, _core_slices(len(engines)), strict=True):
             stage.cpus = cores
             stage.env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(cores)))
-    by_role["encoder"] = encoders
+    by_role[MeshRole.ENCODER] = encoders
 
     def peers(by_role: dict[str, list[Stage]]) -> list[str]:
         # A dynamic registry tells each stage where its peers are.

@@ -2,8 +2,9 @@
 
 Off unless the standard variables ask for it: `OTEL_TRACES_EXPORTER` (otlp, console) or
 an OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`;
-`OTEL_EXPORTER_OTLP_PROTOCOL` grpc or http/protobuf). When on, gRPC servers and channels
-get OpenTelemetry's interceptors, which carry the W3C trace context in gRPC metadata, and
+`OTEL_EXPORTER_OTLP_PROTOCOL` grpc or http/protobuf). When on, gRPC channels get
+OpenTelemetry's interceptors, which carry the W3C trace context in gRPC metadata (servers
+read it in the stage runtime, prism.rpc.service, which makes each call's span), and
 the gateway's FastAPI app is instrumented (an incoming `traceparent` is honoured). When
 off, nothing is installed and `tracer` hands out no-op spans.
 """
@@ -93,14 +94,6 @@ def _traced_calls() -> Callable[[object], bool]:
             *(filters.method_name(m) for m in ("GenerateBatch", "ChatBatch", "CompleteBatch")),
         )
     )
-
-
-def server_interceptors() -> list:
-    if not _enabled:
-        return []
-    from opentelemetry.instrumentation.grpc import aio_server_interceptor
-
-    return [aio_server_interceptor(filter_=_traced_calls())]
 
 
 def client_interceptors() -> list:

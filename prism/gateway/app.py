@@ -20,11 +20,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
-from prism import logs, multiplex, rpc, telemetry, tracing
+from prism import logs, rpc, telemetry, tracing
 from prism.gateway import translate
 from prism.registry import Instance, instance, open_registry
 from prism.routing import Router
-from prism.rpc import PrismError, invalid
+from prism.rpc import PrismError, invalid, multiplex
+from prism.rpc.stage import freeze_startup_heap
 from prism.v1 import errors_pb2, inference_pb2, inference_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -414,7 +415,7 @@ def serve(args: argparse.Namespace) -> None:
         request_timeout=args.request_timeout,
     )
     log.info("gateway listening on http://%s:%d", args.host, args.port)
-    rpc.freeze_startup_heap()
+    freeze_startup_heap()
     uvicorn.run(
         app,
         host=args.host,

@@ -17,23 +17,21 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import grpc
 import torch
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
-from prism import logs, rpc, telemetry, tracing
+from prism import logs, rpc, telemetry
 from prism.cache import ByteLru
 from prism.media import ImageLoader, LoadedImage, MediaPolicy, decode_image
 from prism.modes import modes_served
-from prism.registry import instance, open_registry
 from prism.rpc import invalid
+from prism.rpc.service import Service
+from prism.rpc.stage import Stage
 from prism.tracing import tracer
 from prism.transfer import TransferAgent
 from prism.v1 import encoder_pb2, encoder_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-SERVICE = encoder_pb2.DESCRIPTOR.services_by_name["EncoderService"].full_name
 
 
 @dataclass(frozen=True)
@@ -90,7 +88,9 @@ class VisionEncoder:
         ]
 
 
-class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
+class EncoderServicer:
+    """The handler of `EncoderService`, served by the stage runtime as `service`."""
+
     def __init__(
         self,
         model_id: str,
@@ -108,6 +108,12 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
         self.cache = cache
         self.lease_s = lease_s
         self.limit = rpc.InFlightLimit(max_in_flight, "encode requests")
+        self.service = Service(
+            encoder_pb2.DESCRIPTOR.services_by_name["EncoderService"],
+            encoder_pb2_grpc,
+            self.limit,
+        )
+        self.service.unary("Encode", self.encode, admit=True)
 
     def content_hash(self, image: LoadedImage) -> str:
         digest = hashlib.sha256(self.model_id.encode() + b"\0" + image.data)
@@ -145,21 +151,17 @@ class EncoderServicer(encoder_pb2_grpc.EncoderServiceServicer):
             )
         return handles
 
-    @rpc.rpc_errors
-    async def Encode(
-        self, request: encoder_pb2.EncodeRequest, context: grpc.aio.ServicerContext
-    ) -> encoder_pb2.EncodeResponse:
+    async def encode(self, request: encoder_pb2.EncodeRequest) -> encoder_pb2.EncodeResponse:
         if not request.images:
             raise invalid("images must not be empty", "images")
         limit = self.loader.policy.max_images
         if len(request.images) > limit:
             raise invalid(f"at most {limit} images per request", "images")
-        with self.limit.admit():
-            images = await asyncio.gather(
-                *(self.loader.load(image, f"images[{i}]") for i, image in enumerate(request.images))
-            )
-            request_id = request.request_id or uuid.uuid4().hex
-            handles = await asyncio.to_thread(self._encode_and_publish, request_id, images)
+        images = await asyncio.gather(
+            *(self.loader.load(image, f"images[{i}]") for i, image in enumerate(request.images))
+        )
+        request_id = request.request_id or uuid.uuid4().hex
+        handles = await asyncio.to_thread(self._encode_and_publish, request_id, images)
         cached = sum(handle.cached for handle in handles)
         log.info("encoded %d images for %s (%d from the cache)", len(handles), request_id, cached)
         return encoder_pb2.EncodeResponse(handles=handles)
@@ -181,7 +183,7 @@ async def _release_read_embeddings(
 
 
 async def serve(args: argparse.Namespace) -> None:
-    tracing.setup("encoder")
+    stage = Stage(args, "encoder")
     vision = await asyncio.to_thread(VisionEncoder, args.model)
     agent = TransferAgent(pool_bytes=args.pool_mib * 2**20, lease_s=args.lease_s)
     loader = ImageLoader(
@@ -191,32 +193,19 @@ async def serve(args: argparse.Namespace) -> None:
     servicer = EncoderServicer(
         args.model, vision, agent, loader, cache, args.lease_s, args.max_in_flight
     )
-    server = await rpc.start_server(
-        f"{args.host}:{args.port}",
-        lambda s: encoder_pb2_grpc.add_EncoderServiceServicer_to_server(servicer, s),
-        [SERVICE],
-        in_flight=lambda: servicer.limit.count,
-    )
-    telemetry.serve_metrics(
-        args.metrics_port,
-        args.host,
-        [
-            telemetry.transfer_collector(agent),
-            telemetry.cache_collector("prism_embedding_cache", "Embedding", cache.stats),
-            telemetry.cache_collector("prism_image_cache", "Image URL", loader.url_cache.stats),
-        ],
-    )
-    await server.set_serving([SERVICE])
-    releaser = asyncio.create_task(_release_read_embeddings(agent))
-    log.info("encoder serving %s on %s:%d", args.model, args.host, server.port)
-    registry = open_registry(args)
-    await registry.register(instance(args, "encoder", server.port, modes_served()))
+    collectors = [
+        telemetry.transfer_collector(agent),
+        telemetry.cache_collector("prism_embedding_cache", "Embedding", cache.stats),
+        telemetry.cache_collector("prism_image_cache", "Image URL", loader.url_cache.stats),
+    ]
     try:
-        await rpc.wait_for_termination(
-            server, [SERVICE], grace=args.shutdown_grace_s, on_drain=registry.deregister
+        await stage.serve(
+            [servicer.service],
+            modes_served(),
+            collectors,
+            in_flight=lambda: servicer.limit.count,
+            tasks=[lambda _: _release_read_embeddings(agent)],
         )
     finally:
-        await registry.close()
-        releaser.cancel()
         await loader.close()
         agent.close()

@@ -23,12 +23,14 @@ from opentelemetry import trace
 from transformers import AutoTokenizer
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 
-from prism import logs, multiplex, rpc, telemetry, tracing
+from prism import logs, rpc, telemetry
 from prism.media import ImageLoader, LoadedImage, MediaPolicy
-from prism.modes import ROLES
-from prism.registry import discovery_tags, instance, open_registry
+from prism.modes import MeshRole, Mode, mode
+from prism.registry import discovery_tags
 from prism.routing import Router
-from prism.rpc import PrismError, invalid
+from prism.rpc import PrismError, invalid, multiplex
+from prism.rpc.service import Service
+from prism.rpc.stage import Stage
 from prism.sampling import to_vllm
 from prism.v1 import (
     common_pb2,
@@ -135,7 +137,7 @@ def _replica_full(exc: grpc.aio.AioRpcError) -> bool:
 class Pipeline:
     """Runs one request through the stages of a mode; yields the worker replies."""
 
-    mode: str
+    mode: Mode
     router: Router
     _channels: dict[str, grpc.aio.Channel] = field(default_factory=dict)
     # Per worker: the one stream that carries every Generate call to it.
@@ -178,7 +180,7 @@ class Pipeline:
         """Probes every replica of every role of the mode (health, and load when routing
         by it); True when each role has at least one serving replica."""
         ready = True
-        for role in ROLES[self.mode]:
+        for role in self.mode.roles:
             probes = [self._probe(a) for a in self.router.registry.endpoints(role)]
             ready = any(await asyncio.gather(*probes)) and ready
         return ready
@@ -193,7 +195,7 @@ class Pipeline:
 
     async def _on_replica(
         self,
-        role: str,
+        role: MeshRole,
         call: Call,
         start: Callable[[str], grpc.aio.Call | multiplex.Call],
         retry_gone: bool = True,
@@ -260,22 +262,22 @@ class Pipeline:
         )
         images_pb = [image.to_proto() for image in images]
         encoder = ""
-        if images_pb and "encoder" in ROLES[self.mode]:
+        if images_pb and self.mode.has_encoder:
             encode = encoder_pb2.EncodeRequest(request_id=request_id, images=images_pb)
 
             def encoded(address: str) -> grpc.aio.UnaryUnaryCall:
                 stub = encoder_pb2_grpc.EncoderServiceStub(self._channel(address))
                 return stub.Encode(encode, metadata=rpc.call_metadata())
 
-            async for reply in self._on_replica("encoder", call, encoded):
+            async for reply in self._on_replica(MeshRole.ENCODER, call, encoded):
                 request.image_embeddings.extend(reply.handles)
             encoder = call.address
         else:
             request.images.extend(images_pb)
-        if "decode" in ROLES[self.mode]:
+        if self.mode.disaggregated:
             replies = self._prefill_then_decode(request, call)
         else:
-            replies = self._generate("worker", request, call)
+            replies = self._generate(MeshRole.WORKER, request, call)
         try:
             async for reply in replies:
                 yield reply
@@ -337,7 +339,7 @@ class Pipeline:
                 )  # fmt: skip
 
     def _generate(
-        self, role: str, request: engine_pb2.GenerateRequest, call: Call
+        self, role: MeshRole, request: engine_pb2.GenerateRequest, call: Call
     ) -> AsyncIterator[engine_pb2.GenerateResponse]:
         def start(address: str) -> multiplex.Call:
             return self._batched(address).call(request, rpc.call_metadata())
@@ -345,7 +347,7 @@ class Pipeline:
         # A decode that died may have read the prefill's KV, which prefill then freed: a
         # second decode could read reused blocks. The request migrates instead, prefilled
         # again (run_migrating).
-        return self._on_replica(role, call, start, retry_gone=role != "decode")
+        return self._on_replica(role, call, start, retry_gone=role != MeshRole.DECODE)
 
     async def _prefill_then_decode(
         self, request: engine_pb2.GenerateRequest, call: Call
@@ -356,7 +358,7 @@ class Pipeline:
             # Both engines draw the first token; one seed makes them draw the same one.
             request.sampling.seed = secrets.randbits(63)
         prefilled = engine_pb2.GenerateResponse()
-        async for reply in self._generate("prefill", request, call):
+        async for reply in self._generate(MeshRole.PREFILL, request, call):
             prefilled.MergeFrom(reply)
         prefill_address = call.address
         if not prefilled.HasField("kv_transfer_params"):
@@ -388,7 +390,7 @@ class Pipeline:
                 kv_transfer_params=prefilled.kv_transfer_params,
                 image_layouts=prefilled.image_layouts,
             )
-            async for reply in self._generate("decode", decode_request, call):
+            async for reply in self._generate(MeshRole.DECODE, decode_request, call):
                 if held:
                     # Decode draws the first token again, from the same KV cache.
                     held = False
@@ -428,7 +430,9 @@ class Pipeline:
         task.add_done_callback(self._releases.discard)
 
 
-class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
+class InferenceServicer:
+    """The handlers of `InferenceService`, served by the stage runtime as `service`."""
+
     def __init__(
         self,
         model: str,
@@ -447,19 +451,15 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         self.max_model_len = max_model_len
         self.created = int(time.time())
         self._active: dict[str, Call] = {}
-        self.limit = rpc.InFlightLimit(max_in_flight)
-        self.chat_batches = multiplex.Server(
-            f"/{SERVICE}/Chat",
-            self._chat_call,
-            inference_pb2.ChatBatchResponse,
-            inference_pb2.ChatEvent,
+        self.service = Service(
+            inference_pb2.DESCRIPTOR.services_by_name["InferenceService"],
+            inference_pb2_grpc,
+            rpc.InFlightLimit(max_in_flight),
         )
-        self.complete_batches = multiplex.Server(
-            f"/{SERVICE}/Complete",
-            self._complete_call,
-            inference_pb2.CompleteBatchResponse,
-            inference_pb2.CompleteEvent,
-        )
+        self.service.stream("Chat", self.chat, timed=True)
+        self.service.stream("Complete", self.complete, timed=True)
+        self.service.unary("ListModels", self.list_models)
+        self.service.unary("Abort", self.abort)
 
     def _check_model(self, model: str) -> None:
         if model and model != self.served_model_name:
@@ -600,102 +600,36 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 usage=delta.usage,
             )
 
-    async def _observed(
-        self, endpoint: str, request_id: str, replies: AsyncIterator[Response]
-    ) -> AsyncIterator[Response]:
-        """`replies`, counted in the metrics and described on the RPC's span."""
+    def _describe(self, request_id: str) -> None:
+        """Names the request in this call's log lines and span."""
         if not logs.REQUEST_ID.get():
             logs.REQUEST_ID.set(request_id)
-        span = trace.get_current_span()
-        span.set_attributes({
+        trace.get_current_span().set_attributes({
             "prism.request_id": logs.REQUEST_ID.get(), "prism.engine_request_id": request_id,
-            "prism.mode": self.pipeline.mode, "gen_ai.request.model": self.served_model_name,
+            "prism.mode": self.pipeline.mode.name, "gen_ai.request.model": self.served_model_name,
         })  # fmt: skip
-        timer = telemetry.RequestTimer(endpoint)
-        status = grpc.StatusCode.OK
-        try:
-            with self.limit.admit():
-                async for reply in replies:
-                    timer.reply(reply)
-                    if reply.HasField("usage"):
-                        span.set_attributes({
-                            "gen_ai.usage.input_tokens": reply.usage.prompt_tokens,
-                            "gen_ai.usage.output_tokens": reply.usage.completion_tokens,
-                        })  # fmt: skip
-                    yield reply
-        except PrismError as exc:
-            status = exc.code
-            raise
-        except (asyncio.CancelledError, GeneratorExit):
-            status = grpc.StatusCode.CANCELLED
-            raise
-        except Exception:
-            status = grpc.StatusCode.INTERNAL
-            raise
-        finally:
-            timer.finish(status == grpc.StatusCode.OK)
-            telemetry.REQUESTS.labels(endpoint, status.name).inc()
-            log.info("%s %s: %s after %.3f s", endpoint, request_id, status.name,
-                     time.perf_counter() - timer.start)  # fmt: skip
 
-    @rpc.rpc_errors
-    async def Chat(
-        self, request: inference_pb2.ChatRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[inference_pb2.ChatResponse]:
-        async for reply in self._chat_call(request):
-            yield reply
-
-    async def ChatBatch(
-        self,
-        request_iterator: AsyncIterator[inference_pb2.ChatBatchRequest],
-        context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[inference_pb2.ChatBatchResponse]:
-        async for batch in self.chat_batches.serve(request_iterator):
-            yield batch
-
-    def _chat_call(
+    async def chat(
         self, request: inference_pb2.ChatRequest
     ) -> AsyncIterator[inference_pb2.ChatResponse]:
         request_id = request.request_id or f"chatcmpl-{uuid.uuid4().hex}"
-        return self._observed("Chat", request_id, self._chat(request_id, request))
-
-    async def _chat(
-        self, request_id: str, request: inference_pb2.ChatRequest
-    ) -> AsyncIterator[inference_pb2.ChatResponse]:
+        self._describe(request_id)
         self._check_model(request.model)
         conversation, image_refs = self._conversation(list(request.messages))
         prompt_ids = self._prompt_ids(conversation)
         images = await asyncio.gather(*(self.loader.load(img, p) for img, p in image_refs))
+        log.info("chat %s: %d prompt tokens, %d images", request_id, len(prompt_ids), len(images))
         replies = self._stream(
             inference_pb2.ChatResponse, request_id, prompt_ids, images, request.sampling
         )
         async for reply in replies:
             yield reply
 
-    @rpc.rpc_errors
-    async def Complete(
-        self, request: inference_pb2.CompleteRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[inference_pb2.CompleteResponse]:
-        async for reply in self._complete_call(request):
-            yield reply
-
-    async def CompleteBatch(
-        self,
-        request_iterator: AsyncIterator[inference_pb2.CompleteBatchRequest],
-        context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[inference_pb2.CompleteBatchResponse]:
-        async for batch in self.complete_batches.serve(request_iterator):
-            yield batch
-
-    def _complete_call(
+    async def complete(
         self, request: inference_pb2.CompleteRequest
     ) -> AsyncIterator[inference_pb2.CompleteResponse]:
         request_id = request.request_id or f"cmpl-{uuid.uuid4().hex}"
-        return self._observed("Complete", request_id, self._complete(request_id, request))
-
-    async def _complete(
-        self, request_id: str, request: inference_pb2.CompleteRequest
-    ) -> AsyncIterator[inference_pb2.CompleteResponse]:
+        self._describe(request_id)
         self._check_model(request.model)
         kind = request.WhichOneof("prompt")
         if kind == "text" and request.text:
@@ -707,15 +641,15 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
                 raise invalid(f"prompt token ids must be below {vocab}", "prompt")
         else:
             raise invalid("prompt must not be empty", "prompt")
+        log.info("completion %s: %d prompt tokens", request_id, len(prompt_ids))
         replies = self._stream(
             inference_pb2.CompleteResponse, request_id, prompt_ids, [], request.sampling
         )
         async for reply in replies:
             yield reply
 
-    @rpc.rpc_errors
-    async def ListModels(
-        self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
+    async def list_models(
+        self, request: inference_pb2.ListModelsRequest
     ) -> inference_pb2.ListModelsResponse:
         model = inference_pb2.Model(
             id=self.served_model_name,
@@ -725,10 +659,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServiceServicer):
         )
         return inference_pb2.ListModelsResponse(models=[model])
 
-    @rpc.rpc_errors
-    async def Abort(
-        self, request: inference_pb2.AbortRequest, context: grpc.aio.ServicerContext
-    ) -> inference_pb2.AbortResponse:
+    async def abort(self, request: inference_pb2.AbortRequest) -> inference_pb2.AbortResponse:
         call = self._active.get(request.request_id)
         if call is None:
             return inference_pb2.AbortResponse(aborted=False)
@@ -754,14 +685,12 @@ def context_length(model: str) -> int:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    if args.mode not in ROLES:
-        raise ValueError(f"unknown mode {args.mode!r}; choose from {', '.join(ROLES)}")
-    tracing.setup("processor")
-    registry = open_registry(args)
+    deployed = mode(args.mode)
+    stage = Stage(args, MeshRole.PROCESSOR)
     served_model = args.served_model_name or args.model
-    for role in ROLES[args.mode]:
-        await registry.watch(role, discovery_tags(served_model, args.mode))
-    pipeline = Pipeline(args.mode, Router(registry, args.routing))
+    for role in deployed.roles:
+        await stage.registry.watch(role, discovery_tags(served_model, deployed.name))
+    pipeline = Pipeline(deployed, Router(stage.registry, args.routing))
     loader = ImageLoader(
         MediaPolicy(max_images=args.max_images, fetch_allow=tuple(args.fetch_allow))
     )
@@ -774,32 +703,16 @@ async def serve(args: argparse.Namespace) -> None:
         args.max_in_flight,
         args.migration_limit,
     )
-    server = await rpc.start_server(
-        f"{args.host}:{args.port}",
-        lambda s: inference_pb2_grpc.add_InferenceServiceServicer_to_server(servicer, s),
-        [SERVICE],
-    )
-    telemetry.serve_metrics(
-        args.metrics_port,
-        args.host,
-        [telemetry.cache_collector("prism_image_cache", "Image URL", loader.url_cache.stats)],
-    )
-    log.info("processor (%s) serving %s on %s:%d", args.mode, args.model, args.host, server.port)
-    readiness = asyncio.create_task(_track_readiness(server, pipeline))
-    await registry.register(instance(args, "processor", server.port, [args.mode]))
-
-    async def drain() -> None:
-        servicer.chat_batches.drain()
-        servicer.complete_batches.drain()
-        await registry.deregister()
 
     try:
-        await rpc.wait_for_termination(
-            server, [SERVICE], grace=args.shutdown_grace_s, on_drain=drain
+        await stage.serve(
+            [servicer.service],
+            [args.mode],
+            [telemetry.cache_collector("prism_image_cache", "Image URL", loader.url_cache.stats)],
+            tasks=[lambda server: _track_readiness(server, pipeline)],
+            serving=False,
         )
     finally:
-        readiness.cancel()
-        await registry.close()
         await loader.close()
         await pipeline.close()
 

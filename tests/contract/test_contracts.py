@@ -17,7 +17,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 from transformers import AutoTokenizer
 
 from prism import rpc
-from prism.modes import ROLES
+from prism.modes import MODES
 from prism.rpc import PrismError
 from prism.v1 import (
     common_pb2,
@@ -32,7 +32,7 @@ ENGINE_STAGES = ("worker", "prefill", "decode")
 
 def engine(mesh) -> engine_pb2_grpc.EngineServiceStub:
     """The aggregated worker (the prefill and decode roles have their own tests)."""
-    if "decode" in ROLES[mesh.mode]:
+    if MODES[mesh.mode].disaggregated:
         pytest.skip("no aggregated worker in this mode")
     return engine_pb2_grpc.EngineServiceStub(rpc.sync_channel(mesh.worker))
 

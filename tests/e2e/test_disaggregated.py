@@ -11,7 +11,7 @@ from conftest import wait_for
 from test_contracts import abort_while_running, greedy, inference, text_message
 
 from prism.launcher import free_port
-from prism.modes import ROLES
+from prism.modes import MODES
 from prism.rpc import PrismError
 from prism.v1 import common_pb2, engine_pb2, engine_pb2_grpc, inference_pb2
 
@@ -20,7 +20,7 @@ PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13]
 
 @pytest.fixture
 def pd(mesh):
-    if "decode" not in ROLES[mesh.mode]:
+    if not MODES[mesh.mode].disaggregated:
         pytest.skip("no prefill/decode workers in this mode")
     return mesh
 

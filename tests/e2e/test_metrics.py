@@ -5,14 +5,14 @@ from __future__ import annotations
 import openai
 from conftest import data_url, png, user, wait_for
 
-from prism.modes import ROLES
+from prism.modes import MODES
 
 CHAT = "/v1/chat/completions"
 
 
 def test_metrics_follow_the_requests(mesh):
     stages = ["gateway", "processor"]
-    roles = ROLES[mesh.mode]
+    roles = MODES[mesh.mode].roles
     reader = {"e/pd": "worker", "e/p/d": "prefill"}.get(mesh.mode)
     if "encoder" in roles:
         stages.append("encoder")

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from prism.cli import build_parser
-from prism.modes import MESH_ROLE, MODES, ROLES, modes_served
+from prism.modes import MODES, EngineRole, modes_served
 
 COMPOSE = yaml.safe_load((Path(__file__).parents[2] / "compose.yaml").read_text())
 SERVICES = COMPOSE["services"]
@@ -61,10 +61,10 @@ def test_each_mode_profile_starts_the_roles_it_needs(mode):
         args = parse(name)
         if args.command == "worker":
             if mode in modes_served(args.role, args.enable_mm_embeds):
-                serving.setdefault(MESH_ROLE[args.role], []).append(name)
+                serving.setdefault(EngineRole(args.role).mesh_role, []).append(name)
             else:
                 pytest.fail(f"{name} runs in profile {profile(mode)} but cannot serve {mode}")
         elif args.command == "encoder":
             serving.setdefault("encoder", []).append(name)
-    assert sorted(serving) == sorted(ROLES[mode])
+    assert sorted(serving) == sorted(MODES[mode].roles)
     assert all(len(names) == 1 for names in serving.values()), serving

@@ -8,11 +8,11 @@ from concurrent import futures
 from conftest import serving
 from fastapi.testclient import TestClient
 
-from prism import multiplex
 from prism.gateway.app import create_app
 from prism.launcher import free_port
 from prism.registry import StaticRegistry
 from prism.routing import Router
+from prism.rpc.service import Service
 from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -66,15 +66,16 @@ def test_api_key_guards_the_api_but_not_health_or_metrics():
         assert c.get("/metrics").status_code == 200
 
 
-class SlowProcessor(inference_pb2_grpc.InferenceServiceServicer):
+class SlowProcessor:
     """Answers each Chat with one token after `delay` seconds."""
 
     def __init__(self, delay: float):
         self.delay = delay
-        self.batches = multiplex.Server(
-            "/prism.v1.InferenceService/Chat", self.replies, inference_pb2.ChatBatchResponse,
-            inference_pb2.ChatEvent,
-        )  # fmt: skip
+        self.service = Service(
+            inference_pb2.DESCRIPTOR.services_by_name["InferenceService"],
+            inference_pb2_grpc,
+        )
+        self.service.stream("Chat", self.replies)
 
     async def replies(self, request):
         await asyncio.sleep(self.delay)
@@ -83,16 +84,10 @@ class SlowProcessor(inference_pb2_grpc.InferenceServiceServicer):
             usage=common_pb2.Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2),
         )  # fmt: skip
 
-    async def ChatBatch(self, request_iterator, context):
-        async for batch in self.batches.serve(request_iterator):
-            yield batch
-
 
 def slow_processor(delay: float) -> contextlib.AbstractContextManager[str]:
     return serving(
-        lambda s: inference_pb2_grpc.add_InferenceServiceServicer_to_server(
-            SlowProcessor(delay), s
-        ),
+        SlowProcessor(delay).service.add_to_server,
         ["prism.v1.InferenceService"],
     )
 

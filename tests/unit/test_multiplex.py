@@ -1,4 +1,5 @@
-"""Many calls over one gRPC stream (prism.multiplex), on a real loopback server."""
+"""Many calls over one gRPC stream (prism.rpc.multiplex), served by the stage runtime
+(prism.rpc.service) on a real loopback server."""
 
 import asyncio
 import contextlib
@@ -6,24 +7,26 @@ import contextlib
 import grpc
 import pytest
 
-from prism import multiplex, rpc
-from prism.rpc import PrismError
+from prism import rpc
+from prism.rpc import PrismError, multiplex
+from prism.rpc.service import Service
 from prism.v1 import engine_pb2, engine_pb2_grpc
 
-METHOD = "/prism.v1.EngineService/Generate"
 
-
-class Engine(engine_pb2_grpc.EngineServiceServicer):
+class Engine:
     """Each request's prompt says what to do: [n] streams n tokens once `go` is set, [0]
     fails with INVALID_ARGUMENT, and [1000] or more streams until cancelled."""
 
     def __init__(self) -> None:
         self.go = asyncio.Event()
-        self.batches = multiplex.Server(
-            METHOD, self.replies, engine_pb2.GenerateBatchResponse, engine_pb2.GenerateEvent
+        self.service = Service(
+            engine_pb2.DESCRIPTOR.services_by_name["EngineService"],
+            engine_pb2_grpc,
         )
+        self.service.stream("Generate", self.replies)
         self.cancelled: list[str] = []
         self.started = 0
+        # The messages of the batched stream, as the client read them.
         self.sent: list[engine_pb2.GenerateBatchResponse] = []
 
     async def replies(self, request):
@@ -40,10 +43,20 @@ class Engine(engine_pb2_grpc.EngineServiceServicer):
             self.cancelled.append(request.request_id)
             raise
 
-    async def GenerateBatch(self, request_iterator, context):
-        async for batch in self.batches.serve(request_iterator):
+
+class Recorded:
+    """A batched stream whose messages are kept as they are read."""
+
+    def __init__(self, call, sent: list):
+        self.call, self.sent = call, sent
+
+    async def __aiter__(self):
+        async for batch in self.call:
             self.sent.append(batch)
             yield batch
+
+    def cancel(self) -> bool:
+        return self.call.cancel()
 
 
 @contextlib.asynccontextmanager
@@ -51,12 +64,14 @@ async def engine():
     servicer = Engine()
     server = await rpc.start_server(
         "127.0.0.1:0",
-        lambda s: engine_pb2_grpc.add_EngineServiceServicer_to_server(servicer, s),
+        servicer.service.add_to_server,
         ["prism.v1.EngineService"],
     )
     channel = rpc.channel(f"127.0.0.1:{server.port}")
+    stub = engine_pb2_grpc.EngineServiceStub(channel)
     client = multiplex.Client(
-        engine_pb2_grpc.EngineServiceStub(channel).GenerateBatch, engine_pb2.GenerateBatchRequest
+        lambda requests: Recorded(stub.GenerateBatch(requests), servicer.sent),
+        engine_pb2.GenerateBatchRequest,
     )
     try:
         yield servicer, client, server
@@ -205,7 +220,7 @@ def test_a_draining_server_refuses_new_calls_and_ends_the_stream_when_done():
         async with engine() as (servicer, client, _):
             running = client.call(request("running", 3))
             await started(servicer, 1)
-            servicer.batches.drain()
+            servicer.service.drain()
             refused = client.call(request("refused", 1))
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await tokens(refused)

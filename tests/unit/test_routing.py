@@ -11,12 +11,14 @@ import time
 import grpc
 import pytest
 
-from prism import multiplex, rpc
+from prism import rpc
 from prism.launcher import free_port
 from prism.media import LoadedImage
+from prism.modes import MODES
 from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.rpc import PrismError
+from prism.rpc.service import Service
 from prism.services.processor import Call, Pipeline
 from prism.v1 import (
     common_pb2,
@@ -90,15 +92,17 @@ def test_down_replicas_are_skipped_while_another_is_up():
         router("fastest")
 
 
-class FakeEngine(engine_pb2_grpc.EngineServiceServicer):
+class FakeEngine:
     """Answers Generate with one token, or fails as told: before or after its first reply."""
 
     def __init__(self, token: int, fail: PrismError | None = None, after_first: bool = False):
         self.token, self.fail, self.after_first = token, fail, after_first
-        self.batches = multiplex.Server(
-            "/prism.v1.EngineService/Generate", self.replies, engine_pb2.GenerateBatchResponse,
-            engine_pb2.GenerateEvent,
-        )  # fmt: skip
+        self.service = Service(
+            engine_pb2.DESCRIPTOR.services_by_name["EngineService"],
+            engine_pb2_grpc,
+        )
+        self.service.stream("Generate", self.replies)
+        self.service.unary("Abort", self.abort)
         self.calls = 0
         self.requests: list[engine_pb2.GenerateRequest] = []
 
@@ -112,14 +116,8 @@ class FakeEngine(engine_pb2_grpc.EngineServiceServicer):
             raise self.fail
         yield engine_pb2.GenerateResponse(finish_reason=common_pb2.FINISH_REASON_STOP)
 
-    @rpc.rpc_errors
-    async def Generate(self, request, context):
-        async for reply in self.replies(request):
-            yield reply
-
-    async def GenerateBatch(self, request_iterator, context):
-        async for batch in self.batches.serve(request_iterator):
-            yield batch
+    async def abort(self, request):
+        return engine_pb2.EngineServiceAbortResponse(aborted=False)
 
 
 async def engines(*fakes: FakeEngine) -> list[rpc.Server]:
@@ -127,7 +125,7 @@ async def engines(*fakes: FakeEngine) -> list[rpc.Server]:
     for fake in fakes:
         server = await rpc.start_server(
             "127.0.0.1:0",
-            lambda s, fake=fake: engine_pb2_grpc.add_EngineServiceServicer_to_server(fake, s),
+            fake.service.add_to_server,
             ["prism.v1.EngineService"],
             in_flight=lambda fake=fake: fake.calls,
         )
@@ -141,7 +139,7 @@ async def generate(*fakes: FakeEngine, dead: int = 0) -> tuple[list[int], Pipeli
     servers = await engines(*fakes)
     addresses = [f"127.0.0.1:{free_port()}" for _ in range(dead)]
     addresses += [f"127.0.0.1:{s.port}" for s in servers]
-    pipeline = Pipeline("epd", Router(StaticRegistry({"worker": addresses})))
+    pipeline = Pipeline(MODES["epd"], Router(StaticRegistry({"worker": addresses})))
     tokens: list[int] = []
     try:
         async for reply in pipeline.run("r1", [1, 2, 3], [], common_pb2.SamplingParams(), Call()):
@@ -173,7 +171,7 @@ def test_a_replica_that_comes_up_late_is_waited_for_not_failed():
 
     async def main() -> list[int]:
         address = f"127.0.0.1:{free_port()}"
-        pipeline = Pipeline("epd", Router(StaticRegistry({"worker": [address]})))
+        pipeline = Pipeline(MODES["epd"], Router(StaticRegistry({"worker": [address]})))
         # Probes of a replica not yet listening: each refusal lengthens the backoff.
         for _ in range(8):
             assert not await pipeline.ready()
@@ -182,7 +180,7 @@ def test_a_replica_that_comes_up_late_is_waited_for_not_failed():
         fake = FakeEngine(3)
         server = await rpc.start_server(
             address,
-            lambda s: engine_pb2_grpc.add_EngineServiceServicer_to_server(fake, s),
+            fake.service.add_to_server,
             ["prism.v1.EngineService"],
         )
         tokens: list[int] = []
@@ -228,7 +226,9 @@ def test_probes_report_health_and_load():
         busy.calls = 4
         servers = await engines(busy, idle)
         addresses = [f"127.0.0.1:{s.port}" for s in servers]
-        pipeline = Pipeline("epd", Router(StaticRegistry({"worker": addresses}), "least-loaded"))
+        pipeline = Pipeline(
+            MODES["epd"], Router(StaticRegistry({"worker": addresses}), "least-loaded")
+        )
         assert await pipeline.ready()
         assert [pipeline.router.load(a) for a in addresses] == [4, 0]
         assert pipeline.router.pick("worker") == addresses[1]
@@ -253,7 +253,7 @@ def test_a_stream_cut_mid_way_resumes_on_another_replica():
         second = FakeEngine(2)
         servers = await engines(first, second)
         addresses = [f"127.0.0.1:{s.port}" for s in servers]
-        pipeline = Pipeline("epd", Router(StaticRegistry({"worker": addresses})))
+        pipeline = Pipeline(MODES["epd"], Router(StaticRegistry({"worker": addresses})))
         sampling = common_pb2.SamplingParams(max_tokens=5, min_tokens=3)
         tokens: list[int] = []
         try:
@@ -290,8 +290,7 @@ class FakePrefill(FakeEngine):
             ),
         )
 
-    @rpc.rpc_errors
-    async def Abort(self, request, context):
+    async def abort(self, request):
         return engine_pb2.EngineServiceAbortResponse(aborted=True)
 
 
@@ -324,7 +323,7 @@ def test_a_decode_gone_before_its_first_reply_is_not_retried_on_the_same_kv():
         prefill_at, lost_at, spare_at = (f"127.0.0.1:{s.port}" for s in servers)
         registry = StaticRegistry({"prefill": [prefill_at], "decode": [lost_at, spare_at]})
         sampling = common_pb2.SamplingParams(max_tokens=4, seed=1)
-        tokens = await migrated(Pipeline("ep/d", Router(registry)), servers, sampling)
+        tokens = await migrated(Pipeline(MODES["ep/d"], Router(registry)), servers, sampling)
         return tokens, prefill, lost, spare
 
     tokens, prefill, lost, spare = asyncio.run(main())
@@ -373,7 +372,7 @@ def test_a_prefill_lost_with_its_kv_is_prefilled_again_elsewhere():
         lost_at, spare_at, decode_at = (f"127.0.0.1:{s.port}" for s in servers)
         registry = StaticRegistry({"prefill": [lost_at, spare_at], "decode": [decode_at]})
         sampling = common_pb2.SamplingParams(max_tokens=4, seed=1)
-        tokens = await migrated(Pipeline("ep/d", Router(registry)), servers, sampling)
+        tokens = await migrated(Pipeline(MODES["ep/d"], Router(registry)), servers, sampling)
         return tokens, lost, spare
 
     tokens, lost, spare = asyncio.run(main())
@@ -383,15 +382,19 @@ def test_a_prefill_lost_with_its_kv_is_prefilled_again_elsewhere():
     assert tokens == [5, 6]
 
 
-class FakeEncoder(encoder_pb2_grpc.EncoderServiceServicer):
+class FakeEncoder:
     """Encodes every image into a handle that names this encoder."""
 
     def __init__(self, name: str):
         self.name = name
         self.calls = 0
+        self.service = Service(
+            encoder_pb2.DESCRIPTOR.services_by_name["EncoderService"],
+            encoder_pb2_grpc,
+        )
+        self.service.unary("Encode", self.encode)
 
-    @rpc.rpc_errors
-    async def Encode(self, request, context):
+    async def encode(self, request):
         self.calls += 1
         handle = encoder_pb2.EmbeddingHandle(
             embeddings=common_pb2.TensorDescriptor(agent_name=self.name)
@@ -426,7 +429,7 @@ def test_embeddings_lost_with_their_encoder_are_encoded_again_elsewhere():
         for encoder in (lost, spare):
             server = await rpc.start_server(
                 "127.0.0.1:0",
-                lambda s, e=encoder: encoder_pb2_grpc.add_EncoderServiceServicer_to_server(e, s),
+                encoder.service.add_to_server,
                 ["prism.v1.EncoderService"],
             )
             await server.set_serving(["prism.v1.EncoderService"])
@@ -435,7 +438,7 @@ def test_embeddings_lost_with_their_encoder_are_encoded_again_elsewhere():
         lost_at, spare_at, worker_at = (f"127.0.0.1:{s.port}" for s in servers)
         registry = StaticRegistry({"encoder": [lost_at, spare_at], "worker": [worker_at]})
         image = LoadedImage(b"png", "image/png", 1, 1)
-        pipeline = Pipeline("e/pd", Router(registry))
+        pipeline = Pipeline(MODES["e/pd"], Router(registry))
         tokens = await migrated(pipeline, servers, common_pb2.SamplingParams(), [image])
         return tokens, lost, spare, worker
 

@@ -13,27 +13,36 @@ from prism import rpc
 from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.rpc import PrismError
+from prism.rpc.service import Service
 from prism.v1 import errors_pb2, inference_pb2, inference_pb2_grpc
 
 
-class Failing(inference_pb2_grpc.InferenceServiceServicer):
-    @rpc.rpc_errors
-    async def ListModels(self, request, context):
-        raise rpc.invalid(
-            "bad thing", param="messages[0]", reason=errors_pb2.ERROR_REASON_UNSUPPORTED_MEDIA_TYPE
-        )
+async def list_models(request):
+    raise rpc.invalid(
+        "bad thing", param="messages[0]", reason=errors_pb2.ERROR_REASON_UNSUPPORTED_MEDIA_TYPE
+    )
 
-    @rpc.rpc_errors
-    async def Chat(self, request, context):
-        yield inference_pb2.ChatResponse(text="a")
-        raise RuntimeError("exploded")
+
+async def chat(request):
+    yield inference_pb2.ChatResponse(text="a")
+    raise RuntimeError("exploded")
+
+
+def failing() -> Service:
+    service = Service(
+        inference_pb2.DESCRIPTOR.services_by_name["InferenceService"],
+        inference_pb2_grpc,
+    )
+    service.unary("ListModels", list_models)
+    service.stream("Chat", chat)
+    return service
 
 
 def test_errors_round_trip_with_details():
     async def run():
         server = await rpc.start_server(
             "127.0.0.1:0",
-            lambda s: inference_pb2_grpc.add_InferenceServiceServicer_to_server(Failing(), s),
+            failing().add_to_server,
             ["prism.v1.InferenceService"],
         )
         try:

@@ -20,7 +20,7 @@ from transfer_owner import make_tensor, parse, same_bytes
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker  # isort: skip
 
 from prism.nixl_compat import nixl_agent
-from prism.services.engine_extension import GLOO_TIMER_SLACK_NS, timer_slack
+from prism.services.worker.engine_extension import GLOO_TIMER_SLACK_NS, timer_slack
 from prism.transfer import PoolAllocator, TransferAgent, TransferError
 from prism.v1 import common_pb2
 

@@ -1,4 +1,6 @@
-"""gRPC plumbing shared by every process: servers, channels and the error model.
+"""gRPC plumbing shared by every process: servers, channels and the error model. The
+stage runtime builds on it: `prism.rpc.service` (one handler per RPC, every per-call
+concern) and `prism.rpc.stage` (start-up and drain).
 
 Errors travel as gRPC status codes with a `google.rpc.ErrorInfo` detail (a reason of
 `prism.v1.ErrorReason` and the offending parameter), so any client can read them and the
@@ -7,14 +9,9 @@ gateway maps them to HTTP in one place (`http_status`).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import functools
-import gc
-import inspect
 import logging
-import signal
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -180,48 +177,10 @@ def status_for(exc: BaseException) -> PrismError:
     return PrismError(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 
 
-def _adopt_request_id(context: grpc.aio.ServicerContext) -> None:
-    """Takes the caller's `x-request-id`, for this RPC's log lines and onward calls."""
-    for key, value in context.invocation_metadata() or ():
-        if key == logs.HEADER:
-            logs.REQUEST_ID.set(value)
-            return
-
-
 def call_metadata() -> tuple[tuple[str, str], ...]:
     """Metadata for a call made on behalf of the current request: its request id."""
     request_id = logs.REQUEST_ID.get()
     return ((logs.HEADER, request_id),) if request_id else ()
-
-
-def rpc_errors(method: Callable) -> Callable:
-    """Turns exceptions raised by a servicer method into gRPC statuses with details, and
-    adopts the caller's request id.
-
-    Works for unary and server-streaming (async generator) handlers alike.
-    """
-    if inspect.isasyncgenfunction(method):
-
-        @functools.wraps(method)
-        async def stream(self, request, context):
-            _adopt_request_id(context)
-            try:
-                async for item in method(self, request, context):
-                    yield item
-            except Exception as exc:
-                await context.abort_with_status(status_for(exc).to_status())
-
-        return stream
-
-    @functools.wraps(method)
-    async def unary(self, request, context):
-        _adopt_request_id(context)
-        try:
-            return await method(self, request, context)
-        except Exception as exc:
-            await context.abort_with_status(status_for(exc).to_status())
-
-    return unary
 
 
 @dataclass(frozen=True)
@@ -311,7 +270,7 @@ async def start_server(
 
     Health reports NOT_SERVING until the caller says otherwise with `set_serving`.
     """
-    server = grpc.aio.server(options=_SERVER_OPTIONS, interceptors=tracing.server_interceptors())
+    server = grpc.aio.server(options=_SERVER_OPTIONS)
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -380,33 +339,3 @@ def check_health(address: str, service: str = "", timeout: float = 1.0) -> bool:
         except grpc.RpcError:
             return False
     return reply.status == health_pb2.HealthCheckResponse.SERVING
-
-
-def freeze_startup_heap() -> None:
-    """Moves every object made so far (modules, tokenizers, engine clients) out of the
-    garbage collector's reach, as vLLM's own server does once started: they live as long
-    as the process, and full collections that walk them stall the event loop for tens of
-    milliseconds mid-stream."""
-    gc.collect()
-    gc.freeze()
-
-
-async def wait_for_termination(
-    server: Server,
-    services: Iterable[str],
-    grace: float = 10.0,
-    on_drain: Callable[[], Awaitable[None]] | None = None,
-) -> None:
-    """Serves until SIGINT or SIGTERM, then reports NOT_SERVING, calls `on_drain` (e.g. to
-    leave the registry, so that no new request is routed here) and drains for `grace` s."""
-    freeze_startup_heap()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    server.draining = True
-    await server.set_serving(services, serving=False)
-    if on_drain is not None:
-        await on_drain()
-    await server.server.stop(grace)

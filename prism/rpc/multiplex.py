@@ -20,20 +20,22 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
-from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
+from opentelemetry import propagate
 
-from prism import logs, rpc, tracing
-from prism.tracing import tracer
+from prism import rpc, tracing
 from prism.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Any], AsyncIterator[Any]]
+# Runs one call: its request, its metadata and where its replies go, to the error it
+# ended with (None: it completed).
+CallRunner = Callable[
+    [Any, dict[str, str], Callable[[Any], None]], Awaitable["rpc.PrismError | None"]
+]
 
 
 class _Outbox:
@@ -54,25 +56,20 @@ class _Outbox:
         return events
 
 
-def _end(exc: BaseException | None) -> common_pb2.CallStatus:
-    if exc is None:
+def _end(error: rpc.PrismError | None) -> common_pb2.CallStatus:
+    if error is None:
         return common_pb2.CallStatus(code=grpc.StatusCode.OK.value[0])
-    status = rpc.status_for(exc).to_status()
+    status = error.to_status()
     details = dict(status.trailing_metadata).get("grpc-status-details-bin", b"")
     return common_pb2.CallStatus(code=status.code.value[0], message=status.details, details=details)
 
 
 class Server:
-    """The server side: runs each call's handler and batches the events of all calls."""
+    """The server side of one batched method: runs each call and batches the events of all
+    calls. What a call does (its handler and every per-call concern) is `run`'s."""
 
-    def __init__(
-        self, method: str, handler: Handler, response_type: type, event_type: type
-    ) -> None:
-        # The full name of the method each call stands for (/prism.v1.InferenceService/Chat):
-        # each call's span is named for it, so traces look the same either way.
-        self.method = method
-        # What the unbatched method runs for one call: its request to its replies.
-        self.handler = handler
+    def __init__(self, run: CallRunner, response_type: type, event_type: type) -> None:
+        self.run = run
         self.response_type = response_type
         self.event_type = event_type
         self._sessions: set[_Outbox] = set()
@@ -87,25 +84,19 @@ class Server:
 
     async def serve(self, requests: AsyncIterator) -> AsyncIterator:
         """The batched responses of one stream, whose `requests` start and cancel calls."""
-        handler, event_type = self.handler, self.event_type
+        event_type = self.event_type
         outbox = _Outbox()
         calls: dict[int, asyncio.Task] = {}
 
         async def run(call_id: int, start: object, metadata: dict[str, str]) -> None:
-            # Each call runs in a task of its own, so these are its own context.
-            if logs.HEADER in metadata:
-                logs.REQUEST_ID.set(metadata[logs.HEADER])
-            if tracing.enabled():
-                otel_context.attach(propagate.extract(metadata))
-            error: BaseException | None = None
+            # Each call runs in a task of its own, so its request id and span are its own.
+            def emit(reply: object) -> None:
+                outbox.put(event_type(call_id=call_id, reply=reply))
+
             try:
-                with tracer.start_as_current_span(self.method, kind=trace.SpanKind.SERVER):
-                    async for reply in handler(start):
-                        outbox.put(event_type(call_id=call_id, reply=reply))
+                error = await self.run(start, metadata, emit)
             except asyncio.CancelledError:
                 return  # cancelled by the caller, who expects nothing more
-            except Exception as exc:
-                error = exc
             finally:
                 calls.pop(call_id, None)
             outbox.put(event_type(call_id=call_id, end=_end(error)))

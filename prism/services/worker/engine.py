@@ -20,12 +20,13 @@ from vllm.v1.executor import Executor
 
 from prism import registry
 from prism.launcher import free_port
+from prism.modes import EngineRole
 
 log = logging.getLogger(__name__)
 
 # Roles that take images as embeddings: `prefill` reads them from the encoder; `decode`
 # gets placeholders, since the images' KV comes from prefill.
-_EMBEDS_ROLES = ("prefill", "decode")
+_EMBEDS_ROLES = (EngineRole.PREFILL, EngineRole.DECODE)
 
 
 def start_engine(args: argparse.Namespace) -> AsyncLLM:
@@ -45,7 +46,7 @@ def _configure(args: argparse.Namespace) -> None:
     """What vLLM reads from the environment when the engine starts, and the dtype: the KV
     cache size on the CPU, and the NIXL side channel of a disaggregated role."""
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)
-    if args.role != "aggregated":
+    if args.role != EngineRole.AGGREGATED:
         args.kv_host = args.kv_host or registry.advertise_host(args)
         args.kv_port = args.kv_port or free_port(args.kv_host)
         os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = args.kv_host
@@ -56,7 +57,7 @@ def _configure(args: argparse.Namespace) -> None:
 
 
 def engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
-    disaggregated = args.role != "aggregated"
+    disaggregated = args.role != EngineRole.AGGREGATED
     kv_config = (
         KVTransferConfig(
             kv_connector="NixlConnector",
@@ -69,7 +70,7 @@ def engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
     return AsyncEngineArgs(
         enable_mm_embeds=args.enable_mm_embeds or args.role in _EMBEDS_ROLES,
         kv_transfer_config=kv_config,
-        worker_extension_cls="prism.services.engine_extension.EngineExtension",
+        worker_extension_cls="prism.services.worker.engine_extension.EngineExtension",
         model=args.model,
         served_model_name=args.served_model_name or None,
         dtype=args.dtype,

@@ -1,0 +1,276 @@
+"""The worker stage: `EngineService` on one vLLM `AsyncLLM`, in one role.
+
+The worker takes token ids (never text) and streams token ids back; templating,
+detokenization and stop strings are the processor's. Cancelling a `Generate` call, or
+`Abort`, aborts the request inside vLLM so its KV blocks are freed at once. What differs
+between roles (aggregated, prefill, encode-prefill, decode) is the role's
+(prism.services.worker.roles): the processor carries prefill's hand-off to decode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from uuid import uuid4
+
+import grpc
+import torch
+from opentelemetry.trace import Span
+from vllm import SamplingParams, TokensPrompt
+from vllm.exceptions import VLLMClientError
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.async_llm import AsyncLLM
+
+from prism import logs, rpc, telemetry
+from prism.media import decode_image
+from prism.modes import EngineRole, modes_served
+from prism.rpc import PrismError, invalid
+from prism.rpc.service import Service
+from prism.rpc.stage import Stage
+from prism.services.worker.engine import start_engine
+from prism.services.worker.roles import Role, embeddings_input, make_role
+from prism.tracing import tracer
+from prism.transfer import TransferAgent, TransferError
+from prism.v1 import common_pb2, encoder_pb2, engine_pb2, engine_pb2_grpc, errors_pb2
+
+log = logging.getLogger(__name__)
+
+_FINISH = {
+    "stop": common_pb2.FINISH_REASON_STOP,
+    "length": common_pb2.FINISH_REASON_LENGTH,
+    "abort": common_pb2.FINISH_REASON_ABORT,
+}
+# The engine's health: checked this often; after this long without an output a one-token
+# canary proves it still generates, and fails past its timeout.
+_WATCH_S = 2.0
+_CANARY_AFTER_S = 10.0
+_CANARY_TIMEOUT_S = 5.0
+
+
+class EngineServicer:
+    """The handlers of `EngineService`, served by the stage runtime as `service`."""
+
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        role: Role,
+        transfer: TransferAgent | None = None,
+        max_in_flight: int = 0,
+    ):
+        self.engine = engine
+        self.role = role
+        self.transfer = transfer
+        # Running request ids -> whether an Abort came for them.
+        self._running: dict[str, bool] = {}
+        # When the engine last produced an output: traffic proves it generates.
+        self._last_output = time.monotonic()
+        self.service = Service(
+            engine_pb2.DESCRIPTOR.services_by_name["EngineService"],
+            engine_pb2_grpc,
+            rpc.InFlightLimit(max_in_flight),
+        )
+        self.service.stream("Generate", self.generate)
+        self.service.unary("Abort", self.abort)
+
+    @staticmethod
+    def _decode_images(images: list[common_pb2.Image]) -> list:
+        decoded = []
+        for index, image in enumerate(images):
+            try:
+                decoded.append(decode_image(image.data))
+            except ValueError as exc:
+                raise invalid(str(exc), param=f"images[{index}]") from None
+        return decoded
+
+    async def _fetch(self, handles: Sequence[encoder_pb2.EmbeddingHandle]) -> object:
+        if self.transfer is None:
+            raise invalid("this worker takes images, not embeddings", "image_embeddings")
+        transfer = self.transfer
+
+        def read(handle: encoder_pb2.EmbeddingHandle) -> torch.Tensor:
+            with tracer.start_as_current_span("nixl.read") as span:
+                start = time.perf_counter()
+                tensor = transfer.fetch(handle.embeddings)
+                seconds = time.perf_counter() - start
+                telemetry.NIXL_READ_SECONDS.labels("embeddings").observe(seconds)
+                span.set_attributes({
+                    "prism.nixl.bytes": tensor.numel() * tensor.element_size(),
+                    "prism.nixl.seconds": seconds,
+                    "prism.nixl.peer": handle.embeddings.agent_name,
+                })  # fmt: skip
+                return tensor
+
+        try:
+            tensors = await asyncio.gather(*(asyncio.to_thread(read, h) for h in handles))
+        except TransferError as exc:
+            raise PrismError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"image embeddings could not be read: {exc}",
+                reason=errors_pb2.ERROR_REASON_EMBEDDINGS_UNAVAILABLE,
+                param="image_embeddings",
+            ) from None
+        return embeddings_input(list(tensors), [h.image_grid_thw for h in handles])
+
+    def _params(self, request: engine_pb2.GenerateRequest) -> SamplingParams:
+        # Stop strings need text: the processor applies them, the engine never sees them.
+        return self.role.params(
+            request, stop=None, detokenize=False, output_kind=RequestOutputKind.DELTA
+        )
+
+    async def _prompt(self, request: engine_pb2.GenerateRequest) -> TokensPrompt:
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        given = [f for f in ("images", "image_embeddings", "image_layouts") if getattr(request, f)]
+        if len(given) > 1:
+            raise invalid(f"send one of images, image_embeddings, image_layouts, not {given}")
+        if request.images:
+            images = await asyncio.to_thread(self._decode_images, list(request.images))
+            prompt["multi_modal_data"] = {"image": images}
+        elif request.image_embeddings:
+            prompt["multi_modal_data"] = {"image": await self._fetch(request.image_embeddings)}
+        elif request.image_layouts:
+            prompt.update(self.role.placeholders(request.image_layouts))
+        return prompt
+
+    async def generate(
+        self, request: engine_pb2.GenerateRequest
+    ) -> AsyncIterator[engine_pb2.GenerateResponse]:
+        if not request.request_id:
+            raise invalid("request_id is required", "request_id")
+        if not request.prompt_token_ids:
+            raise invalid("prompt_token_ids is empty", "prompt_token_ids")
+        params = self._params(request)
+        prompt = await self._prompt(request)
+        request_id = request.request_id
+        self._running[request_id] = False
+        first = True
+        span: Span | None = None
+        try:
+            engine_input, layouts = await self.role.render(prompt)
+            # Not made current: this generator yields, and may be closed from another
+            # task, where a context attached here could not be detached.
+            span = tracer.start_span(self.role.span_name)
+            span.set_attributes({
+                "prism.request_id": logs.REQUEST_ID.get(),
+                "prism.engine_request_id": request_id,
+            })  # fmt: skip
+            generated = 0
+            async for output in self.engine.generate(engine_input, params, request_id):
+                self._last_output = time.monotonic()
+                completion = output.outputs[0]
+                generated += len(completion.token_ids)
+                reply = engine_pb2.GenerateResponse(token_ids=completion.token_ids)
+                if first:
+                    reply.prompt_tokens = len(output.prompt_token_ids or ())
+                    reply.cached_tokens = output.num_cached_tokens or 0
+                    span.set_attributes({
+                        "gen_ai.usage.input_tokens": reply.prompt_tokens,
+                        "prism.cached_tokens": reply.cached_tokens,
+                    })  # fmt: skip
+                    first = False
+                if output.finished:
+                    span.set_attribute("gen_ai.usage.output_tokens", generated)
+                    log.info("%s %s: %d prompt tokens, %d generated, %s", self.role.name,
+                             request_id, len(request.prompt_token_ids), generated,
+                             completion.finish_reason)  # fmt: skip
+                    if completion.finish_reason == "error":
+                        raise self.role.failure(request)
+                    reply.finish_reason = _FINISH.get(
+                        completion.finish_reason or "", common_pb2.FINISH_REASON_STOP
+                    )
+                    self.role.hand_off(request_id, output, layouts, reply)
+                yield reply
+                if self._running.get(request_id) and not output.finished:
+                    # vLLM drops an abort that comes before it knows the request: repeat it.
+                    await self.engine.abort(request_id)
+        except (ValueError, VLLMClientError) as exc:
+            # vLLM rejects bad prompts (too long, image count) with these.
+            raise invalid(str(exc), param=getattr(exc, "parameter", None)) from None
+        finally:
+            if span is not None:
+                span.end()
+            self._running.pop(request_id, None)
+
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    async def engine_problem(
+        self, canary_after: float = _CANARY_AFTER_S, timeout: float = _CANARY_TIMEOUT_S
+    ) -> str:
+        """Why the engine cannot generate, or "" when it can: its core must be alive
+        (vLLM's own check) and, after `canary_after` seconds without an output, a
+        one-token request on a one-token prompt must finish within `timeout`. A wedged
+        engine fails the canary; a busy one passes without it."""
+        try:
+            await self.engine.check_health()
+        except Exception as exc:
+            return f"its engine is dead ({exc!r})"
+        if time.monotonic() - self._last_output < canary_after:
+            return ""
+        canary = TokensPrompt(prompt_token_ids=[0])
+        params = SamplingParams(max_tokens=1, detokenize=False)
+        try:
+            async with asyncio.timeout(timeout):
+                async for _ in self.engine.generate(canary, params, f"prism-canary-{uuid4()}"):
+                    pass
+        except TimeoutError:
+            return f"its engine did not generate a token in {timeout:.0f} s"
+        except Exception as exc:
+            return f"its engine failed a request ({exc!r})"
+        self._last_output = time.monotonic()
+        return ""
+
+    async def watch(self, server: rpc.Server, period: float = _WATCH_S) -> None:
+        """Keeps the health status true to whether the engine can generate, as Dynamo's
+        canary checks do: a server that answers while its engine cannot generate would
+        keep taking requests from routing and Consul."""
+        serving = True
+        while True:
+            await asyncio.sleep(period)
+            problem = await self.engine_problem()
+            if bool(problem) == serving:
+                serving = not problem
+                log.warning("worker (%s): %s", self.role.name, f"NOT_SERVING: {problem}"
+                            if problem else "SERVING again")  # fmt: skip
+                await server.set_serving([self.service.name], serving)
+
+    async def abort(
+        self, request: engine_pb2.EngineServiceAbortRequest
+    ) -> engine_pb2.EngineServiceAbortResponse:
+        running = request.request_id in self._running
+        if running:
+            self._running[request.request_id] = True
+            await self.engine.abort(request.request_id)
+        released = self.role.release(request.request_id)
+        return engine_pb2.EngineServiceAbortResponse(aborted=running or released)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    stage = Stage(args, EngineRole(args.role).mesh_role)
+    engine = start_engine(args)
+    role = make_role(args.role, engine, args.kv_lease_s)
+    reads_embeddings = args.enable_mm_embeds or role.reads_embeddings
+    transfer = TransferAgent(pool_bytes=args.pool_mib * 2**20) if reads_embeddings else None
+    servicer = EngineServicer(engine, role, transfer, args.max_in_flight)
+    collectors = [telemetry.transfer_collector(transfer)] if transfer else []
+    collectors.append(
+        telemetry.gauge(
+            "prism_engine_requests_in_flight", "Requests this worker runs", servicer.in_flight
+        )
+    )
+    if args.role != EngineRole.AGGREGATED:
+        log.info("worker (%s) KV side channel on %s:%d", args.role, args.kv_host, args.kv_port)
+    try:
+        await stage.serve(
+            [servicer.service],
+            modes_served(args.role, args.enable_mm_embeds),
+            collectors,
+            in_flight=servicer.in_flight,
+            tasks=[servicer.watch],
+        )
+    finally:
+        engine.shutdown()
+        if transfer is not None:
+            transfer.close()

@@ -1,0 +1,243 @@
+"""What an engine does in each role, behind one KV hand-off protocol.
+
+Every role runs a request the same way (prism.services.worker): token ids in, token ids
+out, one engine call. A role says what differs: the sampling it asks the engine for, the
+images it takes as placeholders, what its last reply hands on, how a failed request is
+explained, and what it holds after the request and frees on Abort.
+
+- `Aggregated`: the whole answer; neither gives nor takes KV.
+- `Prefill`: one token, and the prompt's KV cache held for a decode (images come as
+  embeddings from the encoder, E/P/D); `EncodePrefill` the same, encoding images itself
+  (EP/D).
+- `Decode`: reads prefill's KV cache and generates the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+import torch
+from vllm import SamplingParams, TokensPrompt
+from vllm.v1.engine.async_llm import AsyncLLM
+
+from prism import kv_transfer
+from prism.modes import EngineRole
+from prism.rpc import PrismError, invalid
+from prism.sampling import to_vllm
+from prism.v1 import engine_pb2, errors_pb2
+
+# Longest pause between tries to free a prefill's KV that the connector does not hold yet.
+_RELEASE_POLL_MAX_S = 0.25
+
+
+def embeddings_input(tensors: list[torch.Tensor], grids: Sequence[Sequence[int]]) -> object:
+    """Precomputed embeddings in the form vLLM takes for the model's family."""
+    if any(grids):
+        # Qwen2-VL: one (tokens, hidden) block for all images, and each image's grid.
+        grid = torch.tensor([list(thw) for thw in grids])
+        return {"image_embeds": torch.cat(tensors), "image_grid_thw": grid}
+    if len({tensor.shape for tensor in tensors}) == 1:
+        # A 3-D tensor is read as (images, tokens, hidden); a 2-D one would be many images.
+        return torch.stack(tensors)
+    return tensors
+
+
+def image_layouts(engine_input: Any) -> list[engine_pb2.ImageLayout]:
+    """How vLLM laid out each image of a rendered prompt: what a decode engine needs."""
+    if engine_input.get("type") != "multimodal":
+        return []
+    layouts = []
+    items = engine_input["mm_kwargs"].get("image", [])
+    hashes = engine_input["mm_hashes"].get("image", [])
+    for index, placeholder in enumerate(engine_input["mm_placeholders"].get("image", [])):
+        item = items[index]
+        grid = item["image_grid_thw"].data.tolist() if "image_grid_thw" in item else []
+        layouts.append(
+            engine_pb2.ImageLayout(
+                uuid=hashes[index], num_tokens=placeholder.length, image_grid_thw=grid
+            )
+        )
+    return layouts
+
+
+class Role:
+    """The protocol, with what a role that hands nothing on does."""
+
+    name: EngineRole
+    # The span of a request's work in the engine.
+    span_name: str
+    # Whether its images come as embeddings read from an encoder over NIXL.
+    reads_embeddings = False
+
+    def __init__(self, engine: AsyncLLM) -> None:
+        self.engine = engine
+
+    def params(self, request: engine_pb2.GenerateRequest, **common: Any) -> SamplingParams:
+        """The engine's sampling parameters for `request`; `common` holds what every role
+        asks for."""
+        if request.HasField("kv_transfer_params"):
+            raise invalid(f"a {self.name} worker takes no kv_transfer_params", "kv_transfer_params")
+        return to_vllm(request.sampling, **common)
+
+    def placeholders(self, layouts: Sequence[engine_pb2.ImageLayout]) -> dict[str, Any]:
+        """The prompt's images as laid out elsewhere: decode's alone."""
+        raise invalid("only a decode worker takes image_layouts", "image_layouts")
+
+    async def render(self, prompt: TokensPrompt) -> tuple[Any, list[engine_pb2.ImageLayout]]:
+        """What goes to the engine, and the layout of each image if the role tells it."""
+        return prompt, []
+
+    def hand_off(
+        self,
+        request_id: str,
+        output: Any,
+        layouts: list[engine_pb2.ImageLayout],
+        reply: engine_pb2.GenerateResponse,
+    ) -> None:
+        """Adds to the last reply what the next stage needs (with the images' `layouts`
+        from `render`), and holds what it will read."""
+
+    def failure(self, request: engine_pb2.GenerateRequest) -> PrismError:
+        """The error of a request the engine failed."""
+        return PrismError(grpc.StatusCode.INTERNAL, "the engine failed the request")
+
+    def release(self, request_id: str) -> bool:
+        """Starts freeing what the role holds for `request_id`; False if nothing."""
+        return False
+
+
+class Aggregated(Role):
+    name = EngineRole.AGGREGATED
+    span_name = "generate"
+
+
+class Prefill(Role):
+    """Runs the prompt with one output token; the prompt's KV cache then waits for a
+    decode, under a lease of `kv_lease_s`, until Abort frees it or the lease ends."""
+
+    name = EngineRole.PREFILL
+    span_name = "prefill"
+    reads_embeddings = True
+
+    def __init__(self, engine: AsyncLLM, kv_lease_s: float = 30.0) -> None:
+        super().__init__(engine)
+        self.kv_lease_s = kv_lease_s
+        # Request id -> (engine request id, end of lease) while its KV cache waits.
+        self._held: dict[str, tuple[str, float]] = {}
+        self._releases: set[asyncio.Task] = set()
+
+    def params(self, request: engine_pb2.GenerateRequest, **common: Any) -> SamplingParams:
+        # One token, then the KV cache waits for a decode worker. min_tokens still bars
+        # end-of-sequence from that token as it would in one engine.
+        return to_vllm(
+            request.sampling,
+            **common,
+            max_tokens=1,
+            min_tokens=min(request.sampling.min_tokens, 1),
+            extra_args={"kv_transfer_params": {"do_remote_decode": True}},
+        )
+
+    async def render(self, prompt: TokensPrompt) -> tuple[Any, list[engine_pb2.ImageLayout]]:
+        if "multi_modal_data" not in prompt:
+            return prompt, []
+        # Rendered here rather than inside generate() to learn the image layouts.
+        (engine_input,) = await self.engine.renderer.render_cmpl_async([prompt], skip_mm_cache=True)
+        return engine_input, image_layouts(engine_input)
+
+    def hand_off(
+        self,
+        request_id: str,
+        output: Any,
+        layouts: list[engine_pb2.ImageLayout],
+        reply: engine_pb2.GenerateResponse,
+    ) -> None:
+        if not output.kv_transfer_params:
+            return
+        reply.kv_transfer_params.CopyFrom(kv_transfer.to_proto(output.kv_transfer_params))
+        reply.image_layouts.extend(layouts)
+        now = time.monotonic()
+        for stale in [k for k, (_, until) in self._held.items() if until <= now]:
+            del self._held[stale]
+        engine_request_id = output.kv_transfer_params["remote_request_id"]
+        self._held[request_id] = (engine_request_id, now + self.kv_lease_s)
+
+    def release(self, request_id: str) -> bool:
+        held = self._held.pop(request_id, None)
+        if held is None:
+            return False
+        task = asyncio.create_task(self._end_lease(*held))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+        return True
+
+    async def _end_lease(self, engine_request_id: str, until: float) -> None:
+        # The connector learns of a finished request at the engine's next step, which a
+        # busy machine may delay: keep trying, less often, until the lease would end anyway.
+        pause = 0.02
+        while time.monotonic() < until:
+            (release,) = await self.engine.collective_rpc(
+                "prism_release_kv", args=(engine_request_id,)
+            )
+            if release != "pending":
+                return
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, _RELEASE_POLL_MAX_S)
+
+
+class EncodePrefill(Prefill):
+    """Prefill that encodes the images itself (EP/D): they come as pixels."""
+
+    name = EngineRole.ENCODE_PREFILL
+    reads_embeddings = False
+
+
+class Decode(Role):
+    """Reads the prompt's KV cache from the prefill engine that `kv_transfer_params`
+    names, and generates the answer from there."""
+
+    name = EngineRole.DECODE
+    span_name = "decode"
+
+    def params(self, request: engine_pb2.GenerateRequest, **common: Any) -> SamplingParams:
+        if not request.HasField("kv_transfer_params"):
+            raise invalid("a decode worker needs kv_transfer_params", "kv_transfer_params")
+        kv_params = kv_transfer.to_vllm(request.kv_transfer_params)
+        return to_vllm(request.sampling, **common, extra_args={"kv_transfer_params": kv_params})
+
+    def placeholders(self, layouts: Sequence[engine_pb2.ImageLayout]) -> dict[str, Any]:
+        """Zero embeddings shaped like prefill's: they are never read, since the images'
+        KV comes from prefill, but they make vLLM lay out the prompt the same way. The
+        image's identity keeps decode's prefix cache from mixing up images whose
+        placeholders look alike."""
+        config = self.engine.model_config
+        hidden = config.get_inputs_embeds_size()
+        tensors = [torch.zeros(layout.num_tokens, hidden, dtype=config.dtype) for layout in layouts]
+        return {
+            "multi_modal_data": {
+                "image": embeddings_input(tensors, [layout.image_grid_thw for layout in layouts])
+            },
+            "multi_modal_uuids": {"image": [layout.uuid or None for layout in layouts]},
+        }
+
+    def failure(self, request: engine_pb2.GenerateRequest) -> PrismError:
+        kv = request.kv_transfer_params
+        return PrismError(
+            grpc.StatusCode.UNAVAILABLE,
+            "the prompt's KV cache could not be read from the prefill engine "
+            f"{kv.remote_engine_id} at {kv.remote_host}:{kv.remote_port}",
+            reason=errors_pb2.ERROR_REASON_KV_TRANSFER_FAILED,
+            param="kv_transfer_params",
+        )
+
+
+def make_role(name: EngineRole, engine: AsyncLLM, kv_lease_s: float = 30.0) -> Role:
+    if name == EngineRole.AGGREGATED:
+        return Aggregated(engine)
+    if name == EngineRole.DECODE:
+        return Decode(engine)
+    prefill = Prefill if name == EngineRole.PREFILL else EncodePrefill
+    return prefill(engine, kv_lease_s)
