@@ -181,8 +181,10 @@ def _scale(layers: list[torch.nn.Linear]) -> None:
             layer.weight.mul_(PROJECTOR_SCALE)
 
 
-def _llava() -> tuple[PreTrainedModel, ProcessorMixin]:
-    tokenizer = _tokenizer(
+def llava_tokenizer() -> PreTrainedTokenizerFast:
+    """The tiny LLaVA's tokenizer, trained here in about a second: for tests of text
+    handling that need a real tokenizer and no model."""
+    return _tokenizer(
         ["<unk>", "<s>", "</s>", "<pad>", "<image>"],
         LLAVA_TEMPLATE,
         unk_token="<unk>",
@@ -190,6 +192,10 @@ def _llava() -> tuple[PreTrainedModel, ProcessorMixin]:
         eos_token="</s>",
         pad_token="<pad>",
     )
+
+
+def _llava() -> tuple[PreTrainedModel, ProcessorMixin]:
+    tokenizer = llava_tokenizer()
     patch, image = 8, 32
     config = LlavaConfig(
         vision_config=CLIPVisionConfig(

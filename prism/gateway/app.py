@@ -22,9 +22,11 @@ from starlette.exceptions import HTTPException
 
 from prism import logs, rpc, telemetry, tracing
 from prism.gateway import translate
+from prism.modes import MeshRole
 from prism.registry import Instance, instance, open_registry
 from prism.routing import Router
 from prism.rpc import PrismError, invalid, multiplex
+from prism.rpc.clients import CHAT, COMPLETE, Batched, Peers
 from prism.rpc.stage import freeze_startup_heap
 from prism.v1 import errors_pb2, inference_pb2, inference_pb2_grpc
 
@@ -52,53 +54,39 @@ def _sse(payload: dict) -> bytes:
 
 
 class Gateway:
+    """The gateway's calls to its processors."""
+
     def __init__(self, router: Router, request_timeout: float = 0):
-        self._router = router
-        self._channels: dict[str, grpc.aio.Channel] = {}
-        # Per processor: the stream that carries every Chat call to it, and every Complete.
-        self._chats: dict[str, multiplex.Client] = {}
-        self._completions: dict[str, multiplex.Client] = {}
+        self._peers = Peers(router)
         # The deadline of each generation (none when 0): past it, 504 and every stage
         # aborts the request.
         self.timeout = request_timeout or None
 
-    def _channel(self, address: str = "") -> grpc.aio.Channel:
-        address = address or self._router.pick("processor")
-        if address not in self._channels:
-            self._channels[address] = rpc.channel(address)
-        return self._channels[address]
+    def _pick(self) -> str:
+        return self._peers.router.pick(MeshRole.PROCESSOR)
 
-    def stub(self, address: str = "") -> inference_pb2_grpc.InferenceServiceStub:
-        return inference_pb2_grpc.InferenceServiceStub(self._channel(address))
+    def stub(self) -> inference_pb2_grpc.InferenceServiceStub:
+        return inference_pb2_grpc.InferenceServiceStub(self._peers.channel(self._pick()))
 
     def chat(self, request: inference_pb2.ChatRequest) -> multiplex.Call:
-        return self._call(self._chats, "ChatBatch", inference_pb2.ChatBatchRequest, request)
+        return self._call(CHAT, request)
 
     def complete(self, request: inference_pb2.CompleteRequest) -> multiplex.Call:
-        return self._call(
-            self._completions, "CompleteBatch", inference_pb2.CompleteBatchRequest, request
-        )
+        return self._call(COMPLETE, request)
 
-    def _call(
-        self, clients: dict[str, multiplex.Client], method: str, request_type: type, request: Any
-    ) -> multiplex.Call:
-        address = self._router.pick("processor")
-        if address not in clients:
-            clients[address] = multiplex.Client(getattr(self.stub(address), method), request_type)
-        return clients[address].call(request, rpc.call_metadata(), self.timeout)
+    def _call(self, method: Batched, request: Any) -> multiplex.Call:
+        batched = self._peers.batched(self._pick(), method)
+        return batched.call(request, rpc.call_metadata(), self.timeout)
 
     async def healthy(self) -> bool:
         try:
-            channel = self._channel()
+            channel = self._peers.channel(self._pick())
         except PrismError:
             return False
         return await rpc.is_serving(channel, timeout=2.0)
 
     async def close(self) -> None:
-        for batched in [*self._chats.values(), *self._completions.values()]:
-            await batched.close()
-        for channel in self._channels.values():
-            await channel.close()
+        await self._peers.close()
 
 
 async def _open_stream(call: multiplex.Call) -> tuple[Any, AsyncIterator]:

@@ -19,7 +19,8 @@ from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.rpc import PrismError
 from prism.rpc.service import Service
-from prism.services.processor import Call, Pipeline
+from prism.services.processor.failover import Call
+from prism.services.processor.pipeline import Pipeline
 from prism.v1 import (
     common_pb2,
     encoder_pb2,
@@ -176,7 +177,7 @@ def test_a_replica_that_comes_up_late_is_waited_for_not_failed():
         for _ in range(8):
             assert not await pipeline.ready()
             await asyncio.sleep(0.25)
-        assert pipeline._channel(address).get_state() != grpc.ChannelConnectivity.READY
+        assert pipeline.peers.channel(address).get_state() != grpc.ChannelConnectivity.READY
         fake = FakeEngine(3)
         server = await rpc.start_server(
             address,
@@ -232,7 +233,7 @@ def test_probes_report_health_and_load():
         assert await pipeline.ready()
         assert [pipeline.router.load(a) for a in addresses] == [4, 0]
         assert pipeline.router.pick("worker") == addresses[1]
-        reply = await load_pb2_grpc.LoadServiceStub(pipeline._channel(addresses[0])).GetLoad(
+        reply = await load_pb2_grpc.LoadServiceStub(pipeline.peers.channel(addresses[0])).GetLoad(
             load_pb2.GetLoadRequest()
         )
         assert reply.in_flight == 4
@@ -257,7 +258,7 @@ def test_a_stream_cut_mid_way_resumes_on_another_replica():
         sampling = common_pb2.SamplingParams(max_tokens=5, min_tokens=3)
         tokens: list[int] = []
         try:
-            replies = pipeline.run_migrating("r1", [7, 8], [], sampling, Call(), limit)
+            replies = pipeline.run("r1", [7, 8], [], sampling, Call(), limit)
             async for reply in replies:
                 tokens += reply.token_ids
         finally:
@@ -304,7 +305,7 @@ async def migrated(
     pipeline and `servers`."""
     tokens: list[int] = []
     try:
-        async for reply in pipeline.run_migrating("r1", [7, 8], images or [], sampling, Call(), 1):
+        async for reply in pipeline.run("r1", [7, 8], images or [], sampling, Call(), 1):
             tokens += reply.token_ids
     finally:
         await pipeline.close()

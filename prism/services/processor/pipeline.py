@@ -1,0 +1,195 @@
+"""The pipeline: one request through the stages of the processor's mode. Images go to an
+encoder when the mode has one; the prompt goes to a worker, or, when decode is apart, to
+a prefill worker and then to a decode worker that continues from prefill's KV cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import AsyncIterator
+
+import grpc
+
+from prism import rpc
+from prism.media import LoadedImage
+from prism.modes import MeshRole, Mode
+from prism.routing import Router
+from prism.rpc import PrismError, multiplex
+from prism.rpc.clients import GENERATE, Peers
+from prism.services.processor.failover import Call, Failover
+from prism.v1 import (
+    common_pb2,
+    encoder_pb2,
+    encoder_pb2_grpc,
+    engine_pb2,
+    engine_pb2_grpc,
+    errors_pb2,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Pipeline:
+    def __init__(self, mode: Mode, router: Router) -> None:
+        self.mode = mode
+        self.router = router
+        self.peers = Peers(router)
+        self.failover = Failover(self.peers)
+        # Releases of prefill KV still in flight (kept referenced until done).
+        self._releases: set[asyncio.Task] = set()
+
+    async def ready(self) -> bool:
+        """Probes every replica of every role of the mode (health, and load when routing
+        by it); True when each role has at least one serving replica."""
+        ready = True
+        for role in self.mode.roles:
+            probes = [self.peers.probe(a) for a in self.router.registry.endpoints(role)]
+            ready = any(await asyncio.gather(*probes)) and ready
+        return ready
+
+    async def close(self) -> None:
+        for task in list(self._releases):
+            await task
+        await self.peers.close()
+
+    def run(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        images: list[LoadedImage],
+        sampling: common_pb2.SamplingParams,
+        call: Call,
+        migration_limit: int = 0,
+    ) -> AsyncIterator[engine_pb2.GenerateResponse]:
+        """The worker replies of one request; its stage calls go through `call`, so that
+        an Abort can cancel them. If the worker streaming it dies, the request moves to
+        another replica, up to `migration_limit` times."""
+
+        async def attempt(
+            engine_id: str, prompt: list[int], resumed: common_pb2.SamplingParams
+        ) -> AsyncIterator[engine_pb2.GenerateResponse]:
+            return await self._start(engine_id, prompt, images, resumed, call)
+
+        return self.failover.migrating(
+            attempt, request_id, prompt_ids, sampling, call, migration_limit
+        )
+
+    async def _start(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        images: list[LoadedImage],
+        sampling: common_pb2.SamplingParams,
+        call: Call,
+    ) -> AsyncIterator[engine_pb2.GenerateResponse]:
+        """Encodes the images if the mode has an encoder; then the worker replies."""
+        request = engine_pb2.GenerateRequest(
+            request_id=request_id, prompt_token_ids=prompt_ids, sampling=sampling
+        )
+        images_pb = [image.to_proto() for image in images]
+        if images_pb and self.mode.has_encoder:
+            encode = encoder_pb2.EncodeRequest(request_id=request_id, images=images_pb)
+
+            def encoded(address: str) -> grpc.aio.UnaryUnaryCall:
+                stub = encoder_pb2_grpc.EncoderServiceStub(self.peers.channel(address))
+                return stub.Encode(encode, metadata=rpc.call_metadata())
+
+            async for reply in self.failover.on_replica(MeshRole.ENCODER, call, encoded):
+                request.image_embeddings.extend(reply.handles)
+            call.holders[errors_pb2.ERROR_REASON_EMBEDDINGS_UNAVAILABLE] = call.address
+        else:
+            request.images.extend(images_pb)
+        if self.mode.disaggregated:
+            return self._prefill_then_decode(request, call)
+        return self._generate(MeshRole.WORKER, request, call)
+
+    def _generate(
+        self, role: MeshRole, request: engine_pb2.GenerateRequest, call: Call
+    ) -> AsyncIterator[engine_pb2.GenerateResponse]:
+        def start(address: str) -> multiplex.Call:
+            return self.peers.batched(address, GENERATE).call(request, rpc.call_metadata())
+
+        # A decode that died may have read the prefill's KV, which prefill then freed: a
+        # second decode could read reused blocks. The request migrates instead, prefilled
+        # again.
+        return self.failover.on_replica(role, call, start, retry_gone=role != MeshRole.DECODE)
+
+    async def _prefill_then_decode(
+        self, request: engine_pb2.GenerateRequest, call: Call
+    ) -> AsyncIterator[engine_pb2.GenerateResponse]:
+        """Prefill computes the prompt's KV cache and the first token, which goes out at
+        once; decode reads the cache and generates the rest."""
+        if not request.sampling.HasField("seed"):
+            # Both engines draw the first token; one seed makes them draw the same one.
+            request.sampling.seed = secrets.randbits(63)
+        prefilled = engine_pb2.GenerateResponse()
+        async for reply in self._generate(MeshRole.PREFILL, request, call):
+            prefilled.MergeFrom(reply)
+        prefill_address = call.address
+        if not prefilled.HasField("kv_transfer_params"):
+            raise PrismError(
+                grpc.StatusCode.INTERNAL,
+                f"prefill worker {prefill_address} returned no KV transfer parameters",
+            )
+        call.holders[errors_pb2.ERROR_REASON_KV_TRANSFER_FAILED] = prefill_address
+        # Until decode has read the KV cache, prefill holds it for this request.
+        held = True
+        try:
+            first = list(prefilled.token_ids)
+            finished = prefilled.finish_reason == common_pb2.FINISH_REASON_STOP or (
+                request.sampling.HasField("max_tokens") and request.sampling.max_tokens <= 1
+            )
+            yield engine_pb2.GenerateResponse(
+                token_ids=first,
+                prompt_tokens=prefilled.prompt_tokens,
+                cached_tokens=prefilled.cached_tokens,
+                finish_reason=(
+                    prefilled.finish_reason if finished else common_pb2.FINISH_REASON_UNSPECIFIED
+                ),
+            )
+            if finished:
+                return
+            decode_request = engine_pb2.GenerateRequest(
+                request_id=request.request_id,
+                prompt_token_ids=request.prompt_token_ids,
+                sampling=request.sampling,
+                kv_transfer_params=prefilled.kv_transfer_params,
+                image_layouts=prefilled.image_layouts,
+            )
+            async for reply in self._generate(MeshRole.DECODE, decode_request, call):
+                if held:
+                    # Decode draws the first token again, from the same KV cache.
+                    held = False
+                    again = reply.token_ids[: len(first)]
+                    if list(again) != first:
+                        log.warning(
+                            "request %s: decode drew %s as the first token, prefill %s",
+                            request.request_id, list(again), first,
+                        )  # fmt: skip
+                    del reply.token_ids[: len(first)]
+                    reply.prompt_tokens = 0
+                yield reply
+        finally:
+            if held:
+                self._release(prefill_address, request.request_id)
+
+    def _release(self, address: str, request_id: str) -> None:
+        """Tells a prefill worker to free the KV cache it holds for a decode that won't
+        come. In the background: the request may be unwinding from a cancellation."""
+
+        async def release() -> None:
+            try:
+                await engine_pb2_grpc.EngineServiceStub(self.peers.channel(address)).Abort(
+                    engine_pb2.EngineServiceAbortRequest(request_id=request_id),
+                    timeout=10,
+                    metadata=rpc.call_metadata(),
+                )
+            except grpc.aio.AioRpcError as exc:
+                log.warning("could not free the KV cache of %s on %s: %s", request_id, address,
+                            exc.details())  # fmt: skip
+
+        task = asyncio.create_task(release())
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
