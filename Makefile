@@ -1,5 +1,7 @@
 PY := .venv/bin/python
-PROTOS := $(wildcard protos/prism/v1/*.proto)
+# The public package (prism.v1) and the stages' own (prism.stage.v1).
+STUB_DIRS := prism/v1 prism/stage/v1
+PROTOS := $(foreach dir,$(STUB_DIRS),$(wildcard protos/$(dir)/*.proto))
 
 .PHONY: setup demo test test-unit test-net lint protos check-protos bench bench-transfer bench-modes
 
@@ -39,14 +41,17 @@ lint:
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/buf lint
+	# The public contract changes only compatibly: checked against main's last commit (the
+	# stages' own package, prism.stage.v1, may change with the code that uses it).
+	.venv/bin/buf breaking --against "$$(git rev-parse --git-common-dir)#branch=main" --path protos/prism/v1
 	.venv/bin/check-jsonschema --builtin-schema vendor.compose-spec compose.yaml
 	$(MAKE) check-protos
 
 # Stubs are generated with grpc_tools (the protoc that matches the grpcio runtime).
 protos:
-	rm -f prism/v1/*_pb2*.py prism/v1/*_pb2*.pyi
+	rm -f $(STUB_DIRS:=/*_pb2*.py) $(STUB_DIRS:=/*_pb2*.pyi)
 	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
-	touch prism/v1/__init__.py
+	touch prism/stage/__init__.py $(STUB_DIRS:=/__init__.py)
 
 check-protos:
 	scripts/check_protos.sh

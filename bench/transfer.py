@@ -31,8 +31,8 @@ import grpc
 import torch
 from google.protobuf import wrappers_pb2
 
+from prism.stage.v1 import tensor_pb2
 from prism.transfer import TransferAgent
-from prism.v1 import common_pb2
 
 # NIXL logs INFO lines to stdout, which would land inside the table.
 os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
@@ -76,7 +76,7 @@ def serve(sizes: list[int], conn: Connection) -> None:
         )
 
     methods = {
-        "Publish": unary(publish, common_pb2.TensorDescriptor),
+        "Publish": unary(publish, tensor_pb2.TensorDescriptor),
         "Inline": unary(inline, wrappers_pb2.BytesValue),
     }
     server = grpc.server(
@@ -121,7 +121,7 @@ def bench_size(
     publish = channel.unary_unary(
         f"/{SERVICE}/Publish",
         request_serializer=wrappers_pb2.UInt64Value.SerializeToString,
-        response_deserializer=common_pb2.TensorDescriptor.FromString,
+        response_deserializer=tensor_pb2.TensorDescriptor.FromString,
     )
     inline = channel.unary_unary(
         f"/{SERVICE}/Inline",

@@ -13,7 +13,7 @@ from typing import Any
 
 from google.protobuf import json_format, struct_pb2
 
-from prism.v1 import engine_pb2
+from prism.stage.v1 import engine_pb2
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def to_proto(params: Mapping[str, Any]) -> engine_pb2.KvTransferParams:
         else:
             if key not in _warned:
                 _warned.add(key)
-                log.warning("KV transfer parameter %r is not in prism.v1; sent as JSON", key)
+                log.warning("KV transfer parameter %r is not in prism.stage.v1; sent as JSON", key)
             message.extra[key].CopyFrom(json_format.ParseDict(value, struct_pb2.Value()))
     return message
 

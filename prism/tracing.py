@@ -90,7 +90,7 @@ def _traced_calls() -> Callable[[object], bool]:
     return filters.negate(
         filters.any_of(
             filters.health_check(),
-            filters.service_name("prism.v1.LoadService"),
+            filters.service_name("prism.stage.v1.LoadService"),
             *(filters.method_name(m) for m in ("GenerateBatch", "ChatBatch", "CompleteBatch")),
         )
     )

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import torch
 
 from prism.nixl_compat import nixl_agent
-from prism.v1 import common_pb2
+from prism.stage.v1 import tensor_pb2
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def _new_nixl_agent(name: str) -> Any:
 
 
 def _parse(
-    descriptor: common_pb2.TensorDescriptor,
+    descriptor: tensor_pb2.TensorDescriptor,
 ) -> tuple[torch.dtype, list[int], list[tuple[int, int, int]]]:
     """Checks a descriptor from the wire before any memory is touched."""
     what = f"descriptor {descriptor.notification_tag!r} from agent {descriptor.agent_name!r}"
@@ -171,7 +171,7 @@ def _parse(
         raise TransferError(f"{what}: agent name and metadata are required")
     if not descriptor.notification_tag:
         raise TransferError(f"{what}: a notification tag is required")
-    if descriptor.memory_type != common_pb2.MEMORY_TYPE_DRAM:
+    if descriptor.memory_type != tensor_pb2.MEMORY_TYPE_DRAM:
         raise TransferError(
             f"{what}: only DRAM is supported, got memory type {descriptor.memory_type}"
         )
@@ -255,7 +255,7 @@ class TransferAgent:
 
     def publish(
         self, tensor: torch.Tensor, tag: str, lease_s: float | None = None
-    ) -> common_pb2.TensorDescriptor:
+    ) -> tensor_pb2.TensorDescriptor:
         """Copies `tensor` into the pool and describes it for one reader.
 
         `tag` must be unique among this agent's live publications (NIXL matches notifications
@@ -300,12 +300,12 @@ class TransferAgent:
                 raise TransferError(f"{tag!r} was dropped while it was copied (agent closed?)")
             heapq.heappush(self._leases, (lease_end, publication.id, tag))
             self._stats.published += 1
-        return common_pb2.TensorDescriptor(
+        return tensor_pb2.TensorDescriptor(
             agent_name=self.name,
             agent_metadata=self._metadata,
-            memory_type=common_pb2.MEMORY_TYPE_DRAM,
+            memory_type=tensor_pb2.MEMORY_TYPE_DRAM,
             regions=[
-                common_pb2.MemoryRegion(
+                tensor_pb2.MemoryRegion(
                     address=self._pool_address + offset, length=nbytes, device_id=0
                 )
             ],
@@ -345,7 +345,7 @@ class TransferAgent:
         return freed
 
     def fetch(
-        self, descriptor: common_pb2.TensorDescriptor, timeout_s: float = 10.0
+        self, descriptor: tensor_pb2.TensorDescriptor, timeout_s: float = 10.0
     ) -> torch.Tensor:
         """Reads the described tensor from its owner into a new tensor (blocking).
 
@@ -451,7 +451,7 @@ class TransferAgent:
                 hint = _NIXL_HINTS.get(kind, kind)
                 raise TransferError(f"{doing}: {exc} ({hint})") from exc
 
-    def _connect(self, descriptor: common_pb2.TensorDescriptor) -> str:
+    def _connect(self, descriptor: tensor_pb2.TensorDescriptor) -> str:
         """The owner's agent name, its metadata loaded (once per name and metadata)."""
         name, metadata = descriptor.agent_name, descriptor.agent_metadata
         if name == self.name:
@@ -488,7 +488,7 @@ class TransferAgent:
     def _read_into(
         self,
         offset: int,
-        descriptor: common_pb2.TensorDescriptor,
+        descriptor: tensor_pb2.TensorDescriptor,
         regions: list[tuple[int, int, int]],
         deadline: float,
         timeout_s: float,

@@ -15,7 +15,7 @@ from dataclasses import asdict
 
 import torch
 
-from prism.v1 import common_pb2
+from prism.stage.v1 import tensor_pb2
 
 FLOATS = {"float32", "float16", "bfloat16", "float64"}
 
@@ -37,8 +37,8 @@ def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
-def parse(wire: bytes) -> common_pb2.TensorDescriptor:
-    descriptor = common_pb2.TensorDescriptor()
+def parse(wire: bytes) -> tensor_pb2.TensorDescriptor:
+    descriptor = tensor_pb2.TensorDescriptor()
     descriptor.ParseFromString(wire)
     return descriptor
 

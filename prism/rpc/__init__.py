@@ -21,7 +21,8 @@ from grpc_reflection.v1alpha import reflection
 from grpc_status import rpc_status
 
 from prism import logs, tracing
-from prism.v1 import errors_pb2, load_pb2, load_pb2_grpc
+from prism.stage.v1 import load_pb2, load_pb2_grpc
+from prism.v1 import errors_pb2
 
 log = logging.getLogger(__name__)
 

@@ -13,14 +13,8 @@ import grpc
 from prism import rpc
 from prism.routing import Router
 from prism.rpc import multiplex
-from prism.v1 import (
-    engine_pb2,
-    engine_pb2_grpc,
-    inference_pb2,
-    inference_pb2_grpc,
-    load_pb2,
-    load_pb2_grpc,
-)
+from prism.stage.v1 import engine_pb2, engine_pb2_grpc, load_pb2, load_pb2_grpc
+from prism.v1 import inference_pb2, inference_pb2_grpc
 
 
 @dataclass(frozen=True)

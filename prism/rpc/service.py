@@ -37,7 +37,7 @@ Emit = Callable[[Any], Awaitable[None] | None]
 
 @dataclass(frozen=True)
 class _Method:
-    path: str  # /prism.v1.EngineService/Generate: the span's name
+    path: str  # /prism.stage.v1.EngineService/Generate: the span's name
     name: str
     replies: StreamHandler
     admit: bool

@@ -27,9 +27,9 @@ from prism.modes import modes_served
 from prism.rpc import invalid
 from prism.rpc.service import Service
 from prism.rpc.stage import Stage
+from prism.stage.v1 import encoder_pb2, encoder_pb2_grpc
 from prism.tracing import tracer
 from prism.transfer import TransferAgent
-from prism.v1 import encoder_pb2, encoder_pb2_grpc
 
 log = logging.getLogger(__name__)
 

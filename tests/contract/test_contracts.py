@@ -19,13 +19,8 @@ from transformers import AutoTokenizer
 from prism import rpc
 from prism.modes import MODES
 from prism.rpc import PrismError
-from prism.v1 import (
-    common_pb2,
-    engine_pb2,
-    engine_pb2_grpc,
-    inference_pb2,
-    inference_pb2_grpc,
-)
+from prism.stage.v1 import engine_pb2, engine_pb2_grpc
+from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
 ENGINE_STAGES = ("worker", "prefill", "decode")
 
@@ -270,10 +265,10 @@ def test_unknown_model_is_not_found(mesh):
 
 def test_health_and_reflection(mesh):
     stages = [(mesh.processor, "prism.v1.InferenceService")]
-    stages += [(address, "prism.v1.EngineService") for address in mesh.engines]
+    stages += [(address, "prism.stage.v1.EngineService") for address in mesh.engines]
     for address, service in stages:
         assert rpc.check_health(address, service, timeout=10)
         services = ProtoReflectionDescriptorDatabase(rpc.sync_channel(address)).get_services()
         assert service in services and "grpc.health.v1.Health" in services
         # The stages a processor routes to report their load.
-        assert (rpc.LOAD_SERVICE in services) == (service == "prism.v1.EngineService")
+        assert (rpc.LOAD_SERVICE in services) == (service == "prism.stage.v1.EngineService")

@@ -13,7 +13,8 @@ from test_contracts import abort_while_running, greedy, inference, text_message
 from prism.launcher import free_port
 from prism.modes import MODES
 from prism.rpc import PrismError
-from prism.v1 import common_pb2, engine_pb2, engine_pb2_grpc, inference_pb2
+from prism.stage.v1 import engine_pb2, engine_pb2_grpc
+from prism.v1 import common_pb2, inference_pb2
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13]
 

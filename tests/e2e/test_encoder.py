@@ -18,8 +18,9 @@ from prism import rpc
 from prism.launcher import free_port
 from prism.rpc import PrismError
 from prism.services.encoder import VisionEncoder
+from prism.stage.v1 import encoder_pb2, encoder_pb2_grpc, engine_pb2, engine_pb2_grpc
 from prism.transfer import TransferAgent
-from prism.v1 import common_pb2, encoder_pb2, encoder_pb2_grpc, engine_pb2, engine_pb2_grpc
+from prism.v1 import common_pb2
 
 POOL = "prism_nixl_pool_bytes_in_use"
 

@@ -16,7 +16,8 @@ from conftest import start_mesh, user, wait_for
 
 from prism import rpc
 from prism.rpc import PrismError
-from prism.v1 import common_pb2, engine_pb2, engine_pb2_grpc
+from prism.stage.v1 import engine_pb2, engine_pb2_grpc
+from prism.v1 import common_pb2
 
 BOUND, TIMEOUT_S = 4, 1.5
 

@@ -111,7 +111,7 @@ def test_one_trace_spans_every_stage_of_e_p_d(models, tmp_path, receiver):
         names = {span.name for _, span in spans}
         assert {"image.load", "vision.encode", "nixl.read", "prefill", "decode"} <= names
         assert "/prism.v1.InferenceService/Chat" in names
-        assert "/prism.v1.EncoderService/Encode" in names
+        assert "/prism.stage.v1.EncoderService/Encode" in names
         # The processor's span describes the request; each stage's knows its request id.
         (chat,) = [s for s in by_service["prism-processor"]
                    if s.name == "/prism.v1.InferenceService/Chat"

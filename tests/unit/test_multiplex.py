@@ -10,7 +10,7 @@ import pytest
 from prism import rpc
 from prism.rpc import PrismError, multiplex
 from prism.rpc.service import Service
-from prism.v1 import engine_pb2, engine_pb2_grpc
+from prism.stage.v1 import engine_pb2, engine_pb2_grpc
 
 
 class Engine:
@@ -65,7 +65,7 @@ async def engine():
     server = await rpc.start_server(
         "127.0.0.1:0",
         servicer.service.add_to_server,
-        ["prism.v1.EngineService"],
+        ["prism.stage.v1.EngineService"],
     )
     channel = rpc.channel(f"127.0.0.1:{server.port}")
     stub = engine_pb2_grpc.EngineServiceStub(channel)

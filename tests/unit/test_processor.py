@@ -12,8 +12,9 @@ from prism.rpc import PrismError
 from prism.sampling import to_vllm
 from prism.services.processor import InferenceServicer
 from prism.services.processor.detokenize import Detokenizer
+from prism.stage.v1 import engine_pb2
 from prism.tiny_models import llava_tokenizer
-from prism.v1 import common_pb2, engine_pb2, inference_pb2
+from prism.v1 import common_pb2, inference_pb2
 
 STOP = common_pb2.FINISH_REASON_STOP
 LENGTH = common_pb2.FINISH_REASON_LENGTH

@@ -21,16 +21,16 @@ from prism.rpc import PrismError
 from prism.rpc.service import Service
 from prism.services.processor.failover import Call
 from prism.services.processor.pipeline import Pipeline
-from prism.v1 import (
-    common_pb2,
+from prism.stage.v1 import (
     encoder_pb2,
     encoder_pb2_grpc,
     engine_pb2,
     engine_pb2_grpc,
-    errors_pb2,
     load_pb2,
     load_pb2_grpc,
+    tensor_pb2,
 )
+from prism.v1 import common_pb2, errors_pb2
 
 
 def router(policy: str = "round-robin", **peers: list[str]) -> Router:
@@ -127,10 +127,10 @@ async def engines(*fakes: FakeEngine) -> list[rpc.Server]:
         server = await rpc.start_server(
             "127.0.0.1:0",
             fake.service.add_to_server,
-            ["prism.v1.EngineService"],
+            ["prism.stage.v1.EngineService"],
             in_flight=lambda fake=fake: fake.calls,
         )
-        await server.set_serving(["prism.v1.EngineService"])
+        await server.set_serving(["prism.stage.v1.EngineService"])
         servers.append(server)
     return servers
 
@@ -182,7 +182,7 @@ def test_a_replica_that_comes_up_late_is_waited_for_not_failed():
         server = await rpc.start_server(
             address,
             fake.service.add_to_server,
-            ["prism.v1.EngineService"],
+            ["prism.stage.v1.EngineService"],
         )
         tokens: list[int] = []
         try:
@@ -237,7 +237,7 @@ def test_probes_report_health_and_load():
             load_pb2.GetLoadRequest()
         )
         assert reply.in_flight == 4
-        await servers[1].set_serving(["prism.v1.EngineService"], serving=False)
+        await servers[1].set_serving(["prism.stage.v1.EngineService"], serving=False)
         assert await pipeline.ready()  # one replica is enough
         assert pipeline.router.pick("worker") == addresses[0]
         for server in servers:
@@ -398,7 +398,7 @@ class FakeEncoder:
     async def encode(self, request):
         self.calls += 1
         handle = encoder_pb2.EmbeddingHandle(
-            embeddings=common_pb2.TensorDescriptor(agent_name=self.name)
+            embeddings=tensor_pb2.TensorDescriptor(agent_name=self.name)
         )
         return encoder_pb2.EncodeResponse(handles=[handle] * len(request.images))
 
@@ -431,9 +431,9 @@ def test_embeddings_lost_with_their_encoder_are_encoded_again_elsewhere():
             server = await rpc.start_server(
                 "127.0.0.1:0",
                 encoder.service.add_to_server,
-                ["prism.v1.EncoderService"],
+                ["prism.stage.v1.EncoderService"],
             )
-            await server.set_serving(["prism.v1.EncoderService"])
+            await server.set_serving(["prism.stage.v1.EncoderService"])
             servers.append(server)
         servers += await engines(worker)
         lost_at, spare_at, worker_at = (f"127.0.0.1:{s.port}" for s in servers)

@@ -21,8 +21,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker  # iso
 
 from prism.nixl_compat import nixl_agent
 from prism.services.worker.engine_extension import GLOO_TIMER_SLACK_NS, timer_slack
+from prism.stage.v1 import tensor_pb2
 from prism.transfer import PoolAllocator, TransferAgent, TransferError
-from prism.v1 import common_pb2
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -149,18 +149,18 @@ def test_threads_made_under_timer_slack_get_it_and_their_maker_keeps_its_own():
     [
         (lambda d: d.shape.append(2), "bytes but its regions hold"),
         (lambda d: setattr(d, "dtype", "complex32"), "unknown dtype"),
-        (lambda d: setattr(d, "memory_type", common_pb2.MEMORY_TYPE_VRAM), "only DRAM"),
+        (lambda d: setattr(d, "memory_type", tensor_pb2.MEMORY_TYPE_VRAM), "only DRAM"),
         (lambda d: d.ClearField("regions"), "memory regions"),
         (lambda d: setattr(d, "lease_expiry_unix_ms", 1), "lease expired"),
         (lambda d: setattr(d, "notification_tag", ""), "notification tag"),
     ],
 )
 def test_malformed_descriptor_is_rejected_before_any_read(reader, change, message):
-    descriptor = common_pb2.TensorDescriptor(
+    descriptor = tensor_pb2.TensorDescriptor(
         agent_name="prism-elsewhere",
         agent_metadata=b"never loaded: validation comes first",
-        memory_type=common_pb2.MEMORY_TYPE_DRAM,
-        regions=[common_pb2.MemoryRegion(address=4096, length=24)],
+        memory_type=tensor_pb2.MEMORY_TYPE_DRAM,
+        regions=[tensor_pb2.MemoryRegion(address=4096, length=24)],
         dtype="float32",
         shape=[2, 3],
         notification_tag="bad/0",

@@ -17,7 +17,8 @@ import grpc
 from prism.modes import MeshRole
 from prism.rpc import PrismError, multiplex
 from prism.rpc.clients import Peers
-from prism.v1 import common_pb2, engine_pb2, errors_pb2
+from prism.stage.v1 import engine_pb2
+from prism.v1 import common_pb2, errors_pb2
 
 log = logging.getLogger(__name__)
 

@@ -19,14 +19,8 @@ from prism.routing import Router
 from prism.rpc import PrismError, multiplex
 from prism.rpc.clients import GENERATE, Peers
 from prism.services.processor.failover import Call, Failover
-from prism.v1 import (
-    common_pb2,
-    encoder_pb2,
-    encoder_pb2_grpc,
-    engine_pb2,
-    engine_pb2_grpc,
-    errors_pb2,
-)
+from prism.stage.v1 import encoder_pb2, encoder_pb2_grpc, engine_pb2, engine_pb2_grpc
+from prism.v1 import common_pb2, errors_pb2
 
 log = logging.getLogger(__name__)
 

@@ -32,9 +32,10 @@ from prism.rpc.service import Service
 from prism.rpc.stage import Stage
 from prism.services.worker.engine import start_engine
 from prism.services.worker.roles import Role, embeddings_input, make_role
+from prism.stage.v1 import encoder_pb2, engine_pb2, engine_pb2_grpc
 from prism.tracing import tracer
 from prism.transfer import TransferAgent, TransferError
-from prism.v1 import common_pb2, encoder_pb2, engine_pb2, engine_pb2_grpc, errors_pb2
+from prism.v1 import common_pb2, errors_pb2
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,8 @@ from prism import kv_transfer
 from prism.modes import EngineRole
 from prism.rpc import PrismError, invalid
 from prism.sampling import to_vllm
-from prism.v1 import engine_pb2, errors_pb2
+from prism.stage.v1 import engine_pb2
+from prism.v1 import errors_pb2
 
 # Longest pause between tries to free a prefill's KV that the connector does not hold yet.
 _RELEASE_POLL_MAX_S = 0.25

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from prism.v1 import load_pb2 as prism_dot_v1_dot_load__pb2
+from prism.stage.v1 import load_pb2 as prism_dot_stage_dot_v1_dot_load__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in prism/v1/load_pb2_grpc.py depends on'
+        + ' but the generated code in prism/stage/v1/load_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,9 +37,9 @@ class LoadServiceStub:
             channel: A grpc.Channel.
         """
         self.GetLoad = channel.unary_unary(
-                '/prism.v1.LoadService/GetLoad',
-                request_serializer=prism_dot_v1_dot_load__pb2.GetLoadRequest.SerializeToString,
-                response_deserializer=prism_dot_v1_dot_load__pb2.GetLoadResponse.FromString,
+                '/prism.stage.v1.LoadService/GetLoad',
+                request_serializer=prism_dot_stage_dot_v1_dot_load__pb2.GetLoadRequest.SerializeToString,
+                response_deserializer=prism_dot_stage_dot_v1_dot_load__pb2.GetLoadResponse.FromString,
                 _registered_method=True)
 
 
@@ -59,14 +59,14 @@ def add_LoadServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'GetLoad': grpc.unary_unary_rpc_method_handler(
                     servicer.GetLoad,
-                    request_deserializer=prism_dot_v1_dot_load__pb2.GetLoadRequest.FromString,
-                    response_serializer=prism_dot_v1_dot_load__pb2.GetLoadResponse.SerializeToString,
+                    request_deserializer=prism_dot_stage_dot_v1_dot_load__pb2.GetLoadRequest.FromString,
+                    response_serializer=prism_dot_stage_dot_v1_dot_load__pb2.GetLoadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'prism.v1.LoadService', rpc_method_handlers)
+            'prism.stage.v1.LoadService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('prism.v1.LoadService', rpc_method_handlers)
+    server.add_registered_method_handlers('prism.stage.v1.LoadService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
@@ -89,9 +89,9 @@ class LoadService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/prism.v1.LoadService/GetLoad',
-            prism_dot_v1_dot_load__pb2.GetLoadRequest.SerializeToString,
-            prism_dot_v1_dot_load__pb2.GetLoadResponse.FromString,
+            '/prism.stage.v1.LoadService/GetLoad',
+            prism_dot_stage_dot_v1_dot_load__pb2.GetLoadRequest.SerializeToString,
+            prism_dot_stage_dot_v1_dot_load__pb2.GetLoadResponse.FromString,
             options,
             channel_credentials,
             insecure,

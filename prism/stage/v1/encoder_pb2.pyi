@@ -1,3 +1,4 @@
+from prism.stage.v1 import tensor_pb2 as _tensor_pb2
 from prism.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -27,8 +28,8 @@ class EmbeddingHandle(_message.Message):
     CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
     IMAGE_GRID_THW_FIELD_NUMBER: _ClassVar[int]
     CACHED_FIELD_NUMBER: _ClassVar[int]
-    embeddings: _common_pb2.TensorDescriptor
+    embeddings: _tensor_pb2.TensorDescriptor
     content_hash: str
     image_grid_thw: _containers.RepeatedScalarFieldContainer[int]
     cached: bool
-    def __init__(self, embeddings: _Optional[_Union[_common_pb2.TensorDescriptor, _Mapping]] = ..., content_hash: _Optional[str] = ..., image_grid_thw: _Optional[_Iterable[int]] = ..., cached: _Optional[bool] = ...) -> None: ...
+    def __init__(self, embeddings: _Optional[_Union[_tensor_pb2.TensorDescriptor, _Mapping]] = ..., content_hash: _Optional[str] = ..., image_grid_thw: _Optional[_Iterable[int]] = ..., cached: _Optional[bool] = ...) -> None: ...

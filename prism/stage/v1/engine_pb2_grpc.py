@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from prism.v1 import engine_pb2 as prism_dot_v1_dot_engine__pb2
+from prism.stage.v1 import engine_pb2 as prism_dot_stage_dot_v1_dot_engine__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in prism/v1/engine_pb2_grpc.py depends on'
+        + ' but the generated code in prism/stage/v1/engine_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -42,19 +42,19 @@ class EngineServiceStub:
             channel: A grpc.Channel.
         """
         self.Generate = channel.unary_stream(
-                '/prism.v1.EngineService/Generate',
-                request_serializer=prism_dot_v1_dot_engine__pb2.GenerateRequest.SerializeToString,
-                response_deserializer=prism_dot_v1_dot_engine__pb2.GenerateResponse.FromString,
+                '/prism.stage.v1.EngineService/Generate',
+                request_serializer=prism_dot_stage_dot_v1_dot_engine__pb2.GenerateRequest.SerializeToString,
+                response_deserializer=prism_dot_stage_dot_v1_dot_engine__pb2.GenerateResponse.FromString,
                 _registered_method=True)
         self.GenerateBatch = channel.stream_stream(
-                '/prism.v1.EngineService/GenerateBatch',
-                request_serializer=prism_dot_v1_dot_engine__pb2.GenerateBatchRequest.SerializeToString,
-                response_deserializer=prism_dot_v1_dot_engine__pb2.GenerateBatchResponse.FromString,
+                '/prism.stage.v1.EngineService/GenerateBatch',
+                request_serializer=prism_dot_stage_dot_v1_dot_engine__pb2.GenerateBatchRequest.SerializeToString,
+                response_deserializer=prism_dot_stage_dot_v1_dot_engine__pb2.GenerateBatchResponse.FromString,
                 _registered_method=True)
         self.Abort = channel.unary_unary(
-                '/prism.v1.EngineService/Abort',
-                request_serializer=prism_dot_v1_dot_engine__pb2.EngineServiceAbortRequest.SerializeToString,
-                response_deserializer=prism_dot_v1_dot_engine__pb2.EngineServiceAbortResponse.FromString,
+                '/prism.stage.v1.EngineService/Abort',
+                request_serializer=prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceAbortRequest.SerializeToString,
+                response_deserializer=prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceAbortResponse.FromString,
                 _registered_method=True)
 
 
@@ -97,24 +97,24 @@ def add_EngineServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Generate': grpc.unary_stream_rpc_method_handler(
                     servicer.Generate,
-                    request_deserializer=prism_dot_v1_dot_engine__pb2.GenerateRequest.FromString,
-                    response_serializer=prism_dot_v1_dot_engine__pb2.GenerateResponse.SerializeToString,
+                    request_deserializer=prism_dot_stage_dot_v1_dot_engine__pb2.GenerateRequest.FromString,
+                    response_serializer=prism_dot_stage_dot_v1_dot_engine__pb2.GenerateResponse.SerializeToString,
             ),
             'GenerateBatch': grpc.stream_stream_rpc_method_handler(
                     servicer.GenerateBatch,
-                    request_deserializer=prism_dot_v1_dot_engine__pb2.GenerateBatchRequest.FromString,
-                    response_serializer=prism_dot_v1_dot_engine__pb2.GenerateBatchResponse.SerializeToString,
+                    request_deserializer=prism_dot_stage_dot_v1_dot_engine__pb2.GenerateBatchRequest.FromString,
+                    response_serializer=prism_dot_stage_dot_v1_dot_engine__pb2.GenerateBatchResponse.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
-                    request_deserializer=prism_dot_v1_dot_engine__pb2.EngineServiceAbortRequest.FromString,
-                    response_serializer=prism_dot_v1_dot_engine__pb2.EngineServiceAbortResponse.SerializeToString,
+                    request_deserializer=prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceAbortRequest.FromString,
+                    response_serializer=prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceAbortResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'prism.v1.EngineService', rpc_method_handlers)
+            'prism.stage.v1.EngineService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('prism.v1.EngineService', rpc_method_handlers)
+    server.add_registered_method_handlers('prism.stage.v1.EngineService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
@@ -142,9 +142,9 @@ class EngineService:
         return grpc.experimental.unary_stream(
             request,
             target,
-            '/prism.v1.EngineService/Generate',
-            prism_dot_v1_dot_engine__pb2.GenerateRequest.SerializeToString,
-            prism_dot_v1_dot_engine__pb2.GenerateResponse.FromString,
+            '/prism.stage.v1.EngineService/Generate',
+            prism_dot_stage_dot_v1_dot_engine__pb2.GenerateRequest.SerializeToString,
+            prism_dot_stage_dot_v1_dot_engine__pb2.GenerateResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -169,9 +169,9 @@ class EngineService:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/prism.v1.EngineService/GenerateBatch',
-            prism_dot_v1_dot_engine__pb2.GenerateBatchRequest.SerializeToString,
-            prism_dot_v1_dot_engine__pb2.GenerateBatchResponse.FromString,
+            '/prism.stage.v1.EngineService/GenerateBatch',
+            prism_dot_stage_dot_v1_dot_engine__pb2.GenerateBatchRequest.SerializeToString,
+            prism_dot_stage_dot_v1_dot_engine__pb2.GenerateBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -196,9 +196,9 @@ class EngineService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/prism.v1.EngineService/Abort',
-            prism_dot_v1_dot_engine__pb2.EngineServiceAbortRequest.SerializeToString,
-            prism_dot_v1_dot_engine__pb2.EngineServiceAbortResponse.FromString,
+            '/prism.stage.v1.EngineService/Abort',
+            prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceAbortRequest.SerializeToString,
+            prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceAbortResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from prism.v1 import encoder_pb2 as prism_dot_v1_dot_encoder__pb2
+from prism.stage.v1 import encoder_pb2 as prism_dot_stage_dot_v1_dot_encoder__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in prism/v1/encoder_pb2_grpc.py depends on'
+        + ' but the generated code in prism/stage/v1/encoder_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -38,9 +38,9 @@ class EncoderServiceStub:
             channel: A grpc.Channel.
         """
         self.Encode = channel.unary_unary(
-                '/prism.v1.EncoderService/Encode',
-                request_serializer=prism_dot_v1_dot_encoder__pb2.EncodeRequest.SerializeToString,
-                response_deserializer=prism_dot_v1_dot_encoder__pb2.EncodeResponse.FromString,
+                '/prism.stage.v1.EncoderService/Encode',
+                request_serializer=prism_dot_stage_dot_v1_dot_encoder__pb2.EncodeRequest.SerializeToString,
+                response_deserializer=prism_dot_stage_dot_v1_dot_encoder__pb2.EncodeResponse.FromString,
                 _registered_method=True)
 
 
@@ -62,14 +62,14 @@ def add_EncoderServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Encode': grpc.unary_unary_rpc_method_handler(
                     servicer.Encode,
-                    request_deserializer=prism_dot_v1_dot_encoder__pb2.EncodeRequest.FromString,
-                    response_serializer=prism_dot_v1_dot_encoder__pb2.EncodeResponse.SerializeToString,
+                    request_deserializer=prism_dot_stage_dot_v1_dot_encoder__pb2.EncodeRequest.FromString,
+                    response_serializer=prism_dot_stage_dot_v1_dot_encoder__pb2.EncodeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'prism.v1.EncoderService', rpc_method_handlers)
+            'prism.stage.v1.EncoderService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('prism.v1.EncoderService', rpc_method_handlers)
+    server.add_registered_method_handlers('prism.stage.v1.EncoderService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
@@ -93,9 +93,9 @@ class EncoderService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/prism.v1.EncoderService/Encode',
-            prism_dot_v1_dot_encoder__pb2.EncodeRequest.SerializeToString,
-            prism_dot_v1_dot_encoder__pb2.EncodeResponse.FromString,
+            '/prism.stage.v1.EncoderService/Encode',
+            prism_dot_stage_dot_v1_dot_encoder__pb2.EncodeRequest.SerializeToString,
+            prism_dot_stage_dot_v1_dot_encoder__pb2.EncodeResponse.FromString,
             options,
             channel_credentials,
             insecure,
