@@ -53,6 +53,13 @@ def endless(request_id: str) -> engine_pb2.GenerateRequest:
     )  # fmt: skip
 
 
+def finish_reason(reply) -> int:
+    """How a stream ended, from its last message: a stage's or the public API's."""
+    if isinstance(reply, engine_pb2.GenerateResponse):
+        return reply.last.reason
+    return reply.finish_reason
+
+
 def abort_while_running(start: Callable[[], Iterator], abort: Callable[[], bool]) -> list:
     """Starts a long request, sends Abort until it lands, and returns the request's replies.
 
@@ -67,7 +74,7 @@ def abort_while_running(start: Callable[[], Iterator], abort: Callable[[], bool]
                 return list(call)
             time.sleep(0.005)
         ended = list(call)
-        assert ended[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH, ended[-1]
+        assert finish_reason(ended[-1]) == common_pb2.FINISH_REASON_LENGTH, ended[-1]
     pytest.fail("no Abort landed in three requests that each ran to their end")
 
 
@@ -76,10 +83,13 @@ def test_generate_streams_token_ids(mesh):
         request_id="contract-gen", prompt_token_ids=[5, 6, 7, 8], sampling=greedy(5)
     )
     replies = list(engine(mesh).Generate(request, timeout=60))
-    assert replies[0].prompt_tokens == 4
+    # The first message says what the engine made of the prompt, the last how it ended;
+    # the ones between carry tokens only.
+    positions = [r.WhichOneof("position") for r in replies]
+    assert positions == ["first", *[None] * (len(replies) - 2), "last"]
+    assert replies[0].first.prompt_tokens == 4
     assert sum(len(r.token_ids) for r in replies) == 5
-    assert replies[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
-    assert all(r.finish_reason == common_pb2.FINISH_REASON_UNSPECIFIED for r in replies[:-1])
+    assert replies[-1].last.reason == common_pb2.FINISH_REASON_LENGTH
 
 
 def test_generate_rejects_a_request_without_prompt(mesh):
@@ -105,7 +115,7 @@ def test_engine_abort_ends_a_running_request(mesh):
         lambda: stub.Generate(endless("contract-abort"), timeout=120),
         lambda: stub.Abort(abort).aborted,
     )[-1]
-    assert last.finish_reason == common_pb2.FINISH_REASON_ABORT
+    assert last.last.reason == common_pb2.FINISH_REASON_ABORT
     reply = stub.Abort(engine_pb2.EngineServiceAbortRequest(request_id="contract-abort"))
     assert not reply.aborted
 

@@ -34,30 +34,29 @@ def kv_idle(mesh, stage: str) -> bool:
     return mesh.metric(stage, "vllm:kv_cache_usage_perc") == 0
 
 
-def prefill(mesh, request_id: str, prompt=PROMPT, **sampling) -> engine_pb2.GenerateResponse:
+def prefill(mesh, request_id: str, prompt=PROMPT, **sampling) -> list:
+    """A prefill's replies: its first message and its last."""
     request = engine_pb2.GenerateRequest(
         request_id=request_id, prompt_token_ids=prompt, sampling=greedy(8, **sampling)
     )
-    merged = engine_pb2.GenerateResponse()
-    for reply in stub(mesh, "prefill").Generate(request, timeout=60):
-        merged.MergeFrom(reply)
-    return merged
+    return list(stub(mesh, "prefill").Generate(request, timeout=60))
 
 
-def decode_request(request_id: str, prefilled: engine_pb2.GenerateResponse, prompt=PROMPT):
+def decode_request(request_id: str, prefilled: list, prompt=PROMPT):
     return engine_pb2.GenerateRequest(
         request_id=request_id, prompt_token_ids=prompt, sampling=greedy(8),
-        kv_transfer_params=prefilled.kv_transfer_params,
+        kv_transfer_params=prefilled[-1].last.kv_transfer_params,
     )  # fmt: skip
 
 
 def test_prefill_returns_the_first_token_and_typed_kv_params(pd):
     prefilled = prefill(pd, "pd-prefill")
     try:
-        assert len(prefilled.token_ids) == 1
-        assert prefilled.finish_reason == common_pb2.FINISH_REASON_LENGTH
-        assert prefilled.prompt_tokens == len(PROMPT)
-        kv = prefilled.kv_transfer_params
+        first, last = prefilled
+        assert len(first.token_ids) == 1 and not last.token_ids
+        assert last.last.reason == common_pb2.FINISH_REASON_LENGTH
+        assert first.first.prompt_tokens == len(PROMPT)
+        kv = last.last.kv_transfer_params
         assert kv.do_remote_prefill and not kv.do_remote_decode
         assert kv.remote_engine_id and kv.remote_request_id and kv.remote_host == "127.0.0.1"
         assert kv.remote_port > 0 and kv.transfer_mode == "pull"
@@ -76,8 +75,8 @@ def test_decode_reads_the_prompt_kv_instead_of_recomputing_it(pd):
     prefilled = prefill(pd, "pd-transfer")
     replies = list(stub(pd, "decode").Generate(decode_request("pd-transfer", prefilled)))
     tokens = [t for reply in replies for t in reply.token_ids]
-    assert tokens[0] == prefilled.token_ids[0] and len(tokens) == 8
-    assert replies[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+    assert tokens[0] == prefilled[0].token_ids[0] and len(tokens) == 8
+    assert replies[-1].last.reason == common_pb2.FINISH_REASON_LENGTH
 
     def grown() -> dict[str, float]:
         return {s: pd.metric("decode", source, source=s) - before[s] for s in before}

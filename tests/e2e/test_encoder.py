@@ -146,7 +146,8 @@ def test_worker_fails_cleanly_when_the_embeddings_owner_is_gone(mesh, models, or
         doomed.process.kill()
         doomed.process.wait()
     prompt = engine_pb2.GenerateRequest(
-        request_id="orphaned", prompt_token_ids=[5, 6], image_embeddings=handles,
+        request_id="orphaned", prompt_token_ids=[5, 6],
+        image_embeddings=engine_pb2.ImageEmbeddings(items=handles),
         sampling=common_pb2.SamplingParams(max_tokens=2),
     )  # fmt: skip
     worker = engine_pb2_grpc.EngineServiceStub(rpc.sync_channel(mesh.worker))

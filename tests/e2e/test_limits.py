@@ -109,6 +109,6 @@ def test_sigterm_drains_a_worker(bounded):
         list(stub.Generate(late, timeout=10))
     assert PrismError.from_rpc_error(info.value).code == grpc.StatusCode.UNAVAILABLE
     replies = list(call)
-    assert replies[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+    assert replies[-1].last.reason == common_pb2.FINISH_REASON_LENGTH
     assert sum(len(r.token_ids) for r in [first, *replies]) == 600
     assert stage.process.wait(timeout=30) == 0

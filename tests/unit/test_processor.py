@@ -62,13 +62,11 @@ class Replay:
 
     async def run(self, request_id, prompt_ids, images, sampling, call, migration_limit=0):
         self.requests.append((request_id, prompt_ids))
-        for i, token in enumerate(self.answer):
-            last = i == len(self.answer) - 1
-            yield engine_pb2.GenerateResponse(
-                token_ids=[token],
-                prompt_tokens=len(prompt_ids) if i == 0 else 0,
-                finish_reason=LENGTH if last else 0,
-            )
+        usage = engine_pb2.PromptUsage(prompt_tokens=len(prompt_ids))
+        yield engine_pb2.GenerateResponse(token_ids=self.answer[:1], first=usage)
+        for token in self.answer[1:]:
+            yield engine_pb2.GenerateResponse(token_ids=[token])
+        yield engine_pb2.GenerateResponse(last=engine_pb2.Finish(reason=LENGTH))
 
 
 async def handle(tokenizer, answer: str, *calls) -> tuple[list, Replay]:

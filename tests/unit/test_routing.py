@@ -112,10 +112,12 @@ class FakeEngine:
         self.requests.append(request)
         if self.fail and not self.after_first:
             raise self.fail
-        yield engine_pb2.GenerateResponse(token_ids=[self.token])
+        prompt = engine_pb2.PromptUsage(prompt_tokens=len(request.prompt_token_ids))
+        yield engine_pb2.GenerateResponse(token_ids=[self.token], first=prompt)
         if self.fail:
             raise self.fail
-        yield engine_pb2.GenerateResponse(finish_reason=common_pb2.FINISH_REASON_STOP)
+        finish = engine_pb2.Finish(reason=common_pb2.FINISH_REASON_STOP)
+        yield engine_pb2.GenerateResponse(last=finish)
 
     async def abort(self, request):
         return engine_pb2.EngineServiceAbortResponse(aborted=False)
@@ -283,13 +285,15 @@ class FakePrefill(FakeEngine):
     async def replies(self, request):
         self.calls += 1
         self.requests.append(request)
-        yield engine_pb2.GenerateResponse(
-            token_ids=[self.token],
-            finish_reason=common_pb2.FINISH_REASON_LENGTH,
+        prompt = engine_pb2.PromptUsage(prompt_tokens=len(request.prompt_token_ids))
+        yield engine_pb2.GenerateResponse(token_ids=[self.token], first=prompt)
+        finish = engine_pb2.Finish(
+            reason=common_pb2.FINISH_REASON_LENGTH,
             kv_transfer_params=engine_pb2.KvTransferParams(
                 do_remote_prefill=True, remote_request_id=f"{request.request_id}-engine"
             ),
         )
+        yield engine_pb2.GenerateResponse(last=finish)
 
     async def abort(self, request):
         return engine_pb2.EngineServiceAbortResponse(aborted=True)
@@ -361,7 +365,8 @@ class NamedPrefill(FakePrefill):
 
     async def replies(self, request):
         async for reply in super().replies(request):
-            reply.kv_transfer_params.remote_engine_id = str(self.token)
+            if reply.HasField("last"):
+                reply.last.kv_transfer_params.remote_engine_id = str(self.token)
             yield reply
 
 
@@ -411,7 +416,7 @@ class EmbeddingsReader(FakeEngine):
         self.lost = lost
 
     async def replies(self, request):
-        if any(h.embeddings.agent_name == self.lost for h in request.image_embeddings):
+        if any(h.embeddings.agent_name == self.lost for h in request.image_embeddings.items):
             self.calls += 1
             raise PrismError(
                 grpc.StatusCode.UNAVAILABLE,
@@ -445,5 +450,6 @@ def test_embeddings_lost_with_their_encoder_are_encoded_again_elsewhere():
 
     tokens, lost, spare, worker = asyncio.run(main())
     assert (lost.calls, spare.calls) == (1, 1)
-    assert [h.embeddings.agent_name for h in worker.requests[-1].image_embeddings] == ["spare"]
+    handles = worker.requests[-1].image_embeddings.items
+    assert [h.embeddings.agent_name for h in handles] == ["spare"]
     assert tokens == [9]

@@ -222,16 +222,16 @@ class InferenceServicer:
 
         try:
             async for reply in replies:
-                if reply.prompt_tokens:
-                    prompt_tokens = reply.prompt_tokens
-                delta = detokenizer.update(list(reply.token_ids), reply.finish_reason)
+                if reply.HasField("first"):
+                    prompt_tokens = reply.first.prompt_tokens
+                delta = detokenizer.update(list(reply.token_ids), reply.last.reason)
                 if not delta.finished:
                     if delta.text or delta.token_ids:
                         yield response(delta.text, delta.token_ids, delta.finish_reason)
                     continue
                 usage = _usage(prompt_tokens, detokenizer.sent)
                 yield response(delta.text, delta.token_ids, delta.finish_reason, usage=usage)
-                if reply.finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED:
+                if reply.HasField("last"):
                     # The stage ends its stream after its last reply: read to that end, so
                     # that every stage sees its call complete rather than cancelled.
                     async for _ in replies:

@@ -156,7 +156,8 @@ class Failover:
         for number in range(limit + 1):
             if sampling.HasField("max_tokens") and len(emitted) >= sampling.max_tokens:
                 # The worker died between its last token and its last reply.
-                yield engine_pb2.GenerateResponse(finish_reason=common_pb2.FINISH_REASON_LENGTH)
+                finish = engine_pb2.Finish(reason=common_pb2.FINISH_REASON_LENGTH)
+                yield engine_pb2.GenerateResponse(last=finish)
                 return
             resumed = common_pb2.SamplingParams()
             resumed.CopyFrom(sampling)
@@ -173,8 +174,9 @@ class Failover:
                 async with contextlib.aclosing(replies):
                     async for reply in replies:
                         if number:
-                            # Usage counts the client's prompt, not the one resumed from.
-                            reply.prompt_tokens = reply.cached_tokens = 0
+                            # Usage counts the client's prompt, not the one resumed from:
+                            # the stream's first message was the first attempt's.
+                            reply.ClearField("first")
                         emitted += reply.token_ids
                         yield reply
                 return

@@ -91,10 +91,10 @@ class Pipeline:
                 return stub.Encode(encode, metadata=rpc.call_metadata())
 
             async for reply in self.failover.on_replica(MeshRole.ENCODER, call, encoded):
-                request.image_embeddings.extend(reply.handles)
+                request.image_embeddings.items.extend(reply.handles)
             call.holders[errors_pb2.ERROR_REASON_EMBEDDINGS_UNAVAILABLE] = call.address
-        else:
-            request.images.extend(images_pb)
+        elif images_pb:
+            request.images.items.extend(images_pb)
         if self.mode.disaggregated:
             return self._prefill_then_decode(request, call)
         return self._generate(MeshRole.WORKER, request, call)
@@ -118,11 +118,17 @@ class Pipeline:
         if not request.sampling.HasField("seed"):
             # Both engines draw the first token; one seed makes them draw the same one.
             request.sampling.seed = secrets.randbits(63)
-        prefilled = engine_pb2.GenerateResponse()
+        first: list[int] = []
+        prompt = engine_pb2.PromptUsage()
+        finish = engine_pb2.Finish()
         async for reply in self._generate(MeshRole.PREFILL, request, call):
-            prefilled.MergeFrom(reply)
+            first += reply.token_ids
+            if reply.HasField("first"):
+                prompt = reply.first
+            if reply.HasField("last"):
+                finish = reply.last
         prefill_address = call.address
-        if not prefilled.HasField("kv_transfer_params"):
+        if not finish.HasField("kv_transfer_params"):
             raise PrismError(
                 grpc.StatusCode.INTERNAL,
                 f"prefill worker {prefill_address} returned no KV transfer parameters",
@@ -131,30 +137,24 @@ class Pipeline:
         # Until decode has read the KV cache, prefill holds it for this request.
         held = True
         try:
-            first = list(prefilled.token_ids)
-            finished = prefilled.finish_reason == common_pb2.FINISH_REASON_STOP or (
+            yield engine_pb2.GenerateResponse(token_ids=first, first=prompt)
+            if finish.reason == common_pb2.FINISH_REASON_STOP or (
                 request.sampling.HasField("max_tokens") and request.sampling.max_tokens <= 1
-            )
-            yield engine_pb2.GenerateResponse(
-                token_ids=first,
-                prompt_tokens=prefilled.prompt_tokens,
-                cached_tokens=prefilled.cached_tokens,
-                finish_reason=(
-                    prefilled.finish_reason if finished else common_pb2.FINISH_REASON_UNSPECIFIED
-                ),
-            )
-            if finished:
+            ):
+                yield engine_pb2.GenerateResponse(last=engine_pb2.Finish(reason=finish.reason))
                 return
             decode_request = engine_pb2.GenerateRequest(
                 request_id=request.request_id,
                 prompt_token_ids=request.prompt_token_ids,
                 sampling=request.sampling,
-                kv_transfer_params=prefilled.kv_transfer_params,
-                image_layouts=prefilled.image_layouts,
+                kv_transfer_params=finish.kv_transfer_params,
             )
+            if finish.image_layouts:
+                decode_request.image_layouts.items.extend(finish.image_layouts)
             async for reply in self._generate(MeshRole.DECODE, decode_request, call):
                 if held:
-                    # Decode draws the first token again, from the same KV cache.
+                    # Decode draws the first token again, from the same KV cache; the
+                    # stream's first message was prefill's.
                     held = False
                     again = reply.token_ids[: len(first)]
                     if list(again) != first:
@@ -163,7 +163,7 @@ class Pipeline:
                             request.request_id, list(again), first,
                         )  # fmt: skip
                     del reply.token_ids[: len(first)]
-                    reply.prompt_tokens = 0
+                    reply.ClearField("first")
                 yield reply
         finally:
             if held:

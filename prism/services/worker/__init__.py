@@ -123,16 +123,15 @@ class EngineServicer:
 
     async def _prompt(self, request: engine_pb2.GenerateRequest) -> TokensPrompt:
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
-        given = [f for f in ("images", "image_embeddings", "image_layouts") if getattr(request, f)]
-        if len(given) > 1:
-            raise invalid(f"send one of images, image_embeddings, image_layouts, not {given}")
-        if request.images:
-            images = await asyncio.to_thread(self._decode_images, list(request.images))
+        media = request.WhichOneof("media")
+        if media == "images":
+            images = await asyncio.to_thread(self._decode_images, list(request.images.items))
             prompt["multi_modal_data"] = {"image": images}
-        elif request.image_embeddings:
-            prompt["multi_modal_data"] = {"image": await self._fetch(request.image_embeddings)}
-        elif request.image_layouts:
-            prompt.update(self.role.placeholders(request.image_layouts))
+        elif media == "image_embeddings":
+            embeddings = await self._fetch(request.image_embeddings.items)
+            prompt["multi_modal_data"] = {"image": embeddings}
+        elif media == "image_layouts":
+            prompt.update(self.role.placeholders(request.image_layouts.items))
         return prompt
 
     async def generate(
@@ -164,13 +163,17 @@ class EngineServicer:
                 generated += len(completion.token_ids)
                 reply = engine_pb2.GenerateResponse(token_ids=completion.token_ids)
                 if first:
-                    reply.prompt_tokens = len(output.prompt_token_ids or ())
-                    reply.cached_tokens = output.num_cached_tokens or 0
-                    span.set_attributes({
-                        "gen_ai.usage.input_tokens": reply.prompt_tokens,
-                        "prism.cached_tokens": reply.cached_tokens,
-                    })  # fmt: skip
                     first = False
+                    reply.first.prompt_tokens = len(output.prompt_token_ids or ())
+                    reply.first.cached_tokens = output.num_cached_tokens or 0
+                    span.set_attributes({
+                        "gen_ai.usage.input_tokens": reply.first.prompt_tokens,
+                        "prism.cached_tokens": reply.first.cached_tokens,
+                    })  # fmt: skip
+                    if output.finished:
+                        # The first message is not the last: that one follows, tokenless.
+                        yield reply
+                        reply = engine_pb2.GenerateResponse()
                 if output.finished:
                     span.set_attribute("gen_ai.usage.output_tokens", generated)
                     log.info("%s %s: %d prompt tokens, %d generated, %s", self.role.name,
@@ -178,10 +181,10 @@ class EngineServicer:
                              completion.finish_reason)  # fmt: skip
                     if completion.finish_reason == "error":
                         raise self.role.failure(request)
-                    reply.finish_reason = _FINISH.get(
+                    reply.last.reason = _FINISH.get(
                         completion.finish_reason or "", common_pb2.FINISH_REASON_STOP
                     )
-                    self.role.hand_off(request_id, output, layouts, reply)
+                    self.role.hand_off(request_id, output, layouts, reply.last)
                 yield reply
                 if self._running.get(request_id) and not output.finished:
                     # vLLM drops an abort that comes before it knows the request: repeat it.

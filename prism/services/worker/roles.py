@@ -97,10 +97,10 @@ class Role:
         request_id: str,
         output: Any,
         layouts: list[engine_pb2.ImageLayout],
-        reply: engine_pb2.GenerateResponse,
+        finish: engine_pb2.Finish,
     ) -> None:
-        """Adds to the last reply what the next stage needs (with the images' `layouts`
-        from `render`), and holds what it will read."""
+        """Adds to the last reply's `finish` what the next stage needs (with the images'
+        `layouts` from `render`), and holds what it will read."""
 
     def failure(self, request: engine_pb2.GenerateRequest) -> PrismError:
         """The error of a request the engine failed."""
@@ -154,12 +154,12 @@ class Prefill(Role):
         request_id: str,
         output: Any,
         layouts: list[engine_pb2.ImageLayout],
-        reply: engine_pb2.GenerateResponse,
+        finish: engine_pb2.Finish,
     ) -> None:
         if not output.kv_transfer_params:
             return
-        reply.kv_transfer_params.CopyFrom(kv_transfer.to_proto(output.kv_transfer_params))
-        reply.image_layouts.extend(layouts)
+        finish.kv_transfer_params.CopyFrom(kv_transfer.to_proto(output.kv_transfer_params))
+        finish.image_layouts.extend(layouts)
         now = time.monotonic()
         for stale in [k for k, (_, until) in self._held.items() if until <= now]:
             del self._held[stale]

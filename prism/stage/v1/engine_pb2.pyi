@@ -10,38 +10,68 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "images", "image_embeddings", "kv_transfer_params", "image_layouts")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "images", "image_embeddings", "image_layouts", "kv_transfer_params")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     IMAGE_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
-    KV_TRANSFER_PARAMS_FIELD_NUMBER: _ClassVar[int]
     IMAGE_LAYOUTS_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_PARAMS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
-    images: _containers.RepeatedCompositeFieldContainer[_common_pb2.Image]
-    image_embeddings: _containers.RepeatedCompositeFieldContainer[_encoder_pb2.EmbeddingHandle]
+    images: Images
+    image_embeddings: ImageEmbeddings
+    image_layouts: ImageLayouts
     kv_transfer_params: KvTransferParams
-    image_layouts: _containers.RepeatedCompositeFieldContainer[ImageLayout]
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ..., image_embeddings: _Optional[_Iterable[_Union[_encoder_pb2.EmbeddingHandle, _Mapping]]] = ..., kv_transfer_params: _Optional[_Union[KvTransferParams, _Mapping]] = ..., image_layouts: _Optional[_Iterable[_Union[ImageLayout, _Mapping]]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., images: _Optional[_Union[Images, _Mapping]] = ..., image_embeddings: _Optional[_Union[ImageEmbeddings, _Mapping]] = ..., image_layouts: _Optional[_Union[ImageLayouts, _Mapping]] = ..., kv_transfer_params: _Optional[_Union[KvTransferParams, _Mapping]] = ...) -> None: ...
+
+class Images(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[_common_pb2.Image]
+    def __init__(self, items: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ...) -> None: ...
+
+class ImageEmbeddings(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[_encoder_pb2.EmbeddingHandle]
+    def __init__(self, items: _Optional[_Iterable[_Union[_encoder_pb2.EmbeddingHandle, _Mapping]]] = ...) -> None: ...
+
+class ImageLayouts(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[ImageLayout]
+    def __init__(self, items: _Optional[_Iterable[_Union[ImageLayout, _Mapping]]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("token_ids", "finish_reason", "prompt_tokens", "cached_tokens", "kv_transfer_params", "image_layouts")
+    __slots__ = ("token_ids", "first", "last")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    first: PromptUsage
+    last: Finish
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., first: _Optional[_Union[PromptUsage, _Mapping]] = ..., last: _Optional[_Union[Finish, _Mapping]] = ...) -> None: ...
+
+class PromptUsage(_message.Message):
+    __slots__ = ("prompt_tokens", "cached_tokens")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    KV_TRANSFER_PARAMS_FIELD_NUMBER: _ClassVar[int]
-    IMAGE_LAYOUTS_FIELD_NUMBER: _ClassVar[int]
-    token_ids: _containers.RepeatedScalarFieldContainer[int]
-    finish_reason: _common_pb2.FinishReason
     prompt_tokens: int
     cached_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+
+class Finish(_message.Message):
+    __slots__ = ("reason", "kv_transfer_params", "image_layouts")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_LAYOUTS_FIELD_NUMBER: _ClassVar[int]
+    reason: _common_pb2.FinishReason
     kv_transfer_params: KvTransferParams
     image_layouts: _containers.RepeatedCompositeFieldContainer[ImageLayout]
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., kv_transfer_params: _Optional[_Union[KvTransferParams, _Mapping]] = ..., image_layouts: _Optional[_Iterable[_Union[ImageLayout, _Mapping]]] = ...) -> None: ...
+    def __init__(self, reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., kv_transfer_params: _Optional[_Union[KvTransferParams, _Mapping]] = ..., image_layouts: _Optional[_Iterable[_Union[ImageLayout, _Mapping]]] = ...) -> None: ...
 
 class GenerateBatchRequest(_message.Message):
     __slots__ = ("call_id", "start", "cancel", "metadata")
