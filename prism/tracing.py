@@ -4,7 +4,7 @@ Off unless the standard variables ask for it: `OTEL_TRACES_EXPORTER` (otlp, cons
 an OTLP endpoint (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`;
 `OTEL_EXPORTER_OTLP_PROTOCOL` grpc or http/protobuf). When on, gRPC channels get
 OpenTelemetry's interceptors, which carry the W3C trace context in gRPC metadata (servers
-read it in the stage runtime, prism.rpc.service, which makes each call's span), and
+read it in the stage runtime, prism.runtime.service, which makes each call's span), and
 the gateway's FastAPI app is instrumented (an incoming `traceparent` is honoured). When
 off, nothing is installed and `tracer` hands out no-op spans.
 """

@@ -26,8 +26,8 @@ from prism.modes import MeshRole
 from prism.registry import Instance, instance, open_registry
 from prism.routing import Router
 from prism.rpc import PrismError, invalid, multiplex
-from prism.rpc.clients import CHAT, COMPLETE, Batched, Peers
-from prism.rpc.stage import freeze_startup_heap
+from prism.runtime.clients import CHAT, COMPLETE, Batched, Peers
+from prism.runtime.stage import freeze_startup_heap
 from prism.v1 import errors_pb2, inference_pb2, inference_pb2_grpc
 
 log = logging.getLogger(__name__)

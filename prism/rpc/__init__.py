@@ -1,6 +1,6 @@
 """gRPC plumbing shared by every process: servers, channels and the error model. The
-stage runtime builds on it: `prism.rpc.service` (one handler per RPC, every per-call
-concern) and `prism.rpc.stage` (start-up and drain).
+stage runtime builds on it: `prism.runtime.service` (one handler per RPC, every per-call
+concern) and `prism.runtime.stage` (start-up and drain).
 
 Errors travel as gRPC status codes with a `google.rpc.ErrorInfo` detail (a reason of
 `prism.v1.ErrorReason` and the offending parameter), so any client can read them and the

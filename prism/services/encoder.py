@@ -25,8 +25,8 @@ from prism.cache import ByteLru
 from prism.media import ImageLoader, LoadedImage, MediaPolicy, decode_image
 from prism.modes import modes_served
 from prism.rpc import invalid
-from prism.rpc.service import Service
-from prism.rpc.stage import Stage
+from prism.runtime.service import Service
+from prism.runtime.stage import Stage
 from prism.stage.v1 import encoder_pb2, encoder_pb2_grpc
 from prism.tracing import tracer
 from prism.transfer import TransferAgent

@@ -12,7 +12,7 @@ from prism.gateway.app import create_app
 from prism.launcher import free_port
 from prism.registry import StaticRegistry
 from prism.routing import Router
-from prism.rpc.service import Service
+from prism.runtime.service import Service
 from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

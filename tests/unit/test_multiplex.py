@@ -1,5 +1,5 @@
 """Many calls over one gRPC stream (prism.rpc.multiplex), served by the stage runtime
-(prism.rpc.service) on a real loopback server."""
+(prism.runtime.service) on a real loopback server."""
 
 import asyncio
 import contextlib
@@ -9,7 +9,7 @@ import pytest
 
 from prism import rpc
 from prism.rpc import PrismError, multiplex
-from prism.rpc.service import Service
+from prism.runtime.service import Service
 from prism.stage.v1 import engine_pb2, engine_pb2_grpc
 
 

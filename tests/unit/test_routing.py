@@ -18,7 +18,7 @@ from prism.modes import MODES
 from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.rpc import PrismError
-from prism.rpc.service import Service
+from prism.runtime.service import Service
 from prism.services.processor.failover import Call
 from prism.services.processor.pipeline import Pipeline
 from prism.stage.v1 import (

@@ -13,7 +13,7 @@ from prism import rpc
 from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.rpc import PrismError
-from prism.rpc.service import Service
+from prism.runtime.service import Service
 from prism.v1 import errors_pb2, inference_pb2, inference_pb2_grpc
 
 

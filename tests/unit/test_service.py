@@ -1,4 +1,4 @@
-"""The stage runtime (prism.rpc.service): one handler, served as its plain RPC and inside
+"""The stage runtime (prism.runtime.service): one handler, served as its plain RPC and inside
 its batched twin, with the same per-call behaviour either way, on a real loopback server."""
 
 import asyncio
@@ -14,8 +14,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import REGISTRY
 
 from prism import logs, rpc, tracing
-from prism.rpc import PrismError, multiplex, service
-from prism.rpc.service import Service
+from prism.rpc import PrismError, multiplex
+from prism.runtime import service
+from prism.runtime.service import Service
 from prism.v1 import common_pb2, errors_pb2, inference_pb2, inference_pb2_grpc
 
 

@@ -26,8 +26,8 @@ from prism.modes import MeshRole, mode
 from prism.registry import discovery_tags
 from prism.routing import Router
 from prism.rpc import PrismError, invalid
-from prism.rpc.service import Service
-from prism.rpc.stage import Stage
+from prism.runtime.service import Service
+from prism.runtime.stage import Stage
 from prism.sampling import to_vllm
 from prism.services.processor.detokenize import Detokenizer
 from prism.services.processor.failover import Call

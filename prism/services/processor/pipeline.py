@@ -17,7 +17,7 @@ from prism.media import LoadedImage
 from prism.modes import MeshRole, Mode
 from prism.routing import Router
 from prism.rpc import PrismError, multiplex
-from prism.rpc.clients import GENERATE, Peers
+from prism.runtime.clients import GENERATE, Peers
 from prism.services.processor.failover import Call, Failover
 from prism.stage.v1 import encoder_pb2, encoder_pb2_grpc, engine_pb2, engine_pb2_grpc
 from prism.v1 import common_pb2, errors_pb2

@@ -28,8 +28,8 @@ from prism import logs, rpc, telemetry
 from prism.media import decode_image
 from prism.modes import EngineRole, modes_served
 from prism.rpc import PrismError, invalid
-from prism.rpc.service import Service
-from prism.rpc.stage import Stage
+from prism.runtime.service import Service
+from prism.runtime.stage import Stage
 from prism.services.worker.engine import start_engine
 from prism.services.worker.roles import Role, embeddings_input, make_role
 from prism.stage.v1 import encoder_pb2, engine_pb2, engine_pb2_grpc

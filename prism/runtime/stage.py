@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from prism import rpc, telemetry, tracing
 from prism.registry import instance, open_registry
-from prism.rpc.service import Service
+from prism.runtime.service import Service
 
 log = logging.getLogger(__name__)
 
