@@ -299,6 +299,8 @@ def start_mesh(
             mesh.start(timeout=300, log=log)
         except BaseException as exc:
             mesh.stop()
+            if not isinstance(exc, Exception):
+                raise  # Ctrl-C (KeyboardInterrupt) stops the run, not just this mesh
             tail = log_path.read_text()[-4000:]
             raise RuntimeError(f"mesh failed to start: {exc!r}\n{tail}") from None
     return RunningMesh(family, mode, str(model), mesh, log_path)
