@@ -26,8 +26,9 @@ import numpy as np
 from openai import OpenAI
 from PIL import Image
 
-from prism.launcher import Mesh, MeshConfig, free_port, plan
+from prism.launcher import Mesh, MeshConfig, plan
 from prism.modes import MODES
+from prism.ports import free_port
 
 
 def image_url(seed: int = 1) -> str:

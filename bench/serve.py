@@ -43,7 +43,8 @@ import numpy as np
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from prism.launcher import Mesh, MeshConfig, free_port, http_ok, plan
+from prism.launcher import Mesh, MeshConfig, http_ok, plan
+from prism.ports import free_port
 
 ANCHOR = "vllm_serve"
 # `vllm serve` with the engine as Prism's workers run it on the CPU backend (the model

@@ -20,7 +20,8 @@ from pathlib import Path
 import PIL.Image
 import PIL.ImageDraw
 
-from prism.launcher import free_port, http_ok
+from prism.launcher import http_ok
+from prism.ports import free_port
 
 
 def demo_image() -> str:

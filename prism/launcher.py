@@ -12,9 +12,7 @@ import contextlib
 import ctypes
 import functools
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,45 +23,10 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from prism.modes import EngineRole, MeshRole, mode
+from prism.ports import free_port
 from prism.rpc import check_health
 
 _PR_SET_PDEATHSIG = 1
-
-
-def _ephemeral_ports() -> range:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low, high = map(int, f.read().split())
-    except (OSError, ValueError):
-        low, high = 32768, 60999
-    return range(low, high + 1)
-
-
-# Ports this process has handed out: a port is bound later, by another process, and must
-# not be handed out twice meanwhile.
-_issued: set[int] = set()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free now, outside the kernel's ephemeral range, not handed out before.
-
-    The port is bound later, by a stage that may take a minute to start; meanwhile the
-    engines open many outgoing and listening sockets on kernel-chosen ephemeral ports,
-    one of which could otherwise take it.
-    """
-    ephemeral = _ephemeral_ports()
-    for _ in range(1000):
-        port = random.randrange(10000, 65536)
-        if port in ephemeral or port in _issued:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
-        _issued.add(port)
-        return port
-    raise OSError("no free port")
 
 
 def _prepare_child(cpus: set[int]) -> None:

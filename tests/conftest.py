@@ -44,8 +44,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 from prism import rpc
-from prism.launcher import Mesh, MeshConfig, Stage, free_port, plan
+from prism.launcher import Mesh, MeshConfig, Stage, plan
 from prism.modes import MODES
+from prism.ports import free_port
 from prism.tiny_models import build
 
 FAMILIES = ("llava", "qwen2-vl")

@@ -15,7 +15,7 @@ from conftest import CASES, data_url, image_part, png, user, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 from prism import rpc
-from prism.launcher import free_port
+from prism.ports import free_port
 from prism.rpc import PrismError
 from prism.services.encoder import VisionEncoder
 from prism.stage.v1 import encoder_pb2, encoder_pb2_grpc, engine_pb2, engine_pb2_grpc

@@ -11,7 +11,8 @@ import time
 import psutil
 import pytest
 
-from prism.launcher import free_port, http_ok
+from prism.launcher import http_ok
+from prism.ports import free_port
 
 
 def wait_gone(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:

@@ -15,7 +15,7 @@ from conftest import data_url, png, start_mesh, user, wait_for
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from prism.launcher import free_port
+from prism.ports import free_port
 
 STAGES = {"prism-gateway", "prism-processor", "prism-encoder", "prism-prefill", "prism-decode"}
 

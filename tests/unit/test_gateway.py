@@ -9,7 +9,7 @@ from conftest import serving
 from fastapi.testclient import TestClient
 
 from prism.gateway.app import create_app
-from prism.launcher import free_port
+from prism.ports import free_port
 from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.runtime.service import Service

@@ -9,7 +9,8 @@ import pytest
 
 from prism import launcher
 from prism.cli import _forwarded_registry_args, build_parser
-from prism.launcher import MeshConfig, _ephemeral_ports, free_port, plan
+from prism.launcher import MeshConfig, plan
+from prism.ports import _ephemeral_ports, free_port
 
 
 def flag(argv: list[str], name: str) -> list[str]:

@@ -12,9 +12,9 @@ import grpc
 import pytest
 
 from prism import rpc
-from prism.launcher import free_port
 from prism.media import LoadedImage
 from prism.modes import MODES
+from prism.ports import free_port
 from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.rpc import PrismError

@@ -19,8 +19,8 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.executor import Executor
 
 from prism import registry
-from prism.launcher import free_port
 from prism.modes import EngineRole
+from prism.ports import free_port
 
 log = logging.getLogger(__name__)
 
