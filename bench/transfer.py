@@ -32,7 +32,7 @@ import torch
 from google.protobuf import wrappers_pb2
 
 from prism.stage.v1 import tensor_pb2
-from prism.transfer import TransferAgent
+from prism.transfer.nixl import NixlTransfer
 
 # NIXL logs INFO lines to stdout, which would land inside the table.
 os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
@@ -57,7 +57,7 @@ def pool_bytes(sizes: list[int]) -> int:
 
 
 def serve(sizes: list[int], conn: Connection) -> None:
-    agent = TransferAgent(pool_bytes=pool_bytes(sizes))
+    agent = NixlTransfer(pool_bytes=pool_bytes(sizes))
     tensors = {nbytes: source(nbytes) for nbytes in sizes}
     tags = itertools.count()
 
@@ -115,7 +115,7 @@ def timed(
 
 
 def bench_size(
-    nbytes: int, channel: grpc.Channel, agent: TransferAgent, reps: int
+    nbytes: int, channel: grpc.Channel, agent: NixlTransfer, reps: int
 ) -> dict[str, float]:
     expected = source(nbytes)
     publish = channel.unary_unary(
@@ -234,7 +234,7 @@ def main() -> None:
             raise RuntimeError("the server process did not start")
         port = ours.recv()
         with (
-            TransferAgent(pool_bytes=pool_bytes(sizes)) as agent,
+            NixlTransfer(pool_bytes=pool_bytes(sizes)) as agent,
             grpc.insecure_channel(f"127.0.0.1:{port}", options=GRPC_OPTIONS) as channel,
         ):
             results = [bench_size(nbytes, channel, agent, args.reps) for nbytes in sizes]

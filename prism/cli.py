@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 
-from prism import logs, registry
+from prism import logs, registry, transfer
 from prism.modes import MODES, EngineRole
 from prism.routing import POLICIES
 
@@ -67,6 +67,16 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
         "--max-model-len", type=int, default=0, help="context length (default: the model's)"
     )
     parser.add_argument("--max-images", type=int, default=8, help="images per request")
+
+
+def _transfer_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--transfer",
+        default="nixl",
+        choices=transfer.KINDS,
+        help="how image embeddings go from encoder to worker: nixl (the worker pulls them "
+        "from the encoder's memory) or inline (in the gRPC message; no NIXL needed)",
+    )
 
 
 def _engine_args(parser: argparse.ArgumentParser) -> None:
@@ -162,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="decode worker replicas (e/p/d, ep/d)",
     )
     serve.add_argument("--host", default="127.0.0.1")
+    _transfer_arg(serve)
     serve.add_argument("--http-port", type=int, default=8000)
     _model_args(serve)
     _engine_args(serve)
@@ -206,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="prefill roles: free a prompt's KV after this long if no decode reads it",
     )
     worker.add_argument("--pool-mib", type=int, default=256, help="NIXL read buffer (MiB)")
+    _transfer_arg(worker)
     worker.add_argument(
         "--engine-nice",
         type=int,
@@ -220,6 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
     _stage_args(encoder, 50052)
     _model_args(encoder)
     encoder.add_argument("--pool-mib", type=int, default=256, help="NIXL embedding pool (MiB)")
+    _transfer_arg(encoder)
     encoder.add_argument("--cache-mib", type=int, default=256, help="embedding cache (MiB)")
     encoder.add_argument(
         "--lease-s", type=float, default=30.0, help="free unread embeddings after this long"
@@ -288,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
                 max_model_len=args.max_model_len,
                 max_images=args.max_images,
                 kv_cache_gib=args.kv_cache_gib,
+                transfer=args.transfer,
                 encoders=args.encoders,
                 workers=args.workers,
                 prefill_workers=args.prefill_workers,

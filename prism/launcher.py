@@ -81,6 +81,8 @@ class MeshConfig:
     max_model_len: int = 0
     max_images: int = 8
     kv_cache_gib: int = 1
+    # How embeddings go from encoders to workers (prism.transfer.KINDS).
+    transfer: str = "nixl"
     encoders: int = 1
     workers: int = 1
     prefill_workers: int = 1
@@ -129,13 +131,14 @@ def plan(config: MeshConfig) -> list[Stage]:
     engine = ["--dtype", config.dtype, "--kv-cache-gib", str(config.kv_cache_gib)]
     fetch = [arg for allowed in config.fetch_allow for arg in ("--fetch-allow", allowed)]
 
+    transfer = ["--transfer", config.transfer]
     encoders = [
-        _grpc_stage(f"encoder-{i}", config.host, [*prism, "encoder", *common, *fetch])
+        _grpc_stage(f"encoder-{i}", config.host, [*prism, "encoder", *common, *transfer, *fetch])
         for i in range(config.encoders if deployed.has_encoder else 0)
     ]
 
     def workers(name: str, count: int, flags: list[str]) -> list[Stage]:
-        argv = [*prism, "worker", *common, *engine, *flags]
+        argv = [*prism, "worker", *common, *engine, *transfer, *flags]
         return [_grpc_stage(f"{name}-{i}", config.host, argv) for i in range(count)]
 
     by_role: dict[str, list[Stage]]

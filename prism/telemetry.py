@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 from prism.cache import CacheStats
 
 if TYPE_CHECKING:
-    from prism.transfer import TransferAgent
+    from prism.transfer import Transfer
 
 
 class StatsCollector(Collector):
@@ -40,7 +40,7 @@ def serve_metrics(port: int, host: str, collectors: Iterable[Collector] = ()) ->
         start_http_server(port, addr=host)
 
 
-def transfer_collector(agent: TransferAgent) -> StatsCollector:
+def transfer_collector(agent: Transfer) -> StatsCollector:
     """NIXL pool and transfer counters of this process's agent."""
 
     def read() -> dict[str, tuple[str, str, float]]:

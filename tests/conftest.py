@@ -415,7 +415,7 @@ def image_server():
 @pytest.fixture(scope="module")
 def reader():
     """A NIXL transfer agent in this process, the reading side of transfer tests."""
-    from prism.transfer import TransferAgent
+    from prism.transfer.nixl import NixlTransfer
 
-    with TransferAgent(pool_bytes=64 * 2**20) as agent:
+    with NixlTransfer(pool_bytes=64 * 2**20) as agent:
         yield agent

@@ -1,4 +1,4 @@
-"""The owner side of tests/contract/test_transfer_between_processes.py: a TransferAgent in
+"""The owner side of tests/contract/test_transfer_between_processes.py: a NixlTransfer in
 its own OS process; and the tensor helpers of both sides' tests.
 
 Reads one JSON request per line on stdin and answers one JSON line on stdout; descriptors
@@ -48,9 +48,9 @@ def main() -> None:
     replies = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
 
-    from prism.transfer import TransferAgent
+    from prism.transfer.nixl import NixlTransfer
 
-    agent = TransferAgent(pool_bytes=64 * 2**20, lease_s=30.0)
+    agent = NixlTransfer(pool_bytes=64 * 2**20, lease_s=30.0)
 
     def reply(**fields: object) -> None:
         replies.write(json.dumps(fields) + "\n")

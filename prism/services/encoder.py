@@ -1,9 +1,10 @@
 """The encoder stage: `EncoderService` runs the vision tower and projector in torch.
 
 Embeddings are computed once per image (an LRU cache keyed by the model and the image
-bytes skips repeats), copied into memory registered with NIXL at start-up, and answered
-as descriptors; the worker pulls the bytes itself. A slice is freed when the reader's
-notification arrives, or when its lease runs out unread.
+bytes skips repeats) and published through the stage's transfer (prism.transfer): with
+NIXL, copied into memory registered at start-up and answered as descriptors that the
+worker pulls from, a slice freed when the reader's notification arrives or when its lease
+runs out unread; inline, answered with the bytes themselves.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from prism.runtime.service import Service
 from prism.runtime.stage import Stage
 from prism.stage.v1 import encoder_pb2, encoder_pb2_grpc
 from prism.tracing import tracer
-from prism.transfer import TransferAgent
+from prism.transfer import Transfer, open_transfer
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class EncoderServicer:
         self,
         model_id: str,
         vision: VisionEncoder,
-        agent: TransferAgent,
+        agent: Transfer,
         loader: ImageLoader,
         cache: ByteLru[Embedding],
         lease_s: float,
@@ -168,7 +169,7 @@ class EncoderServicer:
 
 
 async def _release_read_embeddings(
-    agent: TransferAgent, period: float = 0.02, idle_period: float = 0.5
+    agent: Transfer, period: float = 0.02, idle_period: float = 0.5
 ) -> None:
     """Frees slices whose readers have notified, and reclaims expired leases.
 
@@ -185,7 +186,7 @@ async def _release_read_embeddings(
 async def serve(args: argparse.Namespace) -> None:
     stage = Stage(args, "encoder")
     vision = await asyncio.to_thread(VisionEncoder, args.model)
-    agent = TransferAgent(pool_bytes=args.pool_mib * 2**20, lease_s=args.lease_s)
+    agent = open_transfer(args.transfer, args.pool_mib * 2**20, args.lease_s)
     loader = ImageLoader(
         MediaPolicy(max_images=args.max_images, fetch_allow=tuple(args.fetch_allow))
     )

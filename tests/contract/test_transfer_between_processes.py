@@ -35,7 +35,7 @@ CASES = [
 
 
 class Owner:
-    """A TransferAgent in a child process, driven over stdin/stdout."""
+    """A NixlTransfer in a child process, driven over stdin/stdout."""
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
@@ -109,7 +109,7 @@ def test_round_trip_between_processes_frees_owner_memory(owner, reader):
     assert owner.call(op="stats")["pool_bytes_in_use"] > 8 * 2**20
     for i, ((dtype, shape), wire) in enumerate(zip(CASES, wires, strict=True)):
         descriptor = parse(wire)
-        assert descriptor.agent_name == owner.name
+        assert descriptor.nixl.agent_name == owner.name
         assert same_bytes(reader.fetch(descriptor, timeout_s=30), make_tensor(dtype, shape, i))
     stats = owner.wait_stats(lambda s: s["pool_bytes_in_use"] == 0)
     assert stats["released"] >= len(CASES) and stats["reclaimed"] == 0

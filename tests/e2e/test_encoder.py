@@ -19,7 +19,7 @@ from prism.ports import free_port
 from prism.rpc import PrismError
 from prism.services.encoder import VisionEncoder
 from prism.stage.v1 import encoder_pb2, encoder_pb2_grpc, engine_pb2, engine_pb2_grpc
-from prism.transfer import TransferAgent
+from prism.transfer.nixl import NixlTransfer
 from prism.v1 import common_pb2
 
 POOL = "prism_nixl_pool_bytes_in_use"
@@ -76,7 +76,7 @@ def test_embeddings_read_over_nixl_equal_transformers(encoder, models):
     image = png(21)
     reply = encoder.encode(image, png(22))
     assert len(reply.handles) == 2
-    reader = TransferAgent(pool_bytes=8 * 2**20)
+    reader = NixlTransfer(pool_bytes=8 * 2**20)
     try:
         tensors = [reader.fetch(handle.embeddings) for handle in reply.handles]
     finally:

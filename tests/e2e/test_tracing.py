@@ -126,7 +126,8 @@ def test_one_trace_spans_every_stage_of_e_p_d(models, tmp_path, receiver):
             (span,) = [s for s in by_service[service] if s.name == name]
             assert attributes(span)["prism.request_id"] == "trace-test-1"
         (read,) = [s for s in by_service["prism-prefill"] if s.name == "nixl.read"]
-        assert attributes(read)["prism.nixl.bytes"] > 0
+        assert attributes(read)["prism.transfer.bytes"] > 0
+        assert attributes(read)["prism.nixl.peer"].startswith("prism-")
     finally:
         mesh.stop()
     # Each stage's log lines about this request carry its request id.

@@ -403,7 +403,9 @@ class FakeEncoder:
     async def encode(self, request):
         self.calls += 1
         handle = encoder_pb2.EmbeddingHandle(
-            embeddings=tensor_pb2.TensorDescriptor(agent_name=self.name)
+            embeddings=tensor_pb2.TensorDescriptor(
+                nixl=tensor_pb2.NixlLocation(agent_name=self.name)
+            )
         )
         return encoder_pb2.EncodeResponse(handles=[handle] * len(request.images))
 
@@ -416,7 +418,7 @@ class EmbeddingsReader(FakeEngine):
         self.lost = lost
 
     async def replies(self, request):
-        if any(h.embeddings.agent_name == self.lost for h in request.image_embeddings.items):
+        if any(h.embeddings.nixl.agent_name == self.lost for h in request.image_embeddings.items):
             self.calls += 1
             raise PrismError(
                 grpc.StatusCode.UNAVAILABLE,
@@ -451,5 +453,5 @@ def test_embeddings_lost_with_their_encoder_are_encoded_again_elsewhere():
     tokens, lost, spare, worker = asyncio.run(main())
     assert (lost.calls, spare.calls) == (1, 1)
     handles = worker.requests[-1].image_embeddings.items
-    assert [h.embeddings.agent_name for h in handles] == ["spare"]
+    assert [h.embeddings.nixl.agent_name for h in handles] == ["spare"]
     assert tokens == [9]

@@ -11,6 +11,7 @@ import time
 
 import nixl
 import pytest
+import torch
 from transfer_owner import make_tensor, parse, same_bytes
 
 # vLLM's connector and Prism's engine extension are imported here, not in a test: the
@@ -22,7 +23,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker  # iso
 from prism.nixl_compat import nixl_agent
 from prism.services.worker.engine_extension import GLOO_TIMER_SLACK_NS, timer_slack
 from prism.stage.v1 import tensor_pb2
-from prism.transfer import PoolAllocator, TransferAgent, TransferError
+from prism.transfer import TransferError, open_transfer
+from prism.transfer.inline import InlineTransfer
+from prism.transfer.nixl import NixlTransfer, PoolAllocator
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -71,11 +74,11 @@ def test_allocator_rejects_misuse():
 def test_missing_nixl_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "nixl", None)
     with pytest.raises(TransferError, match="NIXL is not installed"):
-        TransferAgent(pool_bytes=2**20)
+        NixlTransfer(pool_bytes=2**20)
 
 
 def test_loopback_read_is_released_by_its_notification():
-    with TransferAgent(pool_bytes=4 * 2**20) as agent:
+    with NixlTransfer(pool_bytes=4 * 2**20) as agent:
         tensor = make_tensor("bfloat16", [300, 1024], seed=1)
         descriptor = agent.publish(tensor, "loop/0")
         with pytest.raises(TransferError, match="tag 'loop/0' is already published"):
@@ -91,7 +94,7 @@ def test_loopback_read_is_released_by_its_notification():
 
 
 def test_full_pool_reclaims_expired_leases_before_failing():
-    with TransferAgent(pool_bytes=2**20) as agent:
+    with NixlTransfer(pool_bytes=2**20) as agent:
         big = make_tensor("float32", [600, 256], seed=2)  # 600 KiB: one fits, two do not
         agent.publish(big, "full/0", lease_s=0.3)
         with pytest.raises(TransferError, match="pool full"):
@@ -149,25 +152,60 @@ def test_threads_made_under_timer_slack_get_it_and_their_maker_keeps_its_own():
     [
         (lambda d: d.shape.append(2), "bytes but its regions hold"),
         (lambda d: setattr(d, "dtype", "complex32"), "unknown dtype"),
-        (lambda d: setattr(d, "memory_type", tensor_pb2.MEMORY_TYPE_VRAM), "only DRAM"),
-        (lambda d: d.ClearField("regions"), "memory regions"),
-        (lambda d: setattr(d, "lease_expiry_unix_ms", 1), "lease expired"),
-        (lambda d: setattr(d, "notification_tag", ""), "notification tag"),
+        (lambda d: setattr(d.nixl, "memory_type", tensor_pb2.MEMORY_TYPE_VRAM), "only DRAM"),
+        (lambda d: d.nixl.ClearField("regions"), "memory regions"),
+        (lambda d: setattr(d.nixl, "lease_expiry_unix_ms", 1), "lease expired"),
+        (lambda d: setattr(d.nixl, "notification_tag", ""), "notification tag"),
     ],
 )
 def test_malformed_descriptor_is_rejected_before_any_read(reader, change, message):
-    descriptor = tensor_pb2.TensorDescriptor(
+    location = tensor_pb2.NixlLocation(
         agent_name="prism-elsewhere",
         agent_metadata=b"never loaded: validation comes first",
         memory_type=tensor_pb2.MEMORY_TYPE_DRAM,
         regions=[tensor_pb2.MemoryRegion(address=4096, length=24)],
-        dtype="float32",
-        shape=[2, 3],
         notification_tag="bad/0",
         lease_expiry_unix_ms=int((time.time() + 60) * 1000),
     )
+    descriptor = tensor_pb2.TensorDescriptor(dtype="float32", shape=[2, 3], nixl=location)
     change(descriptor)
     before = reader.stats
     with pytest.raises(TransferError, match=message):
         reader.fetch(parse(descriptor.SerializeToString()))
     assert reader.stats == before
+
+
+# --- inline ------------------------------------------------------------------------------
+
+INLINE_CASES = [("float32", [3, 5]), ("bfloat16", [4, 2, 3]), ("int64", [7]), ("uint8", [2, 2])]
+
+
+def test_inline_tensors_travel_in_their_descriptor_and_any_reader_reads_them(reader):
+    owner, inline_reader = open_transfer("inline", 0), InlineTransfer()
+    for i, (dtype, shape) in enumerate(INLINE_CASES):
+        tensor = make_tensor(dtype, shape, seed=i)
+        wire = owner.publish(tensor, f"inline/{i}").SerializeToString()
+        for reading in (inline_reader, reader):
+            descriptor = parse(wire)
+            assert descriptor.WhichOneof("location") == "inline_data"
+            assert same_bytes(reading.fetch(descriptor), tensor)
+    # Nothing is held for the reader: nothing to free, poll or lease.
+    assert (owner.pool_bytes_in_use, owner.poll(), owner.stats.published) == (0, 0, 4)
+    assert (inline_reader.stats.transfers, inline_reader.stats.bytes_moved) == (4, 60 + 48 + 56 + 4)
+
+
+def test_an_inline_reader_refuses_what_it_cannot_read(reader):
+    inline = InlineTransfer()
+    held = reader.publish(torch.ones(4), "held/0")
+    try:
+        with pytest.raises(TransferError, match="inline tensors only"):
+            inline.fetch(held)
+    finally:
+        reader.fetch(held)  # read it back here, which frees it
+    short = tensor_pb2.TensorDescriptor(dtype="float32", shape=[2, 3], inline_data=b"\0" * 20)
+    with pytest.raises(TransferError, match="24 bytes, but 20 came"):
+        inline.fetch(short)
+    with pytest.raises(TransferError, match="unknown dtype"):
+        inline.fetch(tensor_pb2.TensorDescriptor(dtype="complex32", shape=[1], inline_data=b"x"))
+    with pytest.raises(ValueError, match="choose from nixl, inline"):
+        open_transfer("carrier-pigeon", 0)

@@ -34,7 +34,7 @@ from prism.services.worker.engine import start_engine
 from prism.services.worker.roles import Role, embeddings_input, make_role
 from prism.stage.v1 import encoder_pb2, engine_pb2, engine_pb2_grpc
 from prism.tracing import tracer
-from prism.transfer import TransferAgent, TransferError
+from prism.transfer import Transfer, TransferError, open_transfer
 from prism.v1 import common_pb2, errors_pb2
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class EngineServicer:
         self,
         engine: AsyncLLM,
         role: Role,
-        transfer: TransferAgent | None = None,
+        transfer: Transfer | None = None,
         max_in_flight: int = 0,
     ):
         self.engine = engine
@@ -92,16 +92,18 @@ class EngineServicer:
         transfer = self.transfer
 
         def read(handle: encoder_pb2.EmbeddingHandle) -> torch.Tensor:
-            with tracer.start_as_current_span("nixl.read") as span:
+            location = handle.embeddings.WhichOneof("location") or "none"
+            with tracer.start_as_current_span(f"{location}.read") as span:
                 start = time.perf_counter()
                 tensor = transfer.fetch(handle.embeddings)
                 seconds = time.perf_counter() - start
                 telemetry.NIXL_READ_SECONDS.labels("embeddings").observe(seconds)
                 span.set_attributes({
-                    "prism.nixl.bytes": tensor.numel() * tensor.element_size(),
-                    "prism.nixl.seconds": seconds,
-                    "prism.nixl.peer": handle.embeddings.agent_name,
+                    "prism.transfer.bytes": tensor.numel() * tensor.element_size(),
+                    "prism.transfer.seconds": seconds,
                 })  # fmt: skip
+                if location == "nixl":
+                    span.set_attribute("prism.nixl.peer", handle.embeddings.nixl.agent_name)
                 return tensor
 
         try:
@@ -256,7 +258,7 @@ async def serve(args: argparse.Namespace) -> None:
     engine = start_engine(args)
     role = make_role(args.role, engine, args.kv_lease_s)
     reads_embeddings = args.enable_mm_embeds or role.reads_embeddings
-    transfer = TransferAgent(pool_bytes=args.pool_mib * 2**20) if reads_embeddings else None
+    transfer = open_transfer(args.transfer, args.pool_mib * 2**20) if reads_embeddings else None
     servicer = EngineServicer(engine, role, transfer, args.max_in_flight)
     collectors = [telemetry.transfer_collector(transfer)] if transfer else []
     collectors.append(

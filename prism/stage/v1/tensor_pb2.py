@@ -24,17 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bprism/stage/v1/tensor.proto\x12\x0eprism.stage.v1\"B\n\x0cMemoryRegion\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\x04\x12\x0e\n\x06length\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\r\"\xf4\x01\n\x10TensorDescriptor\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\x16\n\x0e\x61gent_metadata\x18\x02 \x01(\x0c\x12/\n\x0bmemory_type\x18\x03 \x01(\x0e\x32\x1a.prism.stage.v1.MemoryType\x12-\n\x07regions\x18\x04 \x03(\x0b\x32\x1c.prism.stage.v1.MemoryRegion\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\r\n\x05shape\x18\x06 \x03(\x04\x12\x18\n\x10notification_tag\x18\x07 \x01(\t\x12\x1c\n\x14lease_expiry_unix_ms\x18\x08 \x01(\x03*U\n\nMemoryType\x12\x1b\n\x17MEMORY_TYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10MEMORY_TYPE_DRAM\x10\x01\x12\x14\n\x10MEMORY_TYPE_VRAM\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bprism/stage/v1/tensor.proto\x12\x0eprism.stage.v1\"B\n\x0cMemoryRegion\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\x04\x12\x0e\n\x06length\x18\x02 \x01(\x04\x12\x11\n\tdevice_id\x18\x03 \x01(\r\"\x81\x01\n\x10TensorDescriptor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x04\x12,\n\x04nixl\x18\x03 \x01(\x0b\x32\x1c.prism.stage.v1.NixlLocationH\x00\x12\x15\n\x0binline_data\x18\x04 \x01(\x0cH\x00\x42\n\n\x08location\"\xd2\x01\n\x0cNixlLocation\x12\x12\n\nagent_name\x18\x01 \x01(\t\x12\x16\n\x0e\x61gent_metadata\x18\x02 \x01(\x0c\x12/\n\x0bmemory_type\x18\x03 \x01(\x0e\x32\x1a.prism.stage.v1.MemoryType\x12-\n\x07regions\x18\x04 \x03(\x0b\x32\x1c.prism.stage.v1.MemoryRegion\x12\x18\n\x10notification_tag\x18\x05 \x01(\t\x12\x1c\n\x14lease_expiry_unix_ms\x18\x06 \x01(\x03*U\n\nMemoryType\x12\x1b\n\x17MEMORY_TYPE_UNSPECIFIED\x10\x00\x12\x14\n\x10MEMORY_TYPE_DRAM\x10\x01\x12\x14\n\x10MEMORY_TYPE_VRAM\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'prism.stage.v1.tensor_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MEMORYTYPE']._serialized_start=362
-  _globals['_MEMORYTYPE']._serialized_end=447
+  _globals['_MEMORYTYPE']._serialized_start=460
+  _globals['_MEMORYTYPE']._serialized_end=545
   _globals['_MEMORYREGION']._serialized_start=47
   _globals['_MEMORYREGION']._serialized_end=113
   _globals['_TENSORDESCRIPTOR']._serialized_start=116
-  _globals['_TENSORDESCRIPTOR']._serialized_end=360
+  _globals['_TENSORDESCRIPTOR']._serialized_end=245
+  _globals['_NIXLLOCATION']._serialized_start=248
+  _globals['_NIXLLOCATION']._serialized_end=458
 # @@protoc_insertion_point(module_scope)

@@ -27,21 +27,29 @@ class MemoryRegion(_message.Message):
     def __init__(self, address: _Optional[int] = ..., length: _Optional[int] = ..., device_id: _Optional[int] = ...) -> None: ...
 
 class TensorDescriptor(_message.Message):
-    __slots__ = ("agent_name", "agent_metadata", "memory_type", "regions", "dtype", "shape", "notification_tag", "lease_expiry_unix_ms")
+    __slots__ = ("dtype", "shape", "nixl", "inline_data")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    NIXL_FIELD_NUMBER: _ClassVar[int]
+    INLINE_DATA_FIELD_NUMBER: _ClassVar[int]
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    nixl: NixlLocation
+    inline_data: bytes
+    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., nixl: _Optional[_Union[NixlLocation, _Mapping]] = ..., inline_data: _Optional[bytes] = ...) -> None: ...
+
+class NixlLocation(_message.Message):
+    __slots__ = ("agent_name", "agent_metadata", "memory_type", "regions", "notification_tag", "lease_expiry_unix_ms")
     AGENT_NAME_FIELD_NUMBER: _ClassVar[int]
     AGENT_METADATA_FIELD_NUMBER: _ClassVar[int]
     MEMORY_TYPE_FIELD_NUMBER: _ClassVar[int]
     REGIONS_FIELD_NUMBER: _ClassVar[int]
-    DTYPE_FIELD_NUMBER: _ClassVar[int]
-    SHAPE_FIELD_NUMBER: _ClassVar[int]
     NOTIFICATION_TAG_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRY_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     agent_name: str
     agent_metadata: bytes
     memory_type: MemoryType
     regions: _containers.RepeatedCompositeFieldContainer[MemoryRegion]
-    dtype: str
-    shape: _containers.RepeatedScalarFieldContainer[int]
     notification_tag: str
     lease_expiry_unix_ms: int
-    def __init__(self, agent_name: _Optional[str] = ..., agent_metadata: _Optional[bytes] = ..., memory_type: _Optional[_Union[MemoryType, str]] = ..., regions: _Optional[_Iterable[_Union[MemoryRegion, _Mapping]]] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., notification_tag: _Optional[str] = ..., lease_expiry_unix_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, agent_name: _Optional[str] = ..., agent_metadata: _Optional[bytes] = ..., memory_type: _Optional[_Union[MemoryType, str]] = ..., regions: _Optional[_Iterable[_Union[MemoryRegion, _Mapping]]] = ..., notification_tag: _Optional[str] = ..., lease_expiry_unix_ms: _Optional[int] = ...) -> None: ...

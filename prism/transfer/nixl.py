@@ -1,4 +1,4 @@
-"""Moves tensors between processes with NIXL: the owner publishes, the reader pulls.
+"""The NIXL transfer: the owner publishes, the reader pulls.
 
 The owner copies a tensor into a slice of one memory pool that its NIXL agent registered at
 start-up, and hands out a `TensorDescriptor`: its agent name and metadata, the slice's
@@ -30,28 +30,13 @@ import torch
 
 from prism.nixl_compat import nixl_agent
 from prism.stage.v1 import tensor_pb2
+from prism.transfer import TransferError, TransferStats
+from prism.transfer.tensors import DTYPES, dtype_name, fetch_inline
 
 log = logging.getLogger(__name__)
 
 ALIGNMENT = 64
 DEFAULT_POOL_BYTES = 256 * 2**20
-
-_DTYPES: dict[str, torch.dtype] = {
-    str(dtype).removeprefix("torch."): dtype
-    for dtype in (
-        torch.float32,
-        torch.float16,
-        torch.bfloat16,
-        torch.float64,
-        torch.uint8,
-        torch.int8,
-        torch.int16,
-        torch.int32,
-        torch.int64,
-        torch.bool,
-    )
-}
-_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 
 T = TypeVar("T")
 
@@ -64,30 +49,8 @@ _NIXL_HINTS = {
 }
 
 
-class TransferError(Exception):
-    """A tensor could not be published or fetched; the message says why."""
-
-
 class _StuckTransfer(TransferError):
     """A failed read whose NIXL handle could not be released: its buffer may still be written."""
-
-
-@dataclass
-class TransferStats:
-    """Counters of one agent.
-
-    `bytes_moved`, `transfers` and `transfer_seconds_total` count reads this agent made as a
-    reader; `published`, `released` (freed on the reader's notification) and `reclaimed`
-    (freed when the lease expired unread) count its publications as an owner.
-    """
-
-    bytes_moved: int = 0
-    transfers: int = 0
-    transfer_seconds_total: float = 0.0
-    pool_bytes_in_use: int = 0
-    published: int = 0
-    released: int = 0
-    reclaimed: int = 0
 
 
 class PoolAllocator:
@@ -165,20 +128,21 @@ def _new_nixl_agent(name: str) -> Any:
 def _parse(
     descriptor: tensor_pb2.TensorDescriptor,
 ) -> tuple[torch.dtype, list[int], list[tuple[int, int, int]]]:
-    """Checks a descriptor from the wire before any memory is touched."""
-    what = f"descriptor {descriptor.notification_tag!r} from agent {descriptor.agent_name!r}"
-    if not descriptor.agent_name or not descriptor.agent_metadata:
+    """Checks a NIXL descriptor from the wire before any memory is touched."""
+    location = descriptor.nixl
+    what = f"descriptor {location.notification_tag!r} from agent {location.agent_name!r}"
+    if not location.agent_name or not location.agent_metadata:
         raise TransferError(f"{what}: agent name and metadata are required")
-    if not descriptor.notification_tag:
+    if not location.notification_tag:
         raise TransferError(f"{what}: a notification tag is required")
-    if descriptor.memory_type != tensor_pb2.MEMORY_TYPE_DRAM:
+    if location.memory_type != tensor_pb2.MEMORY_TYPE_DRAM:
         raise TransferError(
-            f"{what}: only DRAM is supported, got memory type {descriptor.memory_type}"
+            f"{what}: only DRAM is supported, got memory type {location.memory_type}"
         )
-    dtype = _DTYPES.get(descriptor.dtype)
+    dtype = DTYPES.get(descriptor.dtype)
     if dtype is None:
         raise TransferError(f"{what}: unknown dtype {descriptor.dtype!r}")
-    regions = [(r.address, r.length, r.device_id) for r in descriptor.regions]
+    regions = [(r.address, r.length, r.device_id) for r in location.regions]
     if not regions or any(address == 0 or length == 0 for address, length, _ in regions):
         raise TransferError(f"{what}: needs one or more non-empty memory regions")
     shape = list(descriptor.shape)
@@ -189,13 +153,13 @@ def _parse(
             f"{what}: shape {shape} of {descriptor.dtype} is {expected} bytes "
             f"but its regions hold {total}"
         )
-    expiry = descriptor.lease_expiry_unix_ms
+    expiry = location.lease_expiry_unix_ms
     if expiry and expiry <= time.time() * 1000:
         raise TransferError(f"{what}: its lease expired at {expiry} ms; the owner freed it")
     return dtype, shape, regions
 
 
-class TransferAgent:
+class NixlTransfer:
     """One NIXL agent (UCX) and one registered pool per process; owner and reader at once.
 
     Thread-safe: `publish`, `fetch` and `poll` may run in different threads at the same
@@ -237,7 +201,7 @@ class TransferAgent:
         self._nixl_lock = threading.Lock()
         self._remotes: dict[str, bytes] = {}
 
-    def __enter__(self) -> TransferAgent:
+    def __enter__(self) -> NixlTransfer:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -261,9 +225,7 @@ class TransferAgent:
         `tag` must be unique among this agent's live publications (NIXL matches notifications
         by prefix, so build it from a request id and an item index).
         """
-        dtype_name = _DTYPE_NAMES.get(tensor.dtype)
-        if dtype_name is None:
-            raise TransferError(f"cannot publish {tensor.dtype}; supported: {sorted(_DTYPES)}")
+        name = dtype_name(tensor)
         if not tag:
             raise TransferError("a notification tag is required")
         lease_s = self.lease_s if lease_s is None else lease_s
@@ -300,7 +262,7 @@ class TransferAgent:
                 raise TransferError(f"{tag!r} was dropped while it was copied (agent closed?)")
             heapq.heappush(self._leases, (lease_end, publication.id, tag))
             self._stats.published += 1
-        return tensor_pb2.TensorDescriptor(
+        location = tensor_pb2.NixlLocation(
             agent_name=self.name,
             agent_metadata=self._metadata,
             memory_type=tensor_pb2.MEMORY_TYPE_DRAM,
@@ -309,11 +271,10 @@ class TransferAgent:
                     address=self._pool_address + offset, length=nbytes, device_id=0
                 )
             ],
-            dtype=dtype_name,
-            shape=list(tensor.shape),
             notification_tag=tag,
             lease_expiry_unix_ms=int((wall_now + lease_s) * 1000),
         )
+        return tensor_pb2.TensorDescriptor(dtype=name, shape=list(tensor.shape), nixl=location)
 
     def poll(self) -> int:
         """Frees the slices whose reader has notified and those whose lease ran out.
@@ -352,10 +313,12 @@ class TransferAgent:
         Raises TransferError, within about `timeout_s`, when the descriptor is malformed or
         expired, the owner is gone, NIXL reports an error, or the read does not complete.
         """
+        if descriptor.WhichOneof("location") == "inline_data":
+            return fetch_inline(descriptor, self._stats, self._lock)
         deadline = time.monotonic() + timeout_s
         dtype, shape, regions = _parse(descriptor)
         nbytes = sum(length for _, length, _ in regions)
-        offset, pool = self._take_space(nbytes, deadline, descriptor.notification_tag)
+        offset, pool = self._take_space(nbytes, deadline, descriptor.nixl.notification_tag)
         try:
             seconds = self._read_into(offset, descriptor, regions, deadline, timeout_s)
             tensor = pool[offset : offset + nbytes].view(dtype).view(shape).clone()
@@ -453,7 +416,7 @@ class TransferAgent:
 
     def _connect(self, descriptor: tensor_pb2.TensorDescriptor) -> str:
         """The owner's agent name, its metadata loaded (once per name and metadata)."""
-        name, metadata = descriptor.agent_name, descriptor.agent_metadata
+        name, metadata = descriptor.nixl.agent_name, descriptor.nixl.agent_metadata
         if name == self.name:
             return name
 
@@ -499,7 +462,7 @@ class TransferAgent:
         for _, length, _ in regions:
             local.append((address, length, 0))
             address += length
-        tag = descriptor.notification_tag
+        tag = descriptor.nixl.notification_tag
         doing = f"reading {tag!r} from agent {name!r}"
         started = time.perf_counter()
         handle = self._nixl(
