@@ -37,12 +37,12 @@ bench-modes:
 	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
 	$(PY) bench/modes.py --model models/tiny-llava --out bench/results/modes.json
 
+# buf breaking: the public contract changes only compatibly, checked against main's last
+# commit (the stages' own package, prism.stage.v1, may change with the code that uses it).
 lint:
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 	.venv/bin/buf lint
-	# The public contract changes only compatibly: checked against main's last commit (the
-	# stages' own package, prism.stage.v1, may change with the code that uses it).
 	.venv/bin/buf breaking --against "$$(git rev-parse --git-common-dir)#branch=main" --path protos/prism/v1
 	.venv/bin/check-jsonschema --builtin-schema vendor.compose-spec compose.yaml
 	$(MAKE) check-protos
