@@ -24,6 +24,7 @@ import multiprocessing.process
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -91,6 +92,22 @@ def png(seed: int, size: tuple[int, int] = (64, 48)) -> bytes:
     buffer = io.BytesIO()
     PIL.Image.fromarray(pixels).save(buffer, "PNG")
     return buffer.getvalue()
+
+
+def video(
+    seed: int,
+    frames: int = 16,
+    size: tuple[int, int] = (64, 48),
+    fps: float = 8.0,
+    container: str = "mp4",
+) -> bytes:
+    """A deterministic noise video (MPEG-4 in MP4, or VP8 in WebM), different for every seed."""
+    from prism.video import encode_video
+
+    rng = np.random.default_rng(seed)
+    pixels = [rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8) for _ in range(frames)]
+    with tempfile.TemporaryDirectory() as directory:
+        return encode_video(pixels, fps, f"{directory}/video.{container}")
 
 
 def data_url(data: bytes, mime: str = "image/png") -> str:

@@ -168,6 +168,10 @@ def invalid(
     return PrismError(grpc.StatusCode.INVALID_ARGUMENT, message, reason=reason, param=param)
 
 
+def unsupported_media(message: str, param: str) -> PrismError:
+    return invalid(message, param, errors_pb2.ERROR_REASON_UNSUPPORTED_MEDIA_TYPE)
+
+
 def status_for(exc: BaseException) -> PrismError:
     """The status a call ends with when its handler raised `exc`."""
     if isinstance(exc, PrismError):

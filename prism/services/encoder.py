@@ -23,7 +23,7 @@ from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
 from prism import logs, rpc, telemetry
 from prism.cache import ByteLru
-from prism.media import ImageLoader, LoadedImage, MediaPolicy, decode_image
+from prism.media import LoadedImage, MediaLoader, MediaPolicy, decode_image
 from prism.modes import modes_served
 from prism.rpc import invalid
 from prism.runtime.service import Service
@@ -97,7 +97,7 @@ class EncoderServicer:
         model_id: str,
         vision: VisionEncoder,
         agent: Transfer,
-        loader: ImageLoader,
+        loader: MediaLoader,
         cache: ByteLru[Embedding],
         lease_s: float,
         max_in_flight: int = 0,
@@ -187,7 +187,7 @@ async def serve(args: argparse.Namespace) -> None:
     stage = Stage(args, "encoder")
     vision = await asyncio.to_thread(VisionEncoder, args.model)
     agent = open_transfer(args.transfer, args.pool_mib * 2**20, args.lease_s)
-    loader = ImageLoader(
+    loader = MediaLoader(
         MediaPolicy(max_images=args.max_images, fetch_allow=tuple(args.fetch_allow))
     )
     cache: ByteLru[Embedding] = ByteLru(args.cache_mib * 2**20, size=lambda e: e.nbytes)

@@ -24,23 +24,27 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15prism/v1/common.proto\x12\x08prism.v1\"C\n\x05Image\x12\r\n\x03url\x18\x01 \x01(\tH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\x11\n\tmime_type\x18\x03 \x01(\tB\x08\n\x06source\"\xf7\x03\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x04\x88\x01\x01\x12\x12\n\nmin_tokens\x18\x06 \x01(\r\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x16\n\x0estop_token_ids\x18\t \x03(\r\x12\x12\n\nignore_eos\x18\n \x01(\x08\x12\x1d\n\x10presence_penalty\x18\x0b \x01(\x02H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0c \x01(\x02H\x07\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\r \x01(\x02H\x08\x88\x01\x01\x12\t\n\x01n\x18\x0e \x01(\r\x12\"\n\x1ainclude_stop_str_in_output\x18\x0f \x01(\x08\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\r\n\x0b_max_tokensB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penalty\"O\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\r\"\x0c\n\nCallCancel\"<\n\nCallStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0f\n\x07\x64\x65tails\x18\x03 \x01(\x0c*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15prism/v1/common.proto\x12\x08prism.v1\"C\n\x05Image\x12\r\n\x03url\x18\x01 \x01(\tH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\x11\n\tmime_type\x18\x03 \x01(\tB\x08\n\x06source\"C\n\x05Video\x12\r\n\x03url\x18\x01 \x01(\tH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\x11\n\tmime_type\x18\x03 \x01(\tB\x08\n\x06source\"T\n\x0eImageEmbedding\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\r\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x16\n\x0eimage_grid_thw\x18\x04 \x03(\r\"\xf7\x03\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x04\x88\x01\x01\x12\x12\n\nmin_tokens\x18\x06 \x01(\r\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x16\n\x0estop_token_ids\x18\t \x03(\r\x12\x12\n\nignore_eos\x18\n \x01(\x08\x12\x1d\n\x10presence_penalty\x18\x0b \x01(\x02H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0c \x01(\x02H\x07\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\r \x01(\x02H\x08\x88\x01\x01\x12\t\n\x01n\x18\x0e \x01(\r\x12\"\n\x1ainclude_stop_str_in_output\x18\x0f \x01(\x08\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\r\n\x0b_max_tokensB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penalty\"O\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\r\"\x0c\n\nCallCancel\"<\n\nCallStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0f\n\x07\x64\x65tails\x18\x03 \x01(\x0c*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'prism.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=767
-  _globals['_FINISHREASON']._serialized_end=887
+  _globals['_FINISHREASON']._serialized_start=922
+  _globals['_FINISHREASON']._serialized_end=1042
   _globals['_IMAGE']._serialized_start=35
   _globals['_IMAGE']._serialized_end=102
-  _globals['_SAMPLINGPARAMS']._serialized_start=105
-  _globals['_SAMPLINGPARAMS']._serialized_end=608
-  _globals['_USAGE']._serialized_start=610
-  _globals['_USAGE']._serialized_end=689
-  _globals['_CALLCANCEL']._serialized_start=691
-  _globals['_CALLCANCEL']._serialized_end=703
-  _globals['_CALLSTATUS']._serialized_start=705
-  _globals['_CALLSTATUS']._serialized_end=765
+  _globals['_VIDEO']._serialized_start=104
+  _globals['_VIDEO']._serialized_end=171
+  _globals['_IMAGEEMBEDDING']._serialized_start=173
+  _globals['_IMAGEEMBEDDING']._serialized_end=257
+  _globals['_SAMPLINGPARAMS']._serialized_start=260
+  _globals['_SAMPLINGPARAMS']._serialized_end=763
+  _globals['_USAGE']._serialized_start=765
+  _globals['_USAGE']._serialized_end=844
+  _globals['_CALLCANCEL']._serialized_start=846
+  _globals['_CALLCANCEL']._serialized_end=858
+  _globals['_CALLSTATUS']._serialized_start=860
+  _globals['_CALLSTATUS']._serialized_end=920
 # @@protoc_insertion_point(module_scope)

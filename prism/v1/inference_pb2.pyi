@@ -22,12 +22,16 @@ ROLE_ASSISTANT: Role
 ROLE_DEVELOPER: Role
 
 class ContentPart(_message.Message):
-    __slots__ = ("text", "image")
+    __slots__ = ("text", "image", "video", "image_embedding")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
+    VIDEO_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
     text: str
     image: _common_pb2.Image
-    def __init__(self, text: _Optional[str] = ..., image: _Optional[_Union[_common_pb2.Image, _Mapping]] = ...) -> None: ...
+    video: _common_pb2.Video
+    image_embedding: _common_pb2.ImageEmbedding
+    def __init__(self, text: _Optional[str] = ..., image: _Optional[_Union[_common_pb2.Image, _Mapping]] = ..., video: _Optional[_Union[_common_pb2.Video, _Mapping]] = ..., image_embedding: _Optional[_Union[_common_pb2.ImageEmbedding, _Mapping]] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")

@@ -8,7 +8,7 @@ import PIL.Image
 import pytest
 from conftest import ALLOWED_HOST, png
 
-from prism.media import ImageLoader, MediaPolicy, check_image, parse_data_url
+from prism.media import IMAGE, MediaLoader, MediaPolicy, check_image, parse_data_url
 from prism.rpc import PrismError
 from prism.v1 import common_pb2
 
@@ -58,13 +58,18 @@ def test_byte_cap():
 
 def test_data_urls():
     raw = png(1)
-    assert parse_data_url("data:image/png;base64," + base64.b64encode(raw).decode(), "p") == raw
+    assert (
+        parse_data_url(
+            "data:image/png;base64," + base64.b64encode(raw).decode(), IMAGE.mime_types, "p"
+        )
+        == raw
+    )
     with pytest.raises(PrismError) as info:
-        parse_data_url("data:image/svg+xml;base64,AAAA", "p")
+        parse_data_url("data:image/svg+xml;base64,AAAA", IMAGE.mime_types, "p")
     assert info.value.http_status == 415
     for bad in ("data:image/png;base64", "data:image/png,plain", "data:image/png;base64,@@"):
         with pytest.raises(PrismError):
-            parse_data_url(bad, "p")
+            parse_data_url(bad, IMAGE.mime_types, "p")
 
 
 def test_loader_fetches_from_loopback(image_server):
@@ -72,7 +77,7 @@ def test_loader_fetches_from_loopback(image_server):
     missing = image_server("/exists.png", b"").replace("exists", "missing")
 
     async def run():
-        loader = ImageLoader(MediaPolicy(fetch_allow=(ALLOWED_HOST,)))
+        loader = MediaLoader(MediaPolicy(fetch_allow=(ALLOWED_HOST,)))
         try:
             image = await loader.load(common_pb2.Image(url=url), "p")
             assert image.data == png(7)

@@ -6,7 +6,7 @@ import asyncio
 import grpc
 import pytest
 
-from prism.media import ImageLoader, MediaPolicy
+from prism.media import MediaLoader, MediaPolicy
 from prism.modes import MODES
 from prism.rpc import PrismError
 from prism.sampling import to_vllm
@@ -73,7 +73,7 @@ async def handle(tokenizer, answer: str, *calls) -> tuple[list, Replay]:
     """Each call (handlers → request's replies) made on a processor whose worker answers
     `answer`: its replies, or the error it raised."""
     pipeline = Replay(tokenizer.encode(answer, add_special_tokens=False))
-    loader = ImageLoader(MediaPolicy())
+    loader = MediaLoader(MediaPolicy())
     handlers = InferenceServicer(tokenizer, "tiny", pipeline, loader, max_model_len=64)
     results = []
     try:

@@ -12,7 +12,7 @@ import pytest
 from aiohttp.abc import AbstractResolver
 from conftest import ALLOWED_HOST, png
 
-from prism.media import ImageLoader, MediaPolicy
+from prism.media import MediaLoader, MediaPolicy
 from prism.rpc import PrismError
 from prism.url_guard import Allowance, GuardedResolver, Refused, blocked_reason, check_host
 from prism.v1 import common_pb2
@@ -91,7 +91,7 @@ def test_ip_literals_are_checked_without_a_resolver():
 
 def fetch(url: str, **policy) -> bytes:
     async def run() -> bytes:
-        loader = ImageLoader(MediaPolicy(**policy))
+        loader = MediaLoader(MediaPolicy(**policy))
         try:
             return (await loader.load(common_pb2.Image(url=url), "image_url")).data
         finally:

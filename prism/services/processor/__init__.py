@@ -21,7 +21,7 @@ from opentelemetry import trace
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from prism import logs, rpc, telemetry
-from prism.media import ImageLoader, LoadedImage, MediaPolicy
+from prism.media import LoadedImage, MediaLoader, MediaPolicy
 from prism.modes import MeshRole, mode
 from prism.registry import discovery_tags
 from prism.routing import Router
@@ -59,7 +59,7 @@ class InferenceServicer:
         tokenizer: PreTrainedTokenizerBase,
         served_model_name: str,
         pipeline: Pipeline,
-        loader: ImageLoader,
+        loader: MediaLoader,
         max_model_len: int,
         max_in_flight: int = 0,
         migration_limit: int = 1,
@@ -294,7 +294,7 @@ async def serve(args: argparse.Namespace) -> None:
     for role in deployed.roles:
         await stage.registry.watch(role, discovery_tags(served_model, deployed.name))
     pipeline = Pipeline(deployed, Router(stage.registry, args.routing))
-    loader = ImageLoader(
+    loader = MediaLoader(
         MediaPolicy(max_images=args.max_images, fetch_allow=tuple(args.fetch_allow))
     )
     servicer = InferenceServicer(
