@@ -66,7 +66,48 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-model-len", type=int, default=0, help="context length (default: the model's)"
     )
+    _media_args(parser)
+
+
+# The media flags, which `prism serve` hands to every stage alike.
+MEDIA_FLAGS = ("max_images", "max_videos", "video_frames", "video_fps", "max_video_mib",
+               "max_video_seconds", "max_video_frames", "max_video_pixels")  # fmt: skip
+
+
+def _media_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-images", type=int, default=8, help="images per request")
+    parser.add_argument("--max-videos", type=int, default=4, help="videos per request")
+    parser.add_argument(
+        "--video-frames",
+        type=int,
+        default=32,
+        help="frames taken from each video, evenly spread (vLLM's num_frames); models whose "
+        "video loader samples by rate (the Qwen2-VL family) take --video-fps instead",
+    )
+    parser.add_argument(
+        "--video-fps",
+        type=float,
+        default=0,
+        help="frames a second that rate-sampling video loaders take (0: the loader's own, "
+        "2 for Qwen2-VL)",
+    )
+    parser.add_argument("--max-video-mib", type=int, default=64, help="bytes of one video (MiB)")
+    parser.add_argument(
+        "--max-video-seconds", type=float, default=600, help="length of one video (seconds)"
+    )
+    parser.add_argument(
+        "--max-video-frames",
+        type=int,
+        default=36_000,
+        help="frames in one video's container (all are read past, not only those taken)",
+    )
+    parser.add_argument(
+        "--max-video-pixels", type=int, default=3840 * 2160, help="pixels of one video frame"
+    )
+
+
+def _embeds_arg(parser: argparse.ArgumentParser, help: str) -> None:
+    parser.add_argument("--enable-mm-embeds", action="store_true", help=help)
 
 
 def _transfer_arg(parser: argparse.ArgumentParser) -> None:
@@ -175,6 +216,11 @@ def build_parser() -> argparse.ArgumentParser:
     _transfer_arg(serve)
     serve.add_argument("--http-port", type=int, default=8000)
     _model_args(serve)
+    _embeds_arg(
+        serve,
+        "take image embeddings from clients (image_embeds parts), as vLLM's flag: checked "
+        "against the model, safetensors only (never a pickle)",
+    )
     _engine_args(serve)
     _routing_arg(serve)
     _fetch_args(serve)
@@ -196,11 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(images as pixels): the prompt's KV cache and first token; decode: the rest",
     )
     worker.add_argument("--seed", type=int, default=0)
-    worker.add_argument(
-        "--enable-mm-embeds",
-        action="store_true",
-        help="take precomputed image embeddings (read over NIXL) instead of images "
-        "(implied by --role prefill)",
+    _embeds_arg(
+        worker,
+        "take precomputed embeddings (an encoder's, read over NIXL, or a client's, inline) "
+        "instead of images (implied by --role prefill and decode)",
     )
     worker.add_argument(
         "--kv-host",
@@ -245,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     _stage_args(processor, 50050)
     _model_args(processor)
     processor.add_argument("--mode", default="epd", choices=MODES)
+    _embeds_arg(processor, "take image embeddings from clients (image_embeds parts)")
     _routing_arg(processor)
     _fetch_args(processor)
     _limit_arg(processor)
@@ -299,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
                 served_model_name=args.served_model_name,
                 dtype=args.dtype,
                 max_model_len=args.max_model_len,
-                max_images=args.max_images,
+                media_args=_forward(args, MEDIA_FLAGS),
+                enable_mm_embeds=args.enable_mm_embeds,
                 kv_cache_gib=args.kv_cache_gib,
                 transfer=args.transfer,
                 encoders=args.encoders,

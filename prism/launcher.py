@@ -79,7 +79,10 @@ class MeshConfig:
     served_model_name: str = ""
     dtype: str = "auto"
     max_model_len: int = 0
-    max_images: int = 8
+    # Media flags for every stage (--max-images 8 ...); none: the defaults.
+    media_args: list[str] = field(default_factory=list)
+    # Clients may send image embeddings (the processor checks them; engines take them).
+    enable_mm_embeds: bool = False
     kv_cache_gib: int = 1
     # How embeddings go from encoders to workers (prism.transfer.KINDS).
     transfer: str = "nixl"
@@ -122,14 +125,14 @@ def plan(config: MeshConfig) -> list[Stage]:
     prism = [sys.executable, "-m", "prism.cli", "--log-level", config.log_level,
              "--log-format", config.log_format]  # fmt: skip
     common = ["--model", config.model, "--host", config.host,
-              "--max-images", str(config.max_images), *config.registry_args,
-              *config.tls_args]  # fmt: skip
+              *config.media_args, *config.registry_args, *config.tls_args]  # fmt: skip
     if config.served_model_name:
         common += ["--served-model-name", config.served_model_name]
     if config.max_model_len:
         common += ["--max-model-len", str(config.max_model_len)]
     engine = ["--dtype", config.dtype, "--kv-cache-gib", str(config.kv_cache_gib)]
     fetch = [arg for allowed in config.fetch_allow for arg in ("--fetch-allow", allowed)]
+    embeds = ["--enable-mm-embeds"] if config.enable_mm_embeds else []
 
     transfer = ["--transfer", config.transfer]
     encoders = [
@@ -145,7 +148,7 @@ def plan(config: MeshConfig) -> list[Stage]:
     if deployed.prefill is not None:
         by_role = {
             MeshRole.PREFILL: workers(
-                "prefill", config.prefill_workers, ["--role", deployed.prefill]
+                "prefill", config.prefill_workers, ["--role", deployed.prefill, *embeds]
             ),
             MeshRole.DECODE: workers(
                 "decode", config.decode_workers, ["--role", EngineRole.DECODE]
@@ -154,7 +157,7 @@ def plan(config: MeshConfig) -> list[Stage]:
         for stage in by_role[MeshRole.PREFILL] + by_role[MeshRole.DECODE]:
             stage.argv += ["--kv-port", str(free_port(config.host))]
     else:
-        flags = ["--role", EngineRole.AGGREGATED] + (["--enable-mm-embeds"] if encoders else [])
+        flags = ["--role", EngineRole.AGGREGATED] + (["--enable-mm-embeds"] if encoders else embeds)
         by_role = {MeshRole.WORKER: workers("worker", config.workers, flags)}
     engines = [stage for stages in by_role.values() for stage in stages]
     # One engine alone keeps vLLM's own binding.
@@ -174,7 +177,7 @@ def plan(config: MeshConfig) -> list[Stage]:
     processor = _grpc_stage(
         "processor",
         config.host,
-        [*prism, "processor", *common, *fetch, "--mode", config.mode,
+        [*prism, "processor", *common, *fetch, *embeds, "--mode", config.mode,
          "--routing", config.routing, "--max-in-flight", str(config.max_in_flight),
          *peers(by_role)],
     )  # fmt: skip

@@ -8,6 +8,7 @@ the pixels.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
 import binascii
@@ -23,6 +24,7 @@ import yarl
 from prism.cache import ByteLru
 from prism.rpc import invalid
 from prism.rpc import unsupported_media as unsupported
+from prism.stage.v1 import encoder_pb2
 from prism.tracing import tracer
 from prism.url_guard import Allowance, GuardedResolver, Refused, check_host
 from prism.v1 import common_pb2, errors_pb2
@@ -49,6 +51,21 @@ class MediaPolicy:
     url_cache_bytes: int = 64 * 1024 * 1024
 
 
+def media_policy(args: argparse.Namespace) -> MediaPolicy:
+    """The policy a stage's media flags (prism.cli) ask for."""
+    return MediaPolicy(
+        max_images=args.max_images,
+        max_videos=args.max_videos,
+        video=VideoLimits(
+            max_bytes=args.max_video_mib * 2**20,
+            max_seconds=args.max_video_seconds,
+            max_frames=args.max_video_frames,
+            max_pixels=args.max_video_pixels,
+        ),
+        fetch_allow=tuple(getattr(args, "fetch_allow", ())),
+    )
+
+
 @dataclass(frozen=True)
 class LoadedImage:
     data: bytes
@@ -58,6 +75,19 @@ class LoadedImage:
 
     def to_proto(self) -> common_pb2.Image:
         return common_pb2.Image(data=self.data, mime_type=self.mime_type)
+
+
+@dataclass(frozen=True)
+class PromptMedia:
+    """A request's media, in prompt order within each modality."""
+
+    images: list[LoadedImage] = field(default_factory=list)
+    videos: list[LoadedVideo] = field(default_factory=list)
+    # Image embeddings a client sent in place of images (never beside them), checked.
+    image_embeddings: list[encoder_pb2.EmbeddingHandle] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.images or self.videos or self.image_embeddings)
 
 
 def decode_image(data: bytes) -> PIL.Image.Image:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import math
 from typing import Any
 
+from prism import embeds
 from prism.rpc import PrismError, invalid
 from prism.v1 import common_pb2, inference_pb2
 
@@ -116,13 +119,38 @@ def _model(body: dict) -> str:
     return model
 
 
-def _image_part(part: dict, param: str) -> inference_pb2.ContentPart:
-    image_url = part.get("image_url")
-    if isinstance(image_url, dict):
-        image_url = image_url.get("url")
-    if not isinstance(image_url, str) or not image_url:
-        raise invalid("image_url part needs a 'url' string", f"{param}.image_url")
-    return inference_pb2.ContentPart(image=common_pb2.Image(url=image_url))
+def _url(part: dict, kind: str, param: str) -> str:
+    """The URL of an `image_url` or `video_url` part: {"url": ...}, or the string itself."""
+    url = part.get(kind)
+    if isinstance(url, dict):
+        url = url.get("url")
+    if not isinstance(url, str) or not url:
+        raise invalid(f"{kind} part needs a 'url' string", f"{param}.{kind}")
+    return url
+
+
+def _image_embeds_part(part: dict, param: str) -> inference_pb2.ContentPart:
+    """vLLM's form: base64 (here: of a safetensors file, never a pickle), or for the
+    Qwen2-VL family {"image_embeds": base64, "image_grid_thw": [t, h, w]}."""
+    param = f"{param}.image_embeds"
+    value, grid = part.get("image_embeds"), None
+    if isinstance(value, dict):
+        value, grid = value.get("image_embeds"), value.get("image_grid_thw")
+    if not isinstance(value, str) or not value:
+        raise invalid("image_embeds part needs base64-encoded safetensors", param)
+    try:
+        data = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise invalid("image_embeds is not valid base64", param) from None
+    embedding = embeds.from_safetensors(data, param)
+    if grid is not None:
+        # vLLM takes (3,) per image; (1, 3) is the same grid as a batch of one.
+        if isinstance(grid, list) and len(grid) == 1 and isinstance(grid[0], list):
+            grid = grid[0]
+        if not isinstance(grid, list) or not all(_is_int(v) and v > 0 for v in grid):
+            raise invalid("image_grid_thw must be a list of positive integers", param)
+        embedding.image_grid_thw.extend(grid)
+    return inference_pb2.ContentPart(image_embedding=embedding)
 
 
 def _content(content: Any, param: str) -> list[inference_pb2.ContentPart]:
@@ -144,10 +172,17 @@ def _content(content: Any, param: str) -> list[inference_pb2.ContentPart]:
                 raise invalid("text part needs a 'text' string", f"{where}.text")
             parts.append(inference_pb2.ContentPart(text=text))
         elif kind == "image_url":
-            parts.append(_image_part(part, where))
+            image = common_pb2.Image(url=_url(part, "image_url", where))
+            parts.append(inference_pb2.ContentPart(image=image))
+        elif kind == "video_url":
+            video = common_pb2.Video(url=_url(part, "video_url", where))
+            parts.append(inference_pb2.ContentPart(video=video))
+        elif kind == "image_embeds":
+            parts.append(_image_embeds_part(part, where))
         else:
             raise invalid(
-                f"unsupported content part type {kind!r}: use 'text' or 'image_url'",
+                f"unsupported content part type {kind!r}: use 'text', 'image_url', "
+                "'video_url' or 'image_embeds'",
                 f"{where}.type",
             )
     return parts

@@ -75,10 +75,10 @@ def encoder(models):
 def test_embeddings_read_over_nixl_equal_transformers(encoder, models):
     image = png(21)
     reply = encoder.encode(image, png(22))
-    assert len(reply.handles) == 2
+    assert len(reply.embeddings.images) == 2
     reader = NixlTransfer(pool_bytes=8 * 2**20)
     try:
-        tensors = [reader.fetch(handle.embeddings) for handle in reply.handles]
+        tensors = [reader.fetch(handle.embeddings) for handle in reply.embeddings.images]
     finally:
         reader.close()
     expected = VisionEncoder(str(models["llava"])).encode([image, png(22)])
@@ -90,8 +90,8 @@ def test_embeddings_read_over_nixl_equal_transformers(encoder, models):
 
 def test_same_image_twice_hits_the_cache(encoder):
     hits = encoder.metric("prism_embedding_cache_hits_total")
-    first = encoder.encode(png(23)).handles[0]
-    second = encoder.encode(png(23)).handles[0]
+    first = encoder.encode(png(23)).embeddings.images[0]
+    second = encoder.encode(png(23)).embeddings.images[0]
     assert not first.cached and second.cached
     assert first.content_hash == second.content_hash
     assert encoder.metric("prism_embedding_cache_hits_total") == hits + 1
@@ -141,13 +141,13 @@ def test_worker_fails_cleanly_when_the_embeddings_owner_is_gone(mesh, models, or
     e_pd_only(mesh)
     doomed = Encoder(str(models[mesh.family]), lease_s=30)
     try:
-        handles = doomed.encode(png(41)).handles
+        handles = doomed.encode(png(41)).embeddings.images
     finally:
         doomed.process.kill()
         doomed.process.wait()
     prompt = engine_pb2.GenerateRequest(
         request_id="orphaned", prompt_token_ids=[5, 6],
-        image_embeddings=engine_pb2.ImageEmbeddings(items=handles),
+        embeddings=encoder_pb2.MediaEmbeddings(images=handles),
         sampling=common_pb2.SamplingParams(max_tokens=2),
     )  # fmt: skip
     worker = engine_pb2_grpc.EngineServiceStub(rpc.sync_channel(mesh.worker))

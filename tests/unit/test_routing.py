@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from prism import rpc
-from prism.media import LoadedImage
+from prism.media import LoadedImage, PromptMedia
 from prism.modes import MODES
 from prism.ports import free_port
 from prism.registry import StaticRegistry
@@ -145,7 +145,8 @@ async def generate(*fakes: FakeEngine, dead: int = 0) -> tuple[list[int], Pipeli
     pipeline = Pipeline(MODES["epd"], Router(StaticRegistry({"worker": addresses})))
     tokens: list[int] = []
     try:
-        async for reply in pipeline.run("r1", [1, 2, 3], [], common_pb2.SamplingParams(), Call()):
+        replies = pipeline.run("r1", [1, 2, 3], PromptMedia(), common_pb2.SamplingParams(), Call())
+        async for reply in replies:
             tokens += reply.token_ids
     finally:
         await pipeline.close()
@@ -188,7 +189,8 @@ def test_a_replica_that_comes_up_late_is_waited_for_not_failed():
         )
         tokens: list[int] = []
         try:
-            async for reply in pipeline.run("r1", [1], [], common_pb2.SamplingParams(), Call()):
+            replies = pipeline.run("r1", [1], PromptMedia(), common_pb2.SamplingParams(), Call())
+            async for reply in replies:
                 tokens += reply.token_ids
         finally:
             await pipeline.close()
@@ -260,7 +262,7 @@ def test_a_stream_cut_mid_way_resumes_on_another_replica():
         sampling = common_pb2.SamplingParams(max_tokens=5, min_tokens=3)
         tokens: list[int] = []
         try:
-            replies = pipeline.run("r1", [7, 8], [], sampling, Call(), limit)
+            replies = pipeline.run("r1", [7, 8], PromptMedia(), sampling, Call(), limit)
             async for reply in replies:
                 tokens += reply.token_ids
         finally:
@@ -303,13 +305,14 @@ async def migrated(
     pipeline: Pipeline,
     servers: list[rpc.Server],
     sampling: common_pb2.SamplingParams,
-    images: list[LoadedImage] | None = None,
+    images: tuple[LoadedImage, ...] = (),
 ) -> list[int]:
     """The tokens of one request on prompt [7, 8] (migrating once at most); then stops the
     pipeline and `servers`."""
     tokens: list[int] = []
     try:
-        async for reply in pipeline.run("r1", [7, 8], images or [], sampling, Call(), 1):
+        media = PromptMedia(list(images))
+        async for reply in pipeline.run("r1", [7, 8], media, sampling, Call(), 1):
             tokens += reply.token_ids
     finally:
         await pipeline.close()
@@ -407,7 +410,8 @@ class FakeEncoder:
                 nixl=tensor_pb2.NixlLocation(agent_name=self.name)
             )
         )
-        return encoder_pb2.EncodeResponse(handles=[handle] * len(request.images))
+        embeddings = encoder_pb2.MediaEmbeddings(images=[handle] * len(request.images))
+        return encoder_pb2.EncodeResponse(embeddings=embeddings)
 
 
 class EmbeddingsReader(FakeEngine):
@@ -418,7 +422,7 @@ class EmbeddingsReader(FakeEngine):
         self.lost = lost
 
     async def replies(self, request):
-        if any(h.embeddings.nixl.agent_name == self.lost for h in request.image_embeddings.items):
+        if any(h.embeddings.nixl.agent_name == self.lost for h in request.embeddings.images):
             self.calls += 1
             raise PrismError(
                 grpc.StatusCode.UNAVAILABLE,
@@ -452,6 +456,6 @@ def test_embeddings_lost_with_their_encoder_are_encoded_again_elsewhere():
 
     tokens, lost, spare, worker = asyncio.run(main())
     assert (lost.calls, spare.calls) == (1, 1)
-    handles = worker.requests[-1].image_embeddings.items
+    handles = worker.requests[-1].embeddings.images
     assert [h.embeddings.nixl.agent_name for h in handles] == ["spare"]
     assert tokens == [9]

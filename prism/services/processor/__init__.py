@@ -1,6 +1,7 @@
 """The processor stage: the public `InferenceService`.
 
-It applies the model's chat template, tokenizes, loads and validates images, runs the
+It applies the model's chat template, tokenizes, loads and validates images and videos
+(and checks image embeddings a client sent), runs the
 request through the pipeline of its mode (prism.services.processor.pipeline, with
 failover), and turns the token ids that come back into text deltas
 (prism.services.processor.detokenize).
@@ -14,14 +15,16 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import grpc
 from opentelemetry import trace
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
-from prism import logs, rpc, telemetry
-from prism.media import LoadedImage, MediaLoader, MediaPolicy
+from prism import embeds, logs, rpc, telemetry
+from prism.embeds import Geometry
+from prism.media import MediaLoader, PromptMedia, media_policy
 from prism.modes import MeshRole, mode
 from prism.registry import discovery_tags
 from prism.routing import Router
@@ -32,6 +35,7 @@ from prism.sampling import to_vllm
 from prism.services.processor.detokenize import Detokenizer
 from prism.services.processor.failover import Call
 from prism.services.processor.pipeline import Pipeline
+from prism.stage.v1 import encoder_pb2
 from prism.v1 import common_pb2, errors_pb2, inference_pb2, inference_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -47,8 +51,33 @@ _ROLE_NAMES = {
 }
 
 Response = TypeVar("Response", inference_pb2.ChatResponse, inference_pb2.CompleteResponse)
-# A request's prompt: its token ids and its images.
-Prompt = tuple[list[int], list[LoadedImage]]
+# A request's prompt: its token ids and its media.
+Prompt = tuple[list[int], PromptMedia]
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """What the model takes besides text."""
+
+    video: bool = False
+    # Client image embeddings: their geometry, or None where the server does not take them.
+    embeddings: Geometry | None = None
+    embeddings_enabled: bool = False
+
+    @classmethod
+    def of(cls, model: str, enable_mm_embeds: bool) -> ModelInputs:
+        config = AutoConfig.from_pretrained(model)
+        video = getattr(config, "video_token_id", None) is not None
+        return cls(video, Geometry.of(config) if enable_mm_embeds else None, enable_mm_embeds)
+
+
+@dataclass
+class _MediaParts:
+    """A conversation's media parts, before loading."""
+
+    images: list[tuple[common_pb2.Image, str]] = field(default_factory=list)
+    videos: list[tuple[common_pb2.Video, str]] = field(default_factory=list)
+    embeddings: list[encoder_pb2.EmbeddingHandle] = field(default_factory=list)
 
 
 class InferenceServicer:
@@ -63,8 +92,10 @@ class InferenceServicer:
         max_model_len: int,
         max_in_flight: int = 0,
         migration_limit: int = 1,
+        inputs: ModelInputs | None = None,
     ):
         self.tokenizer = tokenizer
+        self.inputs = inputs or ModelInputs()
         self.migration_limit = migration_limit
         self.served_model_name = served_model_name
         self.pipeline = pipeline
@@ -104,14 +135,18 @@ class InferenceServicer:
         request_id = request.request_id or f"chatcmpl-{uuid.uuid4().hex}"
         self._describe(request_id)
         self._check_model(request.model)
-        conversation, image_refs = self._conversation(list(request.messages))
+        conversation, parts = self._conversation(list(request.messages))
         prompt_ids = self._prompt_ids(conversation)
 
         async def prompt() -> Prompt:
-            images = await asyncio.gather(*(self.loader.load(img, p) for img, p in image_refs))
-            log.info("chat %s: %d prompt tokens, %d images", request_id, len(prompt_ids),
-                     len(images))  # fmt: skip
-            return prompt_ids, list(images)
+            images, videos = await asyncio.gather(
+                asyncio.gather(*(self.loader.load(image, p) for image, p in parts.images)),
+                asyncio.gather(*(self.loader.load_video(video, p) for video, p in parts.videos)),
+            )
+            log.info("chat %s: %d prompt tokens, %d images, %d videos, %d image embeddings",
+                     request_id, len(prompt_ids), len(images), len(videos),
+                     len(parts.embeddings))  # fmt: skip
+            return prompt_ids, PromptMedia(list(images), list(videos), parts.embeddings)
 
         return self._answer(inference_pb2.ChatResponse, request_id, prompt(), request.sampling)
 
@@ -134,16 +169,16 @@ class InferenceServicer:
 
         async def prompt() -> Prompt:
             log.info("completion %s: %d prompt tokens", request_id, len(prompt_ids))
-            return prompt_ids, []
+            return prompt_ids, PromptMedia()
 
         return self._answer(inference_pb2.CompleteResponse, request_id, prompt(), request.sampling)
 
     def _conversation(
         self, messages: list[inference_pb2.ChatMessage]
-    ) -> tuple[list[dict], list[tuple[common_pb2.Image, str]]]:
+    ) -> tuple[list[dict], _MediaParts]:
         if not messages:
             raise invalid("messages must not be empty", "messages")
-        conversation, images = [], []
+        conversation, media = [], _MediaParts()
         for i, message in enumerate(messages):
             role = _ROLE_NAMES.get(message.role)
             if role is None:
@@ -151,23 +186,62 @@ class InferenceServicer:
             parts: list[dict] = []
             for j, part in enumerate(message.content):
                 kind = part.WhichOneof("part")
+                where = f"messages[{i}].content[{j}]"
                 if kind == "text":
                     parts.append({"type": "text", "text": part.text})
-                elif kind == "image":
-                    if role != "user":
-                        raise invalid(
-                            "images are allowed in user messages only",
-                            f"messages[{i}].content[{j}]",
-                        )
+                    continue
+                if kind is None:
+                    raise invalid("content part is empty", where)
+                if role != "user":
+                    raise invalid("images and videos are allowed in user messages only", where)
+                if kind == "image":
                     parts.append({"type": "image"})
-                    images.append((part.image, f"messages[{i}].content[{j}].image_url"))
+                    media.images.append((part.image, f"{where}.image_url"))
+                elif kind == "video":
+                    if not self.inputs.video:
+                        raise invalid("this model does not accept video", f"{where}.video_url")
+                    parts.append({"type": "video"})
+                    media.videos.append((part.video, f"{where}.video_url"))
                 else:
-                    raise invalid("content part is empty", f"messages[{i}].content[{j}]")
+                    parts.append({"type": "image"})
+                    media.embeddings.append(self._embedding(part.image_embedding, where))
             conversation.append({"role": role, "content": parts})
-        limit = self.loader.policy.max_images
-        if len(images) > limit:
-            raise invalid(f"at most {limit} images per request, got {len(images)}", "messages")
-        return conversation, images
+        self._check_counts(media)
+        return conversation, media
+
+    def _embedding(
+        self, embedding: common_pb2.ImageEmbedding, where: str
+    ) -> encoder_pb2.EmbeddingHandle:
+        param = f"{where}.image_embeds"
+        if not self.inputs.embeddings_enabled:
+            raise invalid(
+                "image_embeds are not enabled: start Prism with --enable-mm-embeds", param
+            )
+        if self.inputs.embeddings is None:
+            raise invalid("image_embeds cannot be checked for this model's family", param)
+        embeds.check(embedding, self.inputs.embeddings, param)
+        return embeds.to_handle(embedding)
+
+    def _check_counts(self, media: _MediaParts) -> None:
+        policy = self.loader.policy
+        if media.images and media.embeddings:
+            # As vLLM: one modality comes as pixels or as embeddings, not both.
+            raise invalid("a request cannot mix images and image_embeds", "messages")
+        if media.embeddings and media.videos and not self.pipeline.mode.has_encoder:
+            raise invalid(
+                f"in {self.pipeline.mode.name} a request with image_embeds takes no videos",
+                "messages",
+            )
+        images = len(media.images) + len(media.embeddings)
+        if images > policy.max_images:
+            raise invalid(
+                f"at most {policy.max_images} images per request, got {images}", "messages"
+            )
+        if len(media.videos) > policy.max_videos:
+            raise invalid(
+                f"at most {policy.max_videos} videos per request, got {len(media.videos)}",
+                "messages",
+            )
 
     def _prompt_ids(self, conversation: list[dict]) -> list[int]:
         try:
@@ -186,7 +260,7 @@ class InferenceServicer:
         sampling: common_pb2.SamplingParams,
     ) -> AsyncIterator[Response]:
         """Chat and Complete answer alike: one message per delta, usage on the last."""
-        prompt_ids, images = await prompt
+        prompt_ids, media = await prompt
         if sampling.n > 1:
             raise invalid("n > 1 is not supported", "n")
         if len(prompt_ids) >= self.max_model_len:
@@ -206,7 +280,7 @@ class InferenceServicer:
             raise invalid(f"request id {request_id!r} is already running", "request_id")
         call = self._active[request_id] = Call()
         replies = self.pipeline.run(
-            request_id, prompt_ids, images, sampling, call, self.migration_limit
+            request_id, prompt_ids, media, sampling, call, self.migration_limit
         )
         prompt_tokens = len(prompt_ids)
 
@@ -294,9 +368,7 @@ async def serve(args: argparse.Namespace) -> None:
     for role in deployed.roles:
         await stage.registry.watch(role, discovery_tags(served_model, deployed.name))
     pipeline = Pipeline(deployed, Router(stage.registry, args.routing))
-    loader = MediaLoader(
-        MediaPolicy(max_images=args.max_images, fetch_allow=tuple(args.fetch_allow))
-    )
+    loader = MediaLoader(media_policy(args))
     servicer = InferenceServicer(
         AutoTokenizer.from_pretrained(args.model),
         served_model,
@@ -305,13 +377,18 @@ async def serve(args: argparse.Namespace) -> None:
         args.max_model_len or context_length(args.model),
         args.max_in_flight,
         args.migration_limit,
+        ModelInputs.of(args.model, args.enable_mm_embeds),
     )
 
     try:
         await stage.serve(
             [servicer.service],
             [args.mode],
-            [telemetry.cache_collector("prism_image_cache", "Image URL", loader.url_cache.stats)],
+            [
+                telemetry.cache_collector(
+                    "prism_image_cache", "Image and video URL", loader.url_cache.stats
+                )
+            ],
             tasks=[lambda server: _track_readiness(server, pipeline)],
             serving=False,
         )

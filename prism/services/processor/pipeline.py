@@ -1,6 +1,7 @@
-"""The pipeline: one request through the stages of the processor's mode. Images go to an
-encoder when the mode has one; the prompt goes to a worker, or, when decode is apart, to
-a prefill worker and then to a decode worker that continues from prefill's KV cache.
+"""The pipeline: one request through the stages of the processor's mode. Images and videos
+go to an encoder when the mode has one (image embeddings a client sent go past it); the
+prompt goes to a worker, or, when decode is apart, to a prefill worker and then to a
+decode worker that continues from prefill's KV cache.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import AsyncIterator
 import grpc
 
 from prism import rpc
-from prism.media import LoadedImage
+from prism.media import PromptMedia
 from prism.modes import MeshRole, Mode
 from prism.routing import Router
 from prism.rpc import PrismError, multiplex
@@ -52,7 +53,7 @@ class Pipeline:
         self,
         request_id: str,
         prompt_ids: list[int],
-        images: list[LoadedImage],
+        media: PromptMedia,
         sampling: common_pb2.SamplingParams,
         call: Call,
         migration_limit: int = 0,
@@ -64,7 +65,7 @@ class Pipeline:
         async def attempt(
             engine_id: str, prompt: list[int], resumed: common_pb2.SamplingParams
         ) -> AsyncIterator[engine_pb2.GenerateResponse]:
-            return await self._start(engine_id, prompt, images, resumed, call)
+            return await self._start(engine_id, prompt, media, resumed, call)
 
         return self.failover.migrating(
             attempt, request_id, prompt_ids, sampling, call, migration_limit
@@ -74,27 +75,33 @@ class Pipeline:
         self,
         request_id: str,
         prompt_ids: list[int],
-        images: list[LoadedImage],
+        media: PromptMedia,
         sampling: common_pb2.SamplingParams,
         call: Call,
     ) -> AsyncIterator[engine_pb2.GenerateResponse]:
-        """Encodes the images if the mode has an encoder; then the worker replies."""
+        """Encodes the media if the mode has an encoder; then the worker replies."""
         request = engine_pb2.GenerateRequest(
             request_id=request_id, prompt_token_ids=prompt_ids, sampling=sampling
         )
-        images_pb = [image.to_proto() for image in images]
-        if images_pb and self.mode.has_encoder:
-            encode = encoder_pb2.EncodeRequest(request_id=request_id, images=images_pb)
+        images = [image.to_proto() for image in media.images]
+        videos = [video.to_proto() for video in media.videos]
+        if media.image_embeddings:
+            # The processor admits no pixels beside them, and no videos without an encoder.
+            request.embeddings.images.extend(media.image_embeddings)
+        if (images or videos) and self.mode.has_encoder:
+            encode = encoder_pb2.EncodeRequest(request_id=request_id, images=images, videos=videos)
 
             def encoded(address: str) -> grpc.aio.UnaryUnaryCall:
                 stub = encoder_pb2_grpc.EncoderServiceStub(self.peers.channel(address))
                 return stub.Encode(encode, metadata=rpc.call_metadata())
 
             async for reply in self.failover.on_replica(MeshRole.ENCODER, call, encoded):
-                request.image_embeddings.items.extend(reply.handles)
+                request.embeddings.images.extend(reply.embeddings.images)
+                request.embeddings.videos.extend(reply.embeddings.videos)
             call.holders[errors_pb2.ERROR_REASON_EMBEDDINGS_UNAVAILABLE] = call.address
-        elif images_pb:
-            request.images.items.extend(images_pb)
+        elif images or videos:
+            request.files.images.extend(images)
+            request.files.videos.extend(videos)
         if self.mode.disaggregated:
             return self._prefill_then_decode(request, call)
         return self._generate(MeshRole.WORKER, request, call)
@@ -149,8 +156,8 @@ class Pipeline:
                 sampling=request.sampling,
                 kv_transfer_params=finish.kv_transfer_params,
             )
-            if finish.image_layouts:
-                decode_request.image_layouts.items.extend(finish.image_layouts)
+            if finish.HasField("layouts"):
+                decode_request.layouts.CopyFrom(finish.layouts)
             async for reply in self._generate(MeshRole.DECODE, decode_request, call):
                 if held:
                     # Decode draws the first token again, from the same KV cache; the

@@ -13,7 +13,7 @@ import argparse
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from uuid import uuid4
 
 import grpc
@@ -31,11 +31,12 @@ from prism.rpc import PrismError, invalid
 from prism.runtime.service import Service
 from prism.runtime.stage import Stage
 from prism.services.worker.engine import start_engine
-from prism.services.worker.roles import Role, embeddings_input, make_role
+from prism.services.worker.roles import MODALITIES, Role, embeddings_input, make_role
 from prism.stage.v1 import encoder_pb2, engine_pb2, engine_pb2_grpc
 from prism.tracing import tracer
 from prism.transfer import Transfer, TransferError, open_transfer
 from prism.v1 import common_pb2, errors_pb2
+from prism.video import VideoDecoder
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +61,12 @@ class EngineServicer:
         role: Role,
         transfer: Transfer | None = None,
         max_in_flight: int = 0,
+        videos: VideoDecoder | None = None,
     ):
         self.engine = engine
         self.role = role
         self.transfer = transfer
+        self.videos = videos
         # Running request ids -> whether an Abort came for them.
         self._running: dict[str, bool] = {}
         # When the engine last produced an output: traffic proves it generates.
@@ -76,19 +79,26 @@ class EngineServicer:
         self.service.stream("Generate", self.generate)
         self.service.unary("Abort", self.abort)
 
-    @staticmethod
-    def _decode_images(images: list[common_pb2.Image]) -> list:
-        decoded = []
-        for index, image in enumerate(images):
+    def _decode(self, files: engine_pb2.MediaFiles) -> dict[str, list]:
+        """The files' pixels (videos: sampled frames) as the engine takes them."""
+        data: dict[str, list] = {}
+        for index, image in enumerate(files.images):
             try:
-                decoded.append(decode_image(image.data))
+                data.setdefault("image", []).append(decode_image(image.data))
             except ValueError as exc:
                 raise invalid(str(exc), param=f"images[{index}]") from None
-        return decoded
+        for index, video in enumerate(files.videos):
+            if self.videos is None:
+                raise invalid("this worker takes no videos", f"videos[{index}]")
+            try:
+                data.setdefault("video", []).append(self.videos.decode(video.data))
+            except ValueError as exc:
+                raise invalid(f"video cannot be decoded: {exc}", f"videos[{index}]") from None
+        return data
 
-    async def _fetch(self, handles: Sequence[encoder_pb2.EmbeddingHandle]) -> object:
+    async def _fetch(self, embeddings: encoder_pb2.MediaEmbeddings) -> dict[str, object]:
         if self.transfer is None:
-            raise invalid("this worker takes images, not embeddings", "image_embeddings")
+            raise invalid("this worker takes media, not embeddings", "embeddings")
         transfer = self.transfer
 
         def read(handle: encoder_pb2.EmbeddingHandle) -> torch.Tensor:
@@ -106,16 +116,28 @@ class EngineServicer:
                     span.set_attribute("prism.nixl.peer", handle.embeddings.nixl.agent_name)
                 return tensor
 
+        groups = [
+            (modality, items)
+            for modality, items in zip(
+                MODALITIES, (embeddings.images, embeddings.videos), strict=True
+            )
+            if items
+        ]
         try:
-            tensors = await asyncio.gather(*(asyncio.to_thread(read, h) for h in handles))
+            tensors = await asyncio.gather(*(
+                asyncio.gather(*(asyncio.to_thread(read, h) for h in items)) for _, items in groups
+            ))  # fmt: skip
         except TransferError as exc:
             raise PrismError(
                 grpc.StatusCode.UNAVAILABLE,
-                f"image embeddings could not be read: {exc}",
+                f"embeddings could not be read: {exc}",
                 reason=errors_pb2.ERROR_REASON_EMBEDDINGS_UNAVAILABLE,
-                param="image_embeddings",
+                param="embeddings",
             ) from None
-        return embeddings_input(list(tensors), [h.image_grid_thw for h in handles])
+        return {
+            modality: embeddings_input(modality, list(group), [h.grid_thw for h in items])
+            for (modality, items), group in zip(groups, tensors, strict=True)
+        }
 
     def _params(self, request: engine_pb2.GenerateRequest) -> SamplingParams:
         # Stop strings need text: the processor applies them, the engine never sees them.
@@ -126,14 +148,12 @@ class EngineServicer:
     async def _prompt(self, request: engine_pb2.GenerateRequest) -> TokensPrompt:
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         media = request.WhichOneof("media")
-        if media == "images":
-            images = await asyncio.to_thread(self._decode_images, list(request.images.items))
-            prompt["multi_modal_data"] = {"image": images}
-        elif media == "image_embeddings":
-            embeddings = await self._fetch(request.image_embeddings.items)
-            prompt["multi_modal_data"] = {"image": embeddings}
-        elif media == "image_layouts":
-            prompt.update(self.role.placeholders(request.image_layouts.items))
+        if media == "files":
+            prompt["multi_modal_data"] = await asyncio.to_thread(self._decode, request.files)
+        elif media == "embeddings":
+            prompt["multi_modal_data"] = await self._fetch(request.embeddings)
+        elif media == "layouts":
+            prompt.update(self.role.placeholders(request.layouts))
         return prompt
 
     async def generate(
@@ -259,7 +279,8 @@ async def serve(args: argparse.Namespace) -> None:
     role = make_role(args.role, engine, args.kv_lease_s)
     reads_embeddings = args.enable_mm_embeds or role.reads_embeddings
     transfer = open_transfer(args.transfer, args.pool_mib * 2**20) if reads_embeddings else None
-    servicer = EngineServicer(engine, role, transfer, args.max_in_flight)
+    videos = VideoDecoder.for_model(args.model, args.video_frames, args.video_fps)
+    servicer = EngineServicer(engine, role, transfer, args.max_in_flight, videos)
     collectors = [telemetry.transfer_collector(transfer)] if transfer else []
     collectors.append(
         telemetry.gauge(

@@ -75,7 +75,7 @@ def engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
         served_model_name=args.served_model_name or None,
         dtype=args.dtype,
         max_model_len=args.max_model_len or None,
-        limit_mm_per_prompt={"image": args.max_images},
+        limit_mm_per_prompt={"image": args.max_images, "video": args.max_videos},
         enforce_eager=True,
         enable_log_requests=False,
         disable_log_stats=False,

@@ -35,33 +35,41 @@ from prism.v1 import errors_pb2
 _RELEASE_POLL_MAX_S = 0.25
 
 
-def embeddings_input(tensors: list[torch.Tensor], grids: Sequence[Sequence[int]]) -> object:
-    """Precomputed embeddings in the form vLLM takes for the model's family."""
+MODALITIES = ("image", "video")
+
+
+def embeddings_input(
+    modality: str, tensors: list[torch.Tensor], grids: Sequence[Sequence[int]]
+) -> object:
+    """Precomputed embeddings of one modality in the form vLLM takes for the model's family."""
     if any(grids):
-        # Qwen2-VL: one (tokens, hidden) block for all images, and each image's grid.
+        # Qwen2-VL: one (tokens, hidden) block for all items, and each item's grid.
         grid = torch.tensor([list(thw) for thw in grids])
-        return {"image_embeds": torch.cat(tensors), "image_grid_thw": grid}
+        return {f"{modality}_embeds": torch.cat(tensors), f"{modality}_grid_thw": grid}
     if len({tensor.shape for tensor in tensors}) == 1:
-        # A 3-D tensor is read as (images, tokens, hidden); a 2-D one would be many images.
+        # A 3-D tensor is read as (items, tokens, hidden); a 2-D one would be many items.
         return torch.stack(tensors)
     return tensors
 
 
-def image_layouts(engine_input: Any) -> list[engine_pb2.ImageLayout]:
-    """How vLLM laid out each image of a rendered prompt: what a decode engine needs."""
+def media_layouts(engine_input: Any) -> engine_pb2.MediaLayouts:
+    """How vLLM laid out each image and video of a rendered prompt: what a decode engine
+    needs."""
+    layouts = engine_pb2.MediaLayouts()
     if engine_input.get("type") != "multimodal":
-        return []
-    layouts = []
-    items = engine_input["mm_kwargs"].get("image", [])
-    hashes = engine_input["mm_hashes"].get("image", [])
-    for index, placeholder in enumerate(engine_input["mm_placeholders"].get("image", [])):
-        item = items[index]
-        grid = item["image_grid_thw"].data.tolist() if "image_grid_thw" in item else []
-        layouts.append(
-            engine_pb2.ImageLayout(
-                uuid=hashes[index], num_tokens=placeholder.length, image_grid_thw=grid
+        return layouts
+    for modality, out in zip(MODALITIES, (layouts.images, layouts.videos), strict=True):
+        items = engine_input["mm_kwargs"].get(modality, [])
+        hashes = engine_input["mm_hashes"].get(modality, [])
+        grid_key = f"{modality}_grid_thw"
+        for index, placeholder in enumerate(engine_input["mm_placeholders"].get(modality, [])):
+            item = items[index]
+            grid = item[grid_key].data.tolist() if grid_key in item else []
+            out.append(
+                engine_pb2.MediaLayout(
+                    uuid=hashes[index], num_tokens=placeholder.length, grid_thw=grid
+                )
             )
-        )
     return layouts
 
 
@@ -71,7 +79,7 @@ class Role:
     name: EngineRole
     # The span of a request's work in the engine.
     span_name: str
-    # Whether its images come as embeddings read from an encoder over NIXL.
+    # Whether its media come as embeddings read from an encoder over NIXL.
     reads_embeddings = False
 
     def __init__(self, engine: AsyncLLM) -> None:
@@ -84,19 +92,19 @@ class Role:
             raise invalid(f"a {self.name} worker takes no kv_transfer_params", "kv_transfer_params")
         return to_vllm(request.sampling, **common)
 
-    def placeholders(self, layouts: Sequence[engine_pb2.ImageLayout]) -> dict[str, Any]:
-        """The prompt's images as laid out elsewhere: decode's alone."""
-        raise invalid("only a decode worker takes image_layouts", "image_layouts")
+    def placeholders(self, layouts: engine_pb2.MediaLayouts) -> dict[str, Any]:
+        """The prompt's media as laid out elsewhere: decode's alone."""
+        raise invalid("only a decode worker takes layouts", "layouts")
 
-    async def render(self, prompt: TokensPrompt) -> tuple[Any, list[engine_pb2.ImageLayout]]:
-        """What goes to the engine, and the layout of each image if the role tells it."""
-        return prompt, []
+    async def render(self, prompt: TokensPrompt) -> tuple[Any, engine_pb2.MediaLayouts]:
+        """What goes to the engine, and the layout of its media if the role tells it."""
+        return prompt, engine_pb2.MediaLayouts()
 
     def hand_off(
         self,
         request_id: str,
         output: Any,
-        layouts: list[engine_pb2.ImageLayout],
+        layouts: engine_pb2.MediaLayouts,
         finish: engine_pb2.Finish,
     ) -> None:
         """Adds to the last reply's `finish` what the next stage needs (with the images'
@@ -142,24 +150,25 @@ class Prefill(Role):
             extra_args={"kv_transfer_params": {"do_remote_decode": True}},
         )
 
-    async def render(self, prompt: TokensPrompt) -> tuple[Any, list[engine_pb2.ImageLayout]]:
+    async def render(self, prompt: TokensPrompt) -> tuple[Any, engine_pb2.MediaLayouts]:
         if "multi_modal_data" not in prompt:
-            return prompt, []
-        # Rendered here rather than inside generate() to learn the image layouts.
+            return prompt, engine_pb2.MediaLayouts()
+        # Rendered here rather than inside generate() to learn the media layouts.
         (engine_input,) = await self.engine.renderer.render_cmpl_async([prompt], skip_mm_cache=True)
-        return engine_input, image_layouts(engine_input)
+        return engine_input, media_layouts(engine_input)
 
     def hand_off(
         self,
         request_id: str,
         output: Any,
-        layouts: list[engine_pb2.ImageLayout],
+        layouts: engine_pb2.MediaLayouts,
         finish: engine_pb2.Finish,
     ) -> None:
         if not output.kv_transfer_params:
             return
         finish.kv_transfer_params.CopyFrom(kv_transfer.to_proto(output.kv_transfer_params))
-        finish.image_layouts.extend(layouts)
+        if layouts.images or layouts.videos:
+            finish.layouts.CopyFrom(layouts)
         now = time.monotonic()
         for stale in [k for k, (_, until) in self._held.items() if until <= now]:
             del self._held[stale]
@@ -209,20 +218,22 @@ class Decode(Role):
         kv_params = kv_transfer.to_vllm(request.kv_transfer_params)
         return to_vllm(request.sampling, **common, extra_args={"kv_transfer_params": kv_params})
 
-    def placeholders(self, layouts: Sequence[engine_pb2.ImageLayout]) -> dict[str, Any]:
-        """Zero embeddings shaped like prefill's: they are never read, since the images'
-        KV comes from prefill, but they make vLLM lay out the prompt the same way. The
-        image's identity keeps decode's prefix cache from mixing up images whose
+    def placeholders(self, layouts: engine_pb2.MediaLayouts) -> dict[str, Any]:
+        """Zero embeddings shaped like prefill's: they are never read, since the media's
+        KV comes from prefill, but they make vLLM lay out the prompt the same way. Each
+        item's identity keeps decode's prefix cache from mixing up items whose
         placeholders look alike."""
         config = self.engine.model_config
         hidden = config.get_inputs_embeds_size()
-        tensors = [torch.zeros(layout.num_tokens, hidden, dtype=config.dtype) for layout in layouts]
-        return {
-            "multi_modal_data": {
-                "image": embeddings_input(tensors, [layout.image_grid_thw for layout in layouts])
-            },
-            "multi_modal_uuids": {"image": [layout.uuid or None for layout in layouts]},
-        }
+        data: dict[str, Any] = {}
+        uuids: dict[str, list[str | None]] = {}
+        for modality, items in zip(MODALITIES, (layouts.images, layouts.videos), strict=True):
+            if not items:
+                continue
+            tensors = [torch.zeros(item.num_tokens, hidden, dtype=config.dtype) for item in items]
+            data[modality] = embeddings_input(modality, tensors, [item.grid_thw for item in items])
+            uuids[modality] = [item.uuid or None for item in items]
+        return {"multi_modal_data": data, "multi_modal_uuids": uuids}
 
     def failure(self, request: engine_pb2.GenerateRequest) -> PrismError:
         kv = request.kv_transfer_params

@@ -9,27 +9,37 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class EncodeRequest(_message.Message):
-    __slots__ = ("request_id", "images")
+    __slots__ = ("request_id", "images", "videos")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
+    VIDEOS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     images: _containers.RepeatedCompositeFieldContainer[_common_pb2.Image]
-    def __init__(self, request_id: _Optional[str] = ..., images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ...) -> None: ...
+    videos: _containers.RepeatedCompositeFieldContainer[_common_pb2.Video]
+    def __init__(self, request_id: _Optional[str] = ..., images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ..., videos: _Optional[_Iterable[_Union[_common_pb2.Video, _Mapping]]] = ...) -> None: ...
 
 class EncodeResponse(_message.Message):
-    __slots__ = ("handles",)
-    HANDLES_FIELD_NUMBER: _ClassVar[int]
-    handles: _containers.RepeatedCompositeFieldContainer[EmbeddingHandle]
-    def __init__(self, handles: _Optional[_Iterable[_Union[EmbeddingHandle, _Mapping]]] = ...) -> None: ...
+    __slots__ = ("embeddings",)
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    embeddings: MediaEmbeddings
+    def __init__(self, embeddings: _Optional[_Union[MediaEmbeddings, _Mapping]] = ...) -> None: ...
+
+class MediaEmbeddings(_message.Message):
+    __slots__ = ("images", "videos")
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    VIDEOS_FIELD_NUMBER: _ClassVar[int]
+    images: _containers.RepeatedCompositeFieldContainer[EmbeddingHandle]
+    videos: _containers.RepeatedCompositeFieldContainer[EmbeddingHandle]
+    def __init__(self, images: _Optional[_Iterable[_Union[EmbeddingHandle, _Mapping]]] = ..., videos: _Optional[_Iterable[_Union[EmbeddingHandle, _Mapping]]] = ...) -> None: ...
 
 class EmbeddingHandle(_message.Message):
-    __slots__ = ("embeddings", "content_hash", "image_grid_thw", "cached")
+    __slots__ = ("embeddings", "content_hash", "grid_thw", "cached")
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
-    IMAGE_GRID_THW_FIELD_NUMBER: _ClassVar[int]
+    GRID_THW_FIELD_NUMBER: _ClassVar[int]
     CACHED_FIELD_NUMBER: _ClassVar[int]
     embeddings: _tensor_pb2.TensorDescriptor
     content_hash: str
-    image_grid_thw: _containers.RepeatedScalarFieldContainer[int]
+    grid_thw: _containers.RepeatedScalarFieldContainer[int]
     cached: bool
-    def __init__(self, embeddings: _Optional[_Union[_tensor_pb2.TensorDescriptor, _Mapping]] = ..., content_hash: _Optional[str] = ..., image_grid_thw: _Optional[_Iterable[int]] = ..., cached: _Optional[bool] = ...) -> None: ...
+    def __init__(self, embeddings: _Optional[_Union[_tensor_pb2.TensorDescriptor, _Mapping]] = ..., content_hash: _Optional[str] = ..., grid_thw: _Optional[_Iterable[int]] = ..., cached: _Optional[bool] = ...) -> None: ...

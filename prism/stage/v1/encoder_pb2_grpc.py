@@ -26,7 +26,7 @@ if _version_not_supported:
 
 
 class EncoderServiceStub:
-    """The vision encoder: images in, embeddings out. Embeddings stay in the encoder's
+    """The vision encoder: images and videos in, embeddings out. Embeddings stay in the encoder's
     NIXL-registered memory; each handle tells the reader where to pull them from. The
     encoder frees them when the reader's notification arrives, or when the lease expires.
     """
@@ -45,13 +45,13 @@ class EncoderServiceStub:
 
 
 class EncoderServiceServicer:
-    """The vision encoder: images in, embeddings out. Embeddings stay in the encoder's
+    """The vision encoder: images and videos in, embeddings out. Embeddings stay in the encoder's
     NIXL-registered memory; each handle tells the reader where to pull them from. The
     encoder frees them when the reader's notification arrives, or when the lease expires.
     """
 
     def Encode(self, request, context):
-        """Encodes the images of one request as one batch, one handle per image, in order.
+        """Encodes the images and videos of one request, one handle per item, in order.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -74,7 +74,7 @@ def add_EncoderServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class EncoderService:
-    """The vision encoder: images in, embeddings out. Embeddings stay in the encoder's
+    """The vision encoder: images and videos in, embeddings out. Embeddings stay in the encoder's
     NIXL-registered memory; each handle tells the reader where to pull them from. The
     encoder frees them when the reader's notification arrives, or when the lease expires.
     """

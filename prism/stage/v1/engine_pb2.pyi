@@ -10,40 +10,38 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "images", "image_embeddings", "image_layouts", "kv_transfer_params")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "files", "embeddings", "layouts", "kv_transfer_params")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
-    IMAGES_FIELD_NUMBER: _ClassVar[int]
-    IMAGE_EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
-    IMAGE_LAYOUTS_FIELD_NUMBER: _ClassVar[int]
+    FILES_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    LAYOUTS_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_PARAMS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
-    images: Images
-    image_embeddings: ImageEmbeddings
-    image_layouts: ImageLayouts
+    files: MediaFiles
+    embeddings: _encoder_pb2.MediaEmbeddings
+    layouts: MediaLayouts
     kv_transfer_params: KvTransferParams
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., images: _Optional[_Union[Images, _Mapping]] = ..., image_embeddings: _Optional[_Union[ImageEmbeddings, _Mapping]] = ..., image_layouts: _Optional[_Union[ImageLayouts, _Mapping]] = ..., kv_transfer_params: _Optional[_Union[KvTransferParams, _Mapping]] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., files: _Optional[_Union[MediaFiles, _Mapping]] = ..., embeddings: _Optional[_Union[_encoder_pb2.MediaEmbeddings, _Mapping]] = ..., layouts: _Optional[_Union[MediaLayouts, _Mapping]] = ..., kv_transfer_params: _Optional[_Union[KvTransferParams, _Mapping]] = ...) -> None: ...
 
-class Images(_message.Message):
-    __slots__ = ("items",)
-    ITEMS_FIELD_NUMBER: _ClassVar[int]
-    items: _containers.RepeatedCompositeFieldContainer[_common_pb2.Image]
-    def __init__(self, items: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ...) -> None: ...
+class MediaFiles(_message.Message):
+    __slots__ = ("images", "videos")
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    VIDEOS_FIELD_NUMBER: _ClassVar[int]
+    images: _containers.RepeatedCompositeFieldContainer[_common_pb2.Image]
+    videos: _containers.RepeatedCompositeFieldContainer[_common_pb2.Video]
+    def __init__(self, images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ..., videos: _Optional[_Iterable[_Union[_common_pb2.Video, _Mapping]]] = ...) -> None: ...
 
-class ImageEmbeddings(_message.Message):
-    __slots__ = ("items",)
-    ITEMS_FIELD_NUMBER: _ClassVar[int]
-    items: _containers.RepeatedCompositeFieldContainer[_encoder_pb2.EmbeddingHandle]
-    def __init__(self, items: _Optional[_Iterable[_Union[_encoder_pb2.EmbeddingHandle, _Mapping]]] = ...) -> None: ...
-
-class ImageLayouts(_message.Message):
-    __slots__ = ("items",)
-    ITEMS_FIELD_NUMBER: _ClassVar[int]
-    items: _containers.RepeatedCompositeFieldContainer[ImageLayout]
-    def __init__(self, items: _Optional[_Iterable[_Union[ImageLayout, _Mapping]]] = ...) -> None: ...
+class MediaLayouts(_message.Message):
+    __slots__ = ("images", "videos")
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    VIDEOS_FIELD_NUMBER: _ClassVar[int]
+    images: _containers.RepeatedCompositeFieldContainer[MediaLayout]
+    videos: _containers.RepeatedCompositeFieldContainer[MediaLayout]
+    def __init__(self, images: _Optional[_Iterable[_Union[MediaLayout, _Mapping]]] = ..., videos: _Optional[_Iterable[_Union[MediaLayout, _Mapping]]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token_ids", "first", "last")
@@ -64,14 +62,14 @@ class PromptUsage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
 
 class Finish(_message.Message):
-    __slots__ = ("reason", "kv_transfer_params", "image_layouts")
+    __slots__ = ("reason", "kv_transfer_params", "layouts")
     REASON_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_PARAMS_FIELD_NUMBER: _ClassVar[int]
-    IMAGE_LAYOUTS_FIELD_NUMBER: _ClassVar[int]
+    LAYOUTS_FIELD_NUMBER: _ClassVar[int]
     reason: _common_pb2.FinishReason
     kv_transfer_params: KvTransferParams
-    image_layouts: _containers.RepeatedCompositeFieldContainer[ImageLayout]
-    def __init__(self, reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., kv_transfer_params: _Optional[_Union[KvTransferParams, _Mapping]] = ..., image_layouts: _Optional[_Iterable[_Union[ImageLayout, _Mapping]]] = ...) -> None: ...
+    layouts: MediaLayouts
+    def __init__(self, reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., kv_transfer_params: _Optional[_Union[KvTransferParams, _Mapping]] = ..., layouts: _Optional[_Union[MediaLayouts, _Mapping]] = ...) -> None: ...
 
 class GenerateBatchRequest(_message.Message):
     __slots__ = ("call_id", "start", "cancel", "metadata")
@@ -157,15 +155,15 @@ class KvBlockIds(_message.Message):
     ids: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
-class ImageLayout(_message.Message):
-    __slots__ = ("uuid", "num_tokens", "image_grid_thw")
+class MediaLayout(_message.Message):
+    __slots__ = ("uuid", "num_tokens", "grid_thw")
     UUID_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    IMAGE_GRID_THW_FIELD_NUMBER: _ClassVar[int]
+    GRID_THW_FIELD_NUMBER: _ClassVar[int]
     uuid: str
     num_tokens: int
-    image_grid_thw: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, uuid: _Optional[str] = ..., num_tokens: _Optional[int] = ..., image_grid_thw: _Optional[_Iterable[int]] = ...) -> None: ...
+    grid_thw: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, uuid: _Optional[str] = ..., num_tokens: _Optional[int] = ..., grid_thw: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class EngineServiceAbortRequest(_message.Message):
     __slots__ = ("request_id",)

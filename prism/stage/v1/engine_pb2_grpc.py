@@ -29,8 +29,8 @@ class EngineServiceStub:
     """A worker: one vLLM engine in one role. It takes token ids, never text, and streams
     token ids back; the processor does templating, detokenization and stop strings.
 
-    Roles: `aggregated` generates the whole answer. `prefill` (images as embeddings) and
-    `encode_prefill` (images as pixels) compute the prompt's KV cache and the first token,
+    Roles: `aggregated` generates the whole answer. `prefill` (media as embeddings) and
+    `encode_prefill` (media as files) compute the prompt's KV cache and the first token,
     then hold the cache for a decode worker; `decode` reads that cache with NIXL and
     generates the answer without recomputing the prompt.
     """
@@ -62,8 +62,8 @@ class EngineServiceServicer:
     """A worker: one vLLM engine in one role. It takes token ids, never text, and streams
     token ids back; the processor does templating, detokenization and stop strings.
 
-    Roles: `aggregated` generates the whole answer. `prefill` (images as embeddings) and
-    `encode_prefill` (images as pixels) compute the prompt's KV cache and the first token,
+    Roles: `aggregated` generates the whole answer. `prefill` (media as embeddings) and
+    `encode_prefill` (media as files) compute the prompt's KV cache and the first token,
     then hold the cache for a decode worker; `decode` reads that cache with NIXL and
     generates the answer without recomputing the prompt.
     """
@@ -122,8 +122,8 @@ class EngineService:
     """A worker: one vLLM engine in one role. It takes token ids, never text, and streams
     token ids back; the processor does templating, detokenization and stop strings.
 
-    Roles: `aggregated` generates the whole answer. `prefill` (images as embeddings) and
-    `encode_prefill` (images as pixels) compute the prompt's KV cache and the first token,
+    Roles: `aggregated` generates the whole answer. `prefill` (media as embeddings) and
+    `encode_prefill` (media as files) compute the prompt's KV cache and the first token,
     then hold the cache for a decode worker; `decode` reads that cache with NIXL and
     generates the answer without recomputing the prompt.
     """
