@@ -2,15 +2,17 @@
 detokenizer, and the Complete and Chat handlers on a pipeline that replays token ids."""
 
 import asyncio
+import re
 
 import grpc
 import pytest
 
+from prism.embeds import Geometry
 from prism.media import MediaLoader, MediaPolicy
 from prism.modes import MODES
 from prism.rpc import PrismError
 from prism.sampling import to_vllm
-from prism.services.processor import InferenceServicer
+from prism.services.processor import InferenceServicer, ModelInputs
 from prism.services.processor.detokenize import Detokenizer
 from prism.stage.v1 import engine_pb2
 from prism.tiny_models import llava_tokenizer
@@ -59,9 +61,11 @@ class Replay:
     def __init__(self, answer: list[int]):
         self.answer = answer
         self.requests: list[tuple[str, list[int]]] = []
+        self.media: list = []
 
-    async def run(self, request_id, prompt_ids, images, sampling, call, migration_limit=0):
+    async def run(self, request_id, prompt_ids, media, sampling, call, migration_limit=0):
         self.requests.append((request_id, prompt_ids))
+        self.media.append(media)
         usage = engine_pb2.PromptUsage(prompt_tokens=len(prompt_ids))
         yield engine_pb2.GenerateResponse(token_ids=self.answer[:1], first=usage)
         for token in self.answer[1:]:
@@ -69,12 +73,16 @@ class Replay:
         yield engine_pb2.GenerateResponse(last=engine_pb2.Finish(reason=LENGTH))
 
 
-async def handle(tokenizer, answer: str, *calls) -> tuple[list, Replay]:
+async def handle(
+    tokenizer, answer: str, *calls, inputs: ModelInputs | None = None
+) -> tuple[list, Replay]:
     """Each call (handlers → request's replies) made on a processor whose worker answers
-    `answer`: its replies, or the error it raised."""
+    `answer` and whose model takes `inputs`: its replies, or the error it raised."""
     pipeline = Replay(tokenizer.encode(answer, add_special_tokens=False))
     loader = MediaLoader(MediaPolicy())
-    handlers = InferenceServicer(tokenizer, "tiny", pipeline, loader, max_model_len=64)
+    handlers = InferenceServicer(
+        tokenizer, "tiny", pipeline, loader, max_model_len=64, inputs=inputs
+    )
     results = []
     try:
         for call in calls:
@@ -129,3 +137,50 @@ def test_chat_applies_the_template_and_bad_requests_fail_before_any_work(tokeniz
     assert (empty.param, other_model.param) == ("messages", "model")
     assert other_model.code == grpc.StatusCode.NOT_FOUND
     assert long_prompt.code == grpc.StatusCode.INVALID_ARGUMENT and "context" in long_prompt.message
+
+
+def _chat(*parts: inference_pb2.ContentPart) -> inference_pb2.ChatRequest:
+    text = inference_pb2.ContentPart(text="What is it?")
+    message = inference_pb2.ChatMessage(role=inference_pb2.ROLE_USER, content=[*parts, text])
+    return inference_pb2.ChatRequest(messages=[message])
+
+
+def _embedding(tokens: int = 4, hidden: int = 8) -> inference_pb2.ContentPart:
+    data = bytes(tokens * hidden * 4)
+    embedding = common_pb2.ImageEmbedding(dtype="float32", shape=[tokens, hidden], data=data)
+    return inference_pb2.ContentPart(image_embedding=embedding)
+
+
+def test_media_the_model_or_server_does_not_take_is_refused_before_any_work(tokenizer):
+    video = inference_pb2.ContentPart(video=common_pb2.Video(url="http://127.0.0.1/v.mp4"))
+    image = inference_pb2.ContentPart(image=common_pb2.Image(url="http://127.0.0.1/i.png"))
+    takes_embeddings = ModelInputs(embeddings=Geometry(8, 4), embeddings_enabled=True)
+    cases = [
+        (ModelInputs(), _chat(video), "does not accept video", "content[0].video_url"),
+        (ModelInputs(), _chat(_embedding()), "--enable-mm-embeds", "content[0].image_embeds"),
+        (takes_embeddings, _chat(_embedding(5)), r"shape \[4, 8\]", "content[0].image_embeds"),
+        (takes_embeddings, _chat(image, _embedding()), "cannot mix", "messages"),
+    ]
+    for inputs, request, message, param in cases:
+        (error,), pipeline = asyncio.run(
+            handle(tokenizer, "No.", lambda h, r=request: h.chat(r), inputs=inputs)
+        )
+        assert isinstance(error, PrismError) and error.http_status == 400, message
+        assert re.search(message, error.message) and error.param.endswith(param), error
+        assert pipeline.requests == []
+
+
+def test_client_embeddings_reach_the_pipeline_as_inline_handles(tokenizer):
+    inputs = ModelInputs(embeddings=Geometry(8, 4), embeddings_enabled=True)
+    (replies,), pipeline = asyncio.run(
+        handle(
+            tokenizer, "Yes.", lambda h: h.chat(_chat(_embedding(), _embedding())), inputs=inputs
+        )
+    )
+    assert "".join(r.text for r in replies) == "Yes."
+    (media,) = pipeline.media
+    assert [h.embeddings.WhichOneof("location") for h in media.image_embeddings] == [
+        "inline_data",
+        "inline_data",
+    ]
+    assert not media.images and not media.videos

@@ -1,7 +1,12 @@
 """Unit tests: OpenAI REST bodies to protobuf and back (no processes)."""
 
+import base64
+import pickle
+
 import grpc
+import numpy as np
 import pytest
+import safetensors.numpy
 
 from prism.gateway import translate
 from prism.rpc import PrismError
@@ -22,6 +27,8 @@ def test_chat_request_maps_parts_in_order():
                     {"type": "text", "text": "a"},
                     {"type": "image_url", "image_url": {"url": "http://127.0.0.1/x.png"}},
                     {"type": "text", "text": "b"},
+                    {"type": "video_url", "video_url": {"url": "http://127.0.0.1/x.mp4"}},
+                    {"type": "video_url", "video_url": "http://127.0.0.1/y.webm"},
                 ],
             },
         ]
@@ -31,8 +38,35 @@ def test_chat_request_maps_parts_in_order():
     roles = [m.role for m in request.messages]
     assert roles == [inference_pb2.ROLE_SYSTEM, inference_pb2.ROLE_USER]
     parts = request.messages[1].content
-    assert [p.WhichOneof("part") for p in parts] == ["text", "image", "text"]
+    assert [p.WhichOneof("part") for p in parts] == ["text", "image", "text", "video", "video"]
     assert parts[1].image.url == "http://127.0.0.1/x.png"
+    assert [parts[3].video.url, parts[4].video.url] == [
+        "http://127.0.0.1/x.mp4",
+        "http://127.0.0.1/y.webm",
+    ]
+
+
+def _embeds_part(value) -> dict:
+    body = chat(messages=[{"role": "user", "content": [{"type": "image_embeds",
+                                                         "image_embeds": value}]}])  # fmt: skip
+    return translate.chat_request(body).messages[0].content[0]
+
+
+def test_image_embeds_parts_take_base64_safetensors_and_a_grid():
+    array = np.ones((6, 8), np.float32)
+    encoded = base64.b64encode(safetensors.numpy.save({"image_embeds": array})).decode()
+    plain = _embeds_part(encoded).image_embedding
+    assert (plain.dtype, list(plain.shape), plain.data) == ("float32", [6, 8], array.tobytes())
+    for grid in ([1, 4, 6], [[1, 4, 6]]):
+        gridded = _embeds_part({"image_embeds": encoded, "image_grid_thw": grid}).image_embedding
+        assert list(gridded.image_grid_thw) == [1, 4, 6]
+    pickled = base64.b64encode(pickle.dumps(array)).decode()
+    bad_grid = {"image_embeds": encoded, "image_grid_thw": [1, -4, 6]}
+    cases = [(pickled, "pickles"), ("@@", "base64"), (3, "base64-encoded"), (bad_grid, "positive")]
+    for bad, message in cases:
+        with pytest.raises(PrismError, match=message) as info:
+            _embeds_part(bad)
+        assert info.value.param == "messages[0].content[0].image_embeds"
 
 
 def test_sampling_fields_are_carried():
@@ -72,6 +106,8 @@ def test_max_completion_tokens_wins_over_max_tokens():
          "messages[0].content[0].type"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
          "messages[0].content[0].image_url"),
+        ({"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {}}]}]},
+         "messages[0].content[0].video_url"),
         ({"model": 3}, "model"),
         ({"tools": [{"type": "function"}]}, "tools"),
         ({"logprobs": True}, "logprobs"),
