@@ -118,6 +118,10 @@ def image_part(url: str) -> dict:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
+def video_part(url: str) -> dict:
+    return {"type": "video_url", "video_url": {"url": url}}
+
+
 def user(*parts: dict | str) -> list[dict]:
     content = [{"type": "text", "text": p} if isinstance(p, str) else p for p in parts]
     return [{"role": "user", "content": content}]
@@ -150,6 +154,70 @@ CASES = {
     ),
     "completion": ("completion", "The quick brown fox", 16),
 }
+# Parity cases of the families with a video path (VIDEO_FAMILIES): videos as data URLs.
+VIDEO_FAMILIES = ("qwen2-vl",)
+VIDEO_CASES = {
+    "video": ("chat", user(video_part(data_url(video(1), "video/mp4")), "What happens?"), 16),
+    "image_and_video": (
+        "chat",
+        user(
+            image_part(data_url(png(6))),
+            "and",
+            video_part(data_url(video(2, container="webm"), "video/webm")),
+            "Compare them.",
+        ),
+        16,
+    ),
+    "two_videos": (
+        "chat",
+        user(
+            video_part(data_url(video(3), "video/mp4")),
+            "then",
+            video_part(data_url(video(4, frames=24, fps=12.0), "video/mp4")),
+            "What changed?",
+        ),
+        16,
+    ),
+}
+
+
+def openai_client(mesh: Any) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=mesh.base_url, api_key="unused", max_retries=0)
+
+
+def ask_case(mesh: Any, case: tuple, stream: bool) -> tuple[str, Any]:
+    """One parity case (kind, messages or prompt, max_tokens) through the OpenAI SDK,
+    greedy: the answer's text and usage."""
+    kind, body, max_tokens = case
+    client = openai_client(mesh)
+    if kind == "chat":
+        kwargs = dict(model=mesh.model, messages=body, temperature=0, max_tokens=max_tokens)
+        if not stream:
+            reply = client.chat.completions.create(**kwargs)
+            return reply.choices[0].message.content, reply.usage
+        options = {"include_usage": True}
+        chunks = list(client.chat.completions.create(**kwargs, stream=True, stream_options=options))
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        return text, chunks[-1].usage
+    kwargs = dict(model=mesh.model, prompt=body, temperature=0, max_tokens=max_tokens)
+    if not stream:
+        reply = client.completions.create(**kwargs)
+        return reply.choices[0].text, reply.usage
+    options = {"include_usage": True}
+    chunks = list(client.completions.create(**kwargs, stream=True, stream_options=options))
+    return "".join(ch.choices[0].text for ch in chunks if ch.choices), chunks[-1].usage
+
+
+# Video caps of the tests' meshes: low enough that tests can pass them with small videos.
+VIDEO_CAPS = ["--max-video-frames", "100", "--max-video-seconds", "30",
+              "--max-video-pixels", str(128 * 96)]  # fmt: skip
+
+
+def cases(family: str) -> dict[str, tuple]:
+    """The parity cases of `family`."""
+    return CASES | VIDEO_CASES if family in VIDEO_FAMILIES else CASES
 
 
 UNIT = ROOT / "unit"
@@ -176,11 +244,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {family: build(family, root / family, seed=0) for family in FAMILIES}
 
 
-def run_oracle(model: Path, tmp: Path) -> dict[str, dict]:
+def run_oracle(model: Path, tmp: Path, named: dict[str, tuple]) -> dict[str, dict]:
     cases = [
         {"kind": kind, "max_tokens": max_tokens}
         | ({"messages": body} if kind == "chat" else {"prompt": body})
-        for kind, body, max_tokens in CASES.values()
+        for kind, body, max_tokens in named.values()
     ]
     cases_path = tmp / "cases.json"
     cases_path.write_text(json.dumps(cases))
@@ -194,7 +262,7 @@ def run_oracle(model: Path, tmp: Path) -> dict[str, dict]:
     lines = [line for line in result.stdout.splitlines() if line.startswith("ORACLE ")]
     if result.returncode != 0 or not lines:
         raise RuntimeError(f"oracle failed ({result.returncode}):\n{result.stderr[-4000:]}")
-    return dict(zip(CASES, json.loads(lines[-1][len("ORACLE ") :]), strict=True))
+    return dict(zip(named, json.loads(lines[-1][len("ORACLE ") :]), strict=True))
 
 
 @pytest.fixture(scope="session")
@@ -204,7 +272,8 @@ def oracle(models, tmp_path_factory):
 
     def get(family: str) -> dict[str, dict]:
         if family not in cache:
-            cache[family] = run_oracle(models[family], tmp_path_factory.mktemp(f"o-{family}"))
+            tmp = tmp_path_factory.mktemp(f"o-{family}")
+            cache[family] = run_oracle(models[family], tmp, cases(family))
         return cache[family]
 
     return get
@@ -305,7 +374,12 @@ def start_mesh(
         mode=mode,
         model=str(model),
         http_port=free_port(),
-        **{"log_level": "warning", "fetch_allow": [ALLOWED_HOST], **config},
+        **{
+            "log_level": "warning",
+            "fetch_allow": [ALLOWED_HOST],
+            "media_args": VIDEO_CAPS,
+            **config,
+        },
     )
     stages = plan(config)
     if place is not None:

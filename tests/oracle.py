@@ -21,11 +21,12 @@ def main() -> None:
     model, cases_path = sys.argv[1], sys.argv[2]
     with open(cases_path) as f:
         cases = json.load(f)
+    videos = "video_url" in json.dumps(cases)
     llm = LLM(
         model=model,
         dtype="float32",
         enforce_eager=True,
-        limit_mm_per_prompt={"image": 8},
+        limit_mm_per_prompt={"image": 8} | ({"video": 4} if videos else {}),
         seed=0,
     )
     results = []

@@ -7,36 +7,13 @@ vLLM engine gives on the same model directory (tests/oracle.py).
 from __future__ import annotations
 
 import httpx
-import openai
 import pytest
-from conftest import CASES, image_part, png
-
-
-def client(mesh) -> openai.OpenAI:
-    return openai.OpenAI(base_url=mesh.base_url, api_key="unused", max_retries=0)
+from conftest import CASES, ask_case, image_part, openai_client, png
 
 
 def ask(mesh, case: str, stream: bool, messages: list | None = None) -> tuple[str, object]:
     kind, body, max_tokens = CASES[case]
-    c = client(mesh)
-    if kind == "chat":
-        kwargs = dict(model=mesh.model, messages=messages or body, temperature=0,
-                      max_tokens=max_tokens)  # fmt: skip
-        if not stream:
-            reply = c.chat.completions.create(**kwargs)
-            return reply.choices[0].message.content, reply.usage
-        chunks = list(
-            c.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
-        )
-        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
-        return text, chunks[-1].usage
-    kwargs = dict(model=mesh.model, prompt=body, temperature=0, max_tokens=max_tokens)
-    if not stream:
-        reply = c.completions.create(**kwargs)
-        return reply.choices[0].text, reply.usage
-    options = {"include_usage": True}
-    chunks = list(c.completions.create(**kwargs, stream=True, stream_options=options))
-    return "".join(ch.choices[0].text for ch in chunks if ch.choices), chunks[-1].usage
+    return ask_case(mesh, (kind, messages or body, max_tokens), stream)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
@@ -79,7 +56,7 @@ def test_the_first_requests_after_ready_all_complete(mesh):
 
 
 def test_models_lists_the_served_model(mesh):
-    models = client(mesh).models.list()
+    models = openai_client(mesh).models.list()
     assert [m.id for m in models.data] == [mesh.model]
 
 
