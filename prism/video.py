@@ -147,9 +147,9 @@ class VideoDecoder:
         """Samples as vLLM's chat API does for `model`: with the loader its video processor
         asks for (Qwen2-VL's samples by frame rate), else vLLM's default."""
         from vllm.multimodal.video import get_video_loader_backend_for_processor
-        from vllm.transformers_utils.processor import get_video_processor_cls_name
+        from vllm.transformers_utils.processor import get_video_processor_cls_name_from_config
 
-        processor = get_video_processor_cls_name(model)
+        processor = get_video_processor_cls_name_from_config(model)
         return cls(get_video_loader_backend_for_processor(processor), frames, fps)
 
     def media_io_kwargs(self) -> dict[str, dict[str, Any]]:
