@@ -22,7 +22,7 @@ import PIL.Image
 import yarl
 
 from prism.cache import ByteLru
-from prism.rpc import invalid
+from prism.rpc import check_size, invalid
 from prism.rpc import unsupported_media as unsupported
 from prism.stage.v1 import encoder_pb2
 from prism.tracing import tracer
@@ -99,12 +99,7 @@ def decode_image(data: bytes) -> PIL.Image.Image:
 
 def check_image(data: bytes, policy: MediaPolicy, param: str) -> LoadedImage:
     """Checks format, size and integrity of encoded image bytes."""
-    if not data:
-        raise invalid("image is empty", param)
-    if len(data) > policy.max_image_bytes:
-        raise invalid(
-            f"image is {len(data)} bytes, more than the limit of {policy.max_image_bytes}", param
-        )
+    check_size(data, "image", policy.max_image_bytes, param)
     try:
         with PIL.Image.open(io.BytesIO(data)) as image:
             fmt = image.format or ""

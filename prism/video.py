@@ -13,7 +13,7 @@ import io
 from dataclasses import dataclass
 from typing import Any
 
-from prism.rpc import invalid
+from prism.rpc import check_size, invalid
 from prism.rpc import unsupported_media as unsupported
 from prism.v1 import common_pb2
 
@@ -74,12 +74,7 @@ def check_video(data: bytes, limits: VideoLimits, param: str) -> LoadedVideo:
     import cv2  # heavy: only the stages that take videos
     from vllm.multimodal.video_decoders.opencv import OpenCVVideoBackendMixin as OpenCV
 
-    if not data:
-        raise invalid("video is empty", param)
-    if len(data) > limits.max_bytes:
-        raise invalid(
-            f"video is {len(data)} bytes, more than the limit of {limits.max_bytes}", param
-        )
+    check_size(data, "video", limits.max_bytes, param)
     mime_type = container(data)
     if mime_type is None:
         raise unsupported("not a video: use MP4 or WebM", param)

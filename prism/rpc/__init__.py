@@ -172,6 +172,14 @@ def unsupported_media(message: str, param: str) -> PrismError:
     return invalid(message, param, errors_pb2.ERROR_REASON_UNSUPPORTED_MEDIA_TYPE)
 
 
+def check_size(data: bytes, what: str, limit: int, param: str) -> None:
+    """Refuses media bytes that are empty or over `limit`."""
+    if not data:
+        raise invalid(f"{what} is empty", param)
+    if len(data) > limit:
+        raise invalid(f"{what} is {len(data)} bytes, more than the limit of {limit}", param)
+
+
 def status_for(exc: BaseException) -> PrismError:
     """The status a call ends with when its handler raised `exc`."""
     if isinstance(exc, PrismError):
