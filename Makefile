@@ -22,11 +22,15 @@ test-unit:
 test-net:
 	$(PY) -m pytest -q tests/e2e/test_hosts.py
 
-# Not a test: Prism in each mode against `vllm serve` at concurrency 1, 8 and 32, written to
-# bench/results/latest.json and docs/benchmarks.md.
+# Not a test: Prism in each mode against `vllm serve` at concurrency 1, 8 and 32 with an image
+# per request (bench/results/latest.json), then EPD, E/PD and E/P/D with a video per request
+# (bench/results/video.json); both in docs/benchmarks.md.
 bench:
 	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
+	$(PY) -m prism.cli model build --family qwen2-vl --out models/tiny-qwen2-vl >/dev/null
 	$(PY) bench/serve.py --model models/tiny-llava
+	$(PY) bench/serve.py --model models/tiny-qwen2-vl --load video --modes epd,e/pd,e/p/d \
+		--concurrency 1,8 --requests 128
 
 # Not a test: NIXL vs inline protobuf vs memcpy, written to bench/results/transfer.json.
 bench-transfer:

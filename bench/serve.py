@@ -1,21 +1,25 @@
 """Prism in each mode against `vllm serve` on the same model, the same machine, the same load.
 
-    .venv/bin/python bench/serve.py --model DIR [--modes epd,e/pd,e/p/d,ep/d]
-        [--concurrency 1,8,32] [--requests 256] [--max-tokens 32]
-        [--out bench/results/latest.json] [--doc docs/benchmarks.md] [--profile DIR]
-        [--rounds N]
+    .venv/bin/python bench/serve.py --model DIR [--load image|video]
+        [--modes epd,e/pd,e/p/d,ep/d] [--concurrency 1,8,32] [--requests 256]
+        [--max-tokens 32] [--out JSON] [--doc docs/benchmarks.md] [--profile DIR]
+        [--rounds N] [--repeats 16]
 
 Servers run one after the other: first vLLM's own OpenAI server (the anchor), then the
 same with its engine as Prism's workers run it on the CPU backend (the model inside the
 engine core process, so that the ratio to it is the mesh's own cost), then a
 Prism mesh per mode; with `--rounds N`, all of them N times in turn, and the report gives
 medians (each ratio the median of those measured within a round, beside its anchor).
-Each gets the same fixed set of streaming chat requests, one image each, at every
-concurrency level (a bounded count per level, after a warm-up), from the asyncio client
-below: requests/s, output tokens/s, time to first token and inter-token
-latency (p50, p99), and each Prism run's ratios to `vllm serve` measured in the same
-run. For the modes that move tensors, the share of request time spent in NIXL reads.
-Not a test: results go to `--out` (JSON) and `--doc` (markdown table and PNG plots).
+Each gets the same fixed set of streaming chat requests, one image (or, with `--load
+video`, one 16-frame video) each, at every concurrency level (a bounded count per level,
+after a warm-up), from the asyncio client below: requests/s, output tokens/s, time to
+first token and inter-token latency (p50, p99), and each Prism run's ratios to `vllm serve`
+measured in the same run. For the modes that move tensors, the share of request time spent
+in NIXL reads.
+The video load measures the embedding cache too: `--repeats` videos, each sent twice at
+concurrency 1 under different questions, and the time to first token of each sending.
+Not a test: results go to `--out` (JSON; by default bench/results/latest.json for images,
+bench/results/video.json for videos) and `--doc`, which shows both loads' latest results.
 With `--profile`, py-spy records each Prism stage's Python process during the highest
 concurrency level (of the last round) and writes one flame graph (SVG) per stage there.
 """
@@ -45,6 +49,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from prism.launcher import Mesh, MeshConfig, http_ok, plan
 from prism.ports import free_port
+from prism.video import encode_video
 
 ANCHOR = "vllm_serve"
 # `vllm serve` with the engine as Prism's workers run it on the CPU backend (the model
@@ -52,6 +57,9 @@ ANCHOR = "vllm_serve"
 # the mesh's own cost.
 SAME_ENGINE = "vllm_serve_uni"
 ANCHORS = (ANCHOR, SAME_ENGINE)
+RESULTS = {"image": Path("bench/results/latest.json"), "video": Path("bench/results/video.json")}
+# A short clip, every frame of which Qwen2-VL's loader takes (it samples 2 frames a second).
+VIDEO_FRAMES, VIDEO_FPS = 16, 2.0
 
 
 def slug(server: str) -> str:
@@ -66,26 +74,59 @@ def image_url(seed: int) -> str:
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
-def requests(model: str, seeds: range, max_tokens: int) -> list[dict]:
-    """A fixed load: a chat per seed, each with its own image and question."""
+def video_url(seed: int) -> str:
+    shape = (VIDEO_FRAMES, 48, 64, 3)
+    frames = list((np.random.RandomState(seed).rand(*shape) * 255).astype("uint8"))
+    with tempfile.TemporaryDirectory() as scratch:
+        data = encode_video(frames, VIDEO_FPS, f"{scratch}/v.mp4")
+    return "data:video/mp4;base64," + base64.b64encode(data).decode()
+
+
+def media_part(load: str, seed: int) -> dict:
+    if load == "video":
+        return {"type": "video_url", "video_url": {"url": video_url(seed)}}
+    return {"type": "image_url", "image_url": {"url": image_url(seed)}}
+
+
+def chat(model: str, content: list[dict], max_tokens: int) -> dict:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def requests(model: str, seeds: range, max_tokens: int, load: str = "image") -> list[dict]:
+    """A fixed load: a chat per seed, each with its own image or video and question."""
     return [
-        {
-            "model": model,
-            "messages": [
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "image_url", "image_url": {"url": image_url(seed)}},
-                        {"type": "text", "text": f"Question {seed}: what is in this image?"},
-                    ],
-                }
+        chat(
+            model,
+            [
+                media_part(load, seed),
+                {"type": "text", "text": f"Question {seed}: what is in this {load}?"},
             ],
-            "max_tokens": max_tokens,
-            "temperature": 0,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
+            max_tokens,
+        )
+        for seed in seeds
+    ]
+
+
+def repeats(model: str, seeds: range, max_tokens: int, load: str) -> list[list[dict]]:
+    """Each seed's media sent twice, under different questions asked before it: the second
+    sending shares no prompt prefix with the first past the chat template's."""
+    return [
+        [
+            chat(
+                model,
+                [{"type": "text", "text": f"{ask} {seed}:"}, media_part(load, seed)],
+                max_tokens,
+            )
+            for ask in ("Describe", "Summarize")
+        ]
         for seed in seeds
     ]
 
@@ -183,11 +224,11 @@ class Server:
     pids: dict[str, int] = field(default_factory=dict)
 
 
-def start_vllm(model: str, log: Path, max_images: int, same_engine: bool = False) -> Server:
+def start_vllm(model: str, log: Path, limits: dict, same_engine: bool = False) -> Server:
     port = free_port()
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
             "--dtype", "float32", "--enforce-eager", "--seed", "0", "--port", str(port),
-            "--host", "127.0.0.1", "--limit-mm-per-prompt", json.dumps({"image": max_images}),
+            "--host", "127.0.0.1", "--limit-mm-per-prompt", json.dumps(limits),
             "--uvicorn-log-level", "warning"]  # fmt: skip
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
     if same_engine:
@@ -269,6 +310,20 @@ def run_server(
     return rows
 
 
+async def resend(base_url: str, pairs: list[list[dict]]) -> dict:
+    """Time to first token of each media's first sending and of its second, one at a time."""
+    url = f"{base_url}/v1/chat/completions"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        ttfts = [[(await one(session, url, body)).ttft * 1000 for body in pair] for pair in pairs]
+    first, repeat = zip(*ttfts, strict=True)
+    return {
+        "concurrency": 1,
+        "requests": len(pairs),
+        "ttft_ms_p50_first": percentile(list(first), 50),
+        "ttft_ms_p50_repeat": percentile(list(repeat), 50),
+    }
+
+
 def suffix(concurrency: int, top: int) -> str:
     """Ratios at the highest level have plain keys; the others end in _c<level>."""
     return "" if concurrency == top else f"_c{concurrency}"
@@ -308,7 +363,8 @@ def medians(rounds: list[list[dict]]) -> list[dict]:
             key: float(np.median([r[key] for r in same])) if isinstance(value, float) else value
             for key, value in first.items()
         }
-        row["requests_per_s_by_round"] = [r["requests_per_s"] for r in same]
+        if "requests_per_s" in first:
+            row["requests_per_s_by_round"] = [r["requests_per_s"] for r in same]
         rows.append(row)
     return rows
 
@@ -319,16 +375,15 @@ def median_ratios(rounds: list[list[dict]]) -> dict[str, float]:
     return {key: float(np.median([r[key] for r in per_round])) for key in per_round[0]}
 
 
-def write_doc(path: Path, result: dict) -> None:
+def plots(path: Path, rows: list[dict]) -> list[str]:
+    """PNG plots of the image load beside `path`, and the markdown that shows them."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = result["rows"]
-    path.parent.mkdir(parents=True, exist_ok=True)
     servers = list(dict.fromkeys(r["server"] for r in rows))
-    figures = []
+    shown = []
     for key, label, name in (("requests_per_s", "requests/s", "rps"),
                              ("ttft_ms_p50", "TTFT p50 (ms)", "ttft"),
                              ("itl_ms_p50", "inter-token latency p50 (ms)", "itl")):  # fmt: skip
@@ -345,43 +400,86 @@ def write_doc(path: Path, result: dict) -> None:
         figure.tight_layout()
         figure.savefig(image, dpi=110)
         plt.close(figure)
-        figures.append((label, image.name))
+        shown.append(f"![{label}]({image.name})")
+    return shown
+
+
+def table(result: dict) -> list[str]:
+    """One row per server and level, with ratios to each anchor that ran."""
+    rows = result["rows"]
+    anchors = [a for a in ANCHORS if any(r["server"] == a for r in rows)]
+    names = {ANCHOR: "vllm serve", SAME_ENGINE: "vllm serve, same engine"}
     lines = [
-        "# Benchmarks: Prism against `vllm serve`",
-        "",
-        f"Written by `make bench` on {result['when']} ({result['machine']}). Model: "
-        f"{result['model']}; {result['requests']} streaming chat requests per level, one "
-        f"64x48 image each, {result['max_tokens']} tokens each, greedy. Every level has "
-        "requests of its own (no prefix or image cache hits across levels), after a warm-up "
-        "burst of its own. The client runs on the same machine. "
-        f"Rounds: {result['rounds']}. In each round every server runs once, in turn; the "
-        "table gives medians over the rounds, and each ratio is the median of the ratios "
-        "measured within a round.",
-        "",
-        "| server | concurrency | req/s | output tok/s | TTFT p50 ms | TTFT p99 ms "
-        "| ITL p50 ms | ITL p99 ms | req/s vs vllm serve | req/s vs vllm serve, same engine "
-        "| NIXL read share |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| server | concurrency | req/s | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms "
+        "| ITL p99 ms | "
+        + "".join(f"req/s vs {names[a]} | " for a in anchors)
+        + "NIXL read share |",
+        "|---|" + "---:|" * (8 + len(anchors)),
     ]
     top = max(r["concurrency"] for r in rows if r["server"] == ANCHOR)
     for r in rows:
         end = suffix(r["concurrency"], top)
-        ratio = [
+        ratios = [
             1.0 if r["server"] == anchor else result.get(
                 f"{slug(r['server'])}_vs_{anchor}_rps_ratio{end}", float("nan"))
-            for anchor in ANCHORS
+            for anchor in anchors
         ]  # fmt: skip
         share = f"{100 * r['nixl_read_share']:.2f} %" if "nixl_read_share" in r else ""
         lines.append(
             f"| {r['server']} | {r['concurrency']} | {r['requests_per_s']:.2f} | "
             f"{r['output_tokens_per_s']:.1f} | {r['ttft_ms_p50']:.1f} | {r['ttft_ms_p99']:.1f} "
-            f"| {r['itl_ms_p50']:.2f} | {r['itl_ms_p99']:.2f} | {ratio[0]:.2f} | {ratio[1]:.2f} "
-            f"| {share} |"
+            f"| {r['itl_ms_p50']:.2f} | {r['itl_ms_p99']:.2f} | "
+            + "".join(f"{ratio:.2f} | " for ratio in ratios)
+            + f"{share} |"
         )
-    lines += ["", *(f"![{label}]({image})" for label, image in figures), ""]
-    notes = path.parent / "benchmarks-notes.md"
-    if notes.exists():
-        lines += [notes.read_text()]
+    return lines
+
+
+def setting(result: dict, what: str) -> str:
+    return (
+        f"Written by `make bench` on {result['when']} ({result['machine']}). Model: "
+        f"{result['model']}; {result['requests']} streaming chat requests per level, {what} "
+        f"each, {result['max_tokens']} tokens each, greedy. Every level has "
+        "requests of its own (no prefix or media cache hits across levels), after a warm-up "
+        "burst of its own. The client runs on the same machine. "
+        f"Rounds: {result['rounds']}. In each round every server runs once, in turn; the "
+        "table gives medians over the rounds, and each ratio is the median of the ratios "
+        "measured within a round."
+    )
+
+
+def write_doc(path: Path, results: dict[str, dict]) -> None:
+    """The latest result of each load, images first (with the notes written beside it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["# Benchmarks: Prism against `vllm serve`", ""]
+    if image := results.get("image"):
+        lines += [setting(image, "one 64x48 image"), "", *table(image), ""]
+        lines += [*plots(path, image["rows"]), ""]
+        notes = path.parent / "benchmarks-notes.md"
+        if notes.exists():
+            lines += [notes.read_text()]
+    if video := results.get("video"):
+        clip = (
+            f"one {VIDEO_FRAMES}-frame 64x48 MP4 video (MPEG-4, {VIDEO_FPS:g} frames a "
+            "second, every frame taken by the model's video loader)"
+        )
+        lines += ["## Video load", "", setting(video, clip), "", *table(video), ""]
+    if video and video["resent"]:
+        lines += [
+            "**A video sent again.** Each of "
+            f"{video['resent'][0]['requests']} new videos sent twice, one request at a time, "
+            "each sending under its own question asked before the video (so the second "
+            "shares no prompt prefix with the first past the chat template's); time to "
+            "first token, p50:",
+            "",
+            "| server | first sending, ms | sent again, ms |",
+            "|---|---:|---:|",
+            *(
+                f"| {r['server']} | {r['ttft_ms_p50_first']:.1f} | {r['ttft_ms_p50_repeat']:.1f} |"
+                for r in video["resent"]
+            ),
+            "",
+        ]
     path.write_text("\n".join(lines))
 
 
@@ -392,7 +490,11 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,8,32")
     parser.add_argument("--requests", type=int, default=256, help="per concurrency level")
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--out", default="bench/results/latest.json")
+    parser.add_argument("--load", choices=tuple(RESULTS), default="image")
+    parser.add_argument(
+        "--repeats", type=int, default=16, help="video load: videos sent twice (cache hits)"
+    )
+    parser.add_argument("--out", type=Path, help="default: bench/results/<load>.json")
     parser.add_argument("--doc", default="docs/benchmarks.md")
     parser.add_argument("--profile", type=Path, help="write py-spy flame graphs here")
     parser.add_argument("--rounds", type=int, default=1,
@@ -407,35 +509,56 @@ def main() -> None:
         out = {}
         for level, concurrency in enumerate(levels):
             first = round_ * 10_000_000 + (level + 1) * 100_000
-            warm_up = requests(args.model, range(first, first + concurrency), args.max_tokens)
+            warm_up = requests(
+                args.model, range(first, first + concurrency), args.max_tokens, args.load
+            )
             first += concurrency
-            load = requests(args.model, range(first, first + args.requests), args.max_tokens)
+            load = requests(
+                args.model, range(first, first + args.requests), args.max_tokens, args.load
+            )
             out[concurrency] = (warm_up, load)
         return out
 
+    def pairs(round_: int) -> list[list[dict]]:
+        first = round_ * 10_000_000 + 9_000_000
+        return repeats(args.model, range(first, first + args.repeats), args.max_tokens, args.load)
+
     logs = Path(tempfile.mkdtemp(prefix="prism-bench-"))
-    starters = [
-        lambda: start_vllm(args.model, logs / "vllm-serve.log", 8),
-        lambda: start_vllm(args.model, logs / "vllm-serve-uni.log", 8, same_engine=True),
-    ]
+    # The same caps as a Prism mesh's defaults (--max-images 8, --max-videos 4).
+    limits = {"image": 8} if args.load == "image" else {"image": 8, "video": 4}
+    starters = [lambda: start_vllm(args.model, logs / "vllm-serve.log", limits)]
+    if args.load == "image":
+        starters.append(
+            lambda: start_vllm(args.model, logs / "vllm-serve-uni.log", limits, same_engine=True)
+        )
     starters += [
         lambda mode=mode: start_prism(mode, args.model, logs / f"{slug(mode)}.log")
         for mode in args.modes.split(",")
     ]
     rounds: list[list[dict]] = []
+    resent: list[list[dict]] = []
     for round_ in range(args.rounds):
         profile = args.profile if round_ == args.rounds - 1 else None
         rows: list[dict] = []
+        resends: list[dict] = []
         for start in starters:
             server = start()
             try:
                 rows += run_server(server, loads(round_), profile)
+                if args.load == "video" and args.repeats:
+                    row = asyncio.run(resend(server.base_url, pairs(round_)))
+                    resends.append(row | {"server": server.name})
+                    first, again = row["ttft_ms_p50_first"], row["ttft_ms_p50_repeat"]
+                    print(f"{server.name:>10} resent: TTFT p50 {first:.1f} ms first, "
+                          f"{again:.1f} ms again", flush=True)  # fmt: skip
             finally:
                 for stop in server.stop:
                     stop()
         rounds.append(rows)
+        resent.append(resends)
     rows = medians(rounds)
     result = {
+        "load": args.load,
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "model": args.model,
@@ -443,11 +566,14 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "rounds": args.rounds,
         "rows": rows,
+        "resent": medians(resent) if resent[0] else [],
         **median_ratios(rounds),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    write_doc(Path(args.doc), result)
+    out = args.out or RESULTS[args.load]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    shown = {load: json.loads(path.read_text()) for load, path in RESULTS.items() if path.exists()}
+    write_doc(Path(args.doc), shown | {args.load: result})
     print(json.dumps({k: round(v, 3) for k, v in median_ratios(rounds).items()}, indent=2))
     print(f"logs in {logs}")
 
