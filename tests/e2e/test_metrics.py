@@ -44,10 +44,11 @@ def test_metrics_follow_the_requests(mesh):
         assert grown(stage, f"prism_prompt_tokens_total{labels}") == prompt
         assert grown(stage, f"prism_time_to_first_token_seconds_count{labels}") == 2
         assert grown(stage, f"prism_request_duration_seconds_count{labels}") == 2
-        # One gap per token after each request's first reply, which holds one token unless
-        # the engine got ahead of its reader.
+        # One gap per token after each request's first reply. That reply holds at least one
+        # token, and more as the engine gets ahead of its reader, which only timing decides
+        # (test_observability counts a reply of several tokens exactly).
         between = grown(stage, f"prism_inter_token_latency_seconds_count{labels}")
-        assert completion - 4 <= between <= completion - 2
+        assert between <= completion - 2
         assert mesh.metrics(stage)[f"prism_requests_in_flight{labels}"] == 0
         assert mesh.metrics(stage)[f"prism_requests_waiting{labels}"] == 0
     if "encoder" in roles:
