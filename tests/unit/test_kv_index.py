@@ -1,0 +1,161 @@
+"""The KV index against vLLM's own block pool: the events vLLM emits for a prompt it
+cached make the index hold exactly the blocks that `prompt_keys` names for that prompt,
+with the media at the same places, and nothing for other media or places."""
+
+from __future__ import annotations
+
+import pytest
+from vllm import SamplingParams
+from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+from vllm.utils.hashing import sha256
+from vllm.v1.core.block_pool import BlockPool
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.request import Request
+
+from prism.kv_index import KvIndex, MediaSpan, prompt_keys, rendezvous
+
+BLOCK = 4
+IMAGE_TOKEN = 99
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _none_hash() -> None:
+    init_none_hash(sha256)
+
+
+def prompt(
+    before: int, media: list[tuple[str, int]], after: int
+) -> tuple[list[int], list[MediaSpan]]:
+    """Token ids with each (identifier, tokens) item's placeholders, text between."""
+    tokens = list(range(1, before + 1))
+    spans = []
+    for identifier, length in media:
+        spans.append(MediaSpan(identifier, len(tokens), length))
+        tokens += [IMAGE_TOKEN] * length + [7]
+    return tokens + list(range(50, 50 + after)), spans
+
+
+def cached_by_vllm(pool: BlockPool, tokens: list[int], spans: list[MediaSpan]) -> list:
+    """Has vLLM's block pool cache the prompt's full blocks; its events."""
+    features = [
+        MultiModalFeatureSpec(
+            data=None,
+            modality="image",
+            identifier=span.identifier,
+            mm_position=PlaceholderRange(offset=span.offset, length=span.length),
+        )
+        for span in spans
+    ]
+    request = Request(
+        f"r{len(tokens)}-{id(spans)}",
+        tokens,
+        SamplingParams(max_tokens=1),
+        None,
+        mm_features=features,
+        block_hasher=get_request_block_hasher(BLOCK, sha256),
+    )
+    full = len(tokens) // BLOCK
+    blocks = pool.get_new_blocks(full)
+    pool.cache_full_blocks(request, blocks, 0, full, BLOCK, 0)
+    pool.free_blocks(blocks)
+    return pool.take_events()
+
+
+def feed(index: KvIndex, replica: str, events: list) -> None:
+    for event in events:
+        if type(event).__name__ == "BlockStored":
+            media = [[tuple(key) for key in keys or ()] for keys in event.extra_keys or []]
+            assert index.stored(
+                replica, event.block_hashes, event.parent_block_hash, event.token_ids,
+                event.block_size, media,
+            )  # fmt: skip
+        elif type(event).__name__ == "BlockRemoved":
+            index.removed(replica, event.block_hashes)
+        else:
+            index.drop(replica)
+
+
+def new_pool(blocks: int = 64) -> BlockPool:
+    return BlockPool(
+        blocks, enable_caching=True, hash_block_size=BLOCK, enable_kv_cache_events=True
+    )
+
+
+def test_a_prompt_vllm_cached_is_held_whole_and_its_prefix_shared():
+    index = KvIndex()
+    tokens, spans = prompt(5, [("cat", 6)], 9)
+    feed(index, "a", cached_by_vllm(new_pool(), tokens, spans))
+    keys = prompt_keys(tokens, spans, BLOCK)
+    assert len(keys) == len(tokens) // BLOCK
+    assert index.overlaps(keys, ["a", "b"]) == {"a": len(keys), "b": 0}
+    assert index.size("a") == len(keys)
+    # A longer prompt that starts the same way: the blocks they share are held.
+    longer, longer_spans = prompt(5, [("cat", 6)], 30)
+    assert index.overlaps(prompt_keys(longer, longer_spans, BLOCK), ["a"])["a"] == len(keys)
+    # One that differs in its 15th token: its first three blocks.
+    changed = [*tokens[:14], 1000, *tokens[15:]]
+    assert index.overlaps(prompt_keys(changed, spans, BLOCK), ["a"])["a"] == 3
+
+
+def test_a_different_image_at_the_same_place_never_matches():
+    index = KvIndex()
+    tokens, spans = prompt(4, [("cat", 8)], 8)
+    feed(index, "a", cached_by_vllm(new_pool(), tokens, spans))
+    other, other_spans = prompt(4, [("dog", 8)], 8)
+    assert other == tokens
+    # The first block is text alone; from the image's first block on, nothing matches.
+    assert index.overlaps(prompt_keys(other, other_spans, BLOCK), ["a"]) == {"a": 1}
+
+
+def test_the_same_image_at_another_place_does_not_match_its_blocks():
+    index = KvIndex()
+    tokens, spans = prompt(4, [("cat", 8)], 8)
+    feed(index, "a", cached_by_vllm(new_pool(), tokens, spans))
+    shifted, shifted_spans = prompt(6, [("cat", 8)], 6)
+    assert index.overlaps(prompt_keys(shifted, shifted_spans, BLOCK), ["a"]) == {"a": 1}
+
+
+def test_two_images_in_one_block_and_one_across_blocks_match_as_vllm_hashed_them():
+    index = KvIndex()
+    tokens, spans = prompt(3, [("a", 1), ("b", 9), ("c", 2)], 5)
+    feed(index, "x", cached_by_vllm(new_pool(), tokens, spans))
+    keys = prompt_keys(tokens, spans, BLOCK)
+    assert index.overlaps(keys, ["x"]) == {"x": len(keys)}
+    swapped = [MediaSpan("c", spans[2].offset, 2) if s.identifier == "c" else s for s in spans]
+    swapped[0] = MediaSpan("z", spans[0].offset, 1)
+    assert index.overlaps(prompt_keys(tokens, swapped, BLOCK), ["x"]) == {"x": 0}
+
+
+def test_evicted_blocks_leave_the_index_and_a_cleared_replica_holds_nothing():
+    index = KvIndex()
+    pool = new_pool(blocks=5)  # Room for four blocks: the next prompt evicts the first.
+    first, first_spans = prompt(8, [], 8)
+    feed(index, "a", cached_by_vllm(pool, first, first_spans))
+    feed(index, "b", cached_by_vllm(new_pool(), first, first_spans))
+    first_keys = prompt_keys(first, first_spans, BLOCK)
+    second = [t + 1000 for t in first]
+    feed(index, "a", cached_by_vllm(pool, second, []))
+    assert index.overlaps(first_keys, ["a", "b"]) == {"a": 0, "b": 4}
+    assert index.overlaps(prompt_keys(second, [], BLOCK), ["a", "b"]) == {"a": 4, "b": 0}
+    assert pool.reset_prefix_cache()
+    feed(index, "a", pool.take_events())
+    assert index.size("a") == 0 and index.size("b") == 4
+    index.drop("b")
+    assert index.overlaps(first_keys, ["a", "b"]) == {"a": 0, "b": 0}
+
+
+def test_blocks_after_an_unknown_parent_are_refused():
+    index = KvIndex()
+    assert not index.stored("a", [b"h2"], b"h1", [1, 2, 3, 4], BLOCK, [])
+    assert index.size("a") == 0
+
+
+def test_rendezvous_gives_each_key_one_owner_and_moves_only_a_leavers_keys():
+    encoders = ["e1:1", "e2:1", "e3:1"]
+    owners = {key: rendezvous(key, encoders)[0] for key in map(str, range(300))}
+    assert set(owners.values()) == set(encoders)
+    assert all(rendezvous(key, reversed(encoders))[0] == o for key, o in owners.items())
+    left = [e for e in encoders if e != "e2:1"]
+    for key, owner in owners.items():
+        now = rendezvous(key, left)[0]
+        assert now == owner if owner != "e2:1" else now in left
