@@ -5,8 +5,9 @@ A block is keyed the way vLLM's prefix cache tells blocks apart: by every token 
 and in it, and by the media items whose tokens it holds, each as its identifier (Prism's
 content hash, which workers give vLLM as the item's uuid) and its offset from the block's
 start. Prism chains its own keys rather than reproduce vLLM's hash (its function, seed and
-encoding are vLLM's to change); each replica's events name blocks by vLLM's hash, which
-the index maps to its own key of the same block.
+encoding are vLLM's to change): a worker keys the blocks its engine's events name by
+vLLM's hash (`EngineBlocks`) and sends the keys; the processor's `KvIndex` holds every
+replica's keys.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import hashlib
 from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # A media item's share of one block: its identifier and where it starts, counted from the
 # block's first token (negative when it began in an earlier block).
@@ -62,71 +63,104 @@ def prompt_keys(token_ids: Sequence[int], media: Sequence[MediaSpan], block_size
     return keys
 
 
-@dataclass
-class _Replica:
-    # vLLM's hash of each block held -> Prism's key of it.
-    keys: dict[EngineHash, int] = field(default_factory=dict)
-    # Prism's keys held, and by how many of vLLM's blocks (a block may be stored again).
-    held: Counter[int] = field(default_factory=Counter)
-
-
-class KvIndex:
-    """Every replica's cached blocks, and which replicas hold each block."""
+class EngineBlocks:
+    """One engine's cached blocks as Prism's keys, from its KV events: the worker keeps
+    it and sends the keys, so that the processor's index needs neither tokens nor vLLM's
+    hashes."""
 
     def __init__(self) -> None:
-        self._replicas: dict[str, _Replica] = {}
-        self._holders: dict[int, set[str]] = {}
+        # vLLM's hash of each block held -> Prism's key of it.
+        self._keys: dict[EngineHash, int] = {}
+        # Prism's keys held, and by how many of vLLM's blocks (one may be stored again).
+        self._held: Counter[int] = Counter()
+        # Blocks refused for a parent not held.
+        self.orphans = 0
 
     def stored(
         self,
-        replica: str,
         hashes: Sequence[EngineHash],
         parent: EngineHash | None,
         token_ids: Sequence[int],
         block_size: int,
         media: Sequence[Sequence[MediaKey]],
-    ) -> bool:
-        """Blocks that `replica` cached: vLLM's `hashes` of consecutive blocks whose tokens
+    ) -> list[int]:
+        """Blocks the engine cached: vLLM's `hashes` of consecutive blocks whose tokens
         are `token_ids`, after the block vLLM hashed `parent` (None at the prompt's start),
-        with each block's `media` (empty, or one entry per block). False if the parent is
-        not known: the blocks cannot be placed, and the caller should resynchronize."""
-        state = self._replicas.setdefault(replica, _Replica())
+        with each block's `media` (empty, or one entry per block). Returns the keys newly
+        held. Blocks after a parent not held cannot be keyed, and are left out."""
         if parent is None:
             key = _ROOT
-        elif parent in state.keys:
-            key = state.keys[parent]
+        elif parent in self._keys:
+            key = self._keys[parent]
         else:
-            return False
+            self.orphans += len(hashes)
+            return []
+        new = []
         for i, engine_hash in enumerate(hashes):
             tokens = token_ids[i * block_size : (i + 1) * block_size]
             key = block_key(key, tokens, media[i] if media else ())
-            if engine_hash in state.keys:
+            if engine_hash in self._keys:
                 continue
-            state.keys[engine_hash] = key
-            state.held[key] += 1
-            if state.held[key] == 1:
-                self._holders.setdefault(key, set()).add(replica)
-        return True
+            self._keys[engine_hash] = key
+            self._held[key] += 1
+            if self._held[key] == 1:
+                new.append(key)
+        return new
 
-    def removed(self, replica: str, hashes: Iterable[EngineHash]) -> None:
-        """Blocks that `replica` evicted."""
-        state = self._replicas.get(replica)
-        if state is None:
-            return
+    def removed(self, hashes: Iterable[EngineHash]) -> list[int]:
+        """Blocks the engine evicted; returns the keys no longer held."""
+        gone = []
         for engine_hash in hashes:
-            key = state.keys.pop(engine_hash, None)
+            key = self._keys.pop(engine_hash, None)
             if key is None:
                 continue
-            state.held[key] -= 1
-            if not state.held[key]:
-                del state.held[key]
+            self._held[key] -= 1
+            if not self._held[key]:
+                del self._held[key]
+                gone.append(key)
+        return gone
+
+    def cleared(self) -> None:
+        """The engine dropped its whole prefix cache."""
+        self._keys.clear()
+        self._held.clear()
+
+    def keys(self) -> list[int]:
+        """Every key held."""
+        return list(self._held)
+
+
+class KvIndex:
+    """Which replicas hold each block key, from what each replica's worker sends."""
+
+    def __init__(self) -> None:
+        self._replicas: dict[str, set[int]] = {}
+        self._holders: dict[int, set[str]] = {}
+
+    def update(self, replica: str, stored: Iterable[int], removed: Iterable[int]) -> None:
+        held = self._replicas.setdefault(replica, set())
+        for key in removed:
+            if key in held:
+                held.discard(key)
                 self._release(key, replica)
+        for key in stored:
+            if key not in held:
+                held.add(key)
+                self._holders.setdefault(key, set()).add(replica)
+
+    def receive(
+        self, replica: str, snapshot: bool, stored: Iterable[int], removed: Iterable[int]
+    ) -> None:
+        """A message of `replica`'s worker (KvEventsService): a `snapshot` of every key it
+        holds, or keys it evicted and then stored."""
+        if snapshot:
+            self.drop(replica)
+            self._replicas[replica] = set()
+        self.update(replica, stored, removed)
 
     def drop(self, replica: str) -> None:
-        """Forgets all that `replica` holds: it cleared its cache, left, or will send a
-        snapshot."""
-        state = self._replicas.pop(replica, None)
-        for key in state.held if state else ():
+        """Forgets all that `replica` holds: it left, or its events were lost."""
+        for key in self._replicas.pop(replica, ()):
             self._release(key, replica)
 
     def _release(self, key: int, replica: str) -> None:
@@ -136,9 +170,8 @@ class KvIndex:
             del self._holders[key]
 
     def size(self, replica: str) -> int:
-        """How many distinct blocks `replica` holds."""
-        state = self._replicas.get(replica)
-        return len(state.held) if state else 0
+        """How many blocks `replica` holds."""
+        return len(self._replicas.get(replica, ()))
 
     def overlaps(self, keys: Sequence[int], replicas: Iterable[str]) -> dict[str, int]:
         """For each of `replicas`, how many of the prompt's first blocks (`keys`) it holds

@@ -103,6 +103,15 @@ NIXL_READ_SECONDS = Histogram(
 )
 
 
+KV_BLOCKS_HELD = Gauge(
+    "prism_kv_blocks_held", "Blocks this worker's prefix cache holds, as its KV events tell"
+)
+KV_EVENT_RESYNCS = Counter(
+    "prism_kv_event_resyncs",
+    "Times KV events were lost past the engine's replay buffer and the view started over",
+)
+
+
 class RequestTimer:
     """Times one streamed request from its replies (messages with `token_ids` and, on the
     last, `usage`): in flight, waiting, time to first token, between tokens, end to end."""

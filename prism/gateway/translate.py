@@ -263,11 +263,12 @@ def stream_options(body: dict) -> bool:
     return _bool(options, "include_usage")
 
 
-def usage(value: common_pb2.Usage) -> dict[str, int]:
+def usage(value: common_pb2.Usage) -> dict[str, Any]:
     return {
         "prompt_tokens": value.prompt_tokens,
         "completion_tokens": value.completion_tokens,
         "total_tokens": value.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": value.cached_tokens},
     }
 
 

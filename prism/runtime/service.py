@@ -66,6 +66,7 @@ class Service:
         self._add_to_server = getattr(generated, f"add_{descriptor.name}Servicer_to_server")
         self._servicer = getattr(generated, f"{descriptor.name}Servicer")()
         self._batches: list[multiplex.Server] = []
+        self._on_drain: list[Callable[[], None]] = []
 
     def stream(
         self, name: str, handler: StreamHandler, admit: bool = True, timed: bool = False
@@ -120,10 +121,16 @@ class Service:
     def add_to_server(self, server: grpc.aio.Server) -> None:
         self._add_to_server(self._servicer, server)
 
+    def on_drain(self, callback: Callable[[], None]) -> None:
+        """Runs `callback` on drain too: a service of streams without end ends them."""
+        self._on_drain.append(callback)
+
     def drain(self) -> None:
         """Batched streams take no new calls and end once theirs are done."""
         for batches in self._batches:
             batches.drain()
+        for callback in self._on_drain:
+            callback()
 
     async def _run(
         self, method: _Method, request: Any, metadata: Mapping[str, str], emit: Emit

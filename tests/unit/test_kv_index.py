@@ -1,6 +1,7 @@
 """The KV index against vLLM's own block pool: the events vLLM emits for a prompt it
-cached make the index hold exactly the blocks that `prompt_keys` names for that prompt,
-with the media at the same places, and nothing for other media or places."""
+cached, keyed by the worker and sent to the processor's index, make it hold exactly the
+blocks that `prompt_keys` names for that prompt, with the media at the same places, and
+nothing for other media or places."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.request import Request
 
-from prism.kv_index import KvIndex, MediaSpan, prompt_keys, rendezvous
+from prism.kv_index import EngineBlocks, KvIndex, MediaSpan, prompt_keys, rendezvous
+from prism.services.worker.kv_events import changes
 
 BLOCK = 4
 IMAGE_TOKEN = 99
@@ -61,18 +63,17 @@ def cached_by_vllm(pool: BlockPool, tokens: list[int], spans: list[MediaSpan]) -
     return pool.take_events()
 
 
-def feed(index: KvIndex, replica: str, events: list) -> None:
-    for event in events:
-        if type(event).__name__ == "BlockStored":
-            media = [[tuple(key) for key in keys or ()] for keys in event.extra_keys or []]
-            assert index.stored(
-                replica, event.block_hashes, event.parent_block_hash, event.token_ids,
-                event.block_size, media,
-            )  # fmt: skip
-        elif type(event).__name__ == "BlockRemoved":
-            index.removed(replica, event.block_hashes)
-        else:
-            index.drop(replica)
+class Workers:
+    """Replicas' workers keying their engine's events (one EngineBlocks each) and the
+    processor's index of what they send."""
+
+    def __init__(self) -> None:
+        self.index = KvIndex()
+        self.blocks: dict[str, EngineBlocks] = {}
+
+    def feed(self, replica: str, events: list) -> None:
+        for change in changes(self.blocks.setdefault(replica, EngineBlocks()), events):
+            self.index.receive(replica, change.snapshot, change.stored, change.removed)
 
 
 def new_pool(blocks: int = 64) -> BlockPool:
@@ -82,9 +83,10 @@ def new_pool(blocks: int = 64) -> BlockPool:
 
 
 def test_a_prompt_vllm_cached_is_held_whole_and_its_prefix_shared():
-    index = KvIndex()
+    workers = Workers()
+    index = workers.index
     tokens, spans = prompt(5, [("cat", 6)], 9)
-    feed(index, "a", cached_by_vllm(new_pool(), tokens, spans))
+    workers.feed("a", cached_by_vllm(new_pool(), tokens, spans))
     keys = prompt_keys(tokens, spans, BLOCK)
     assert len(keys) == len(tokens) // BLOCK
     assert index.overlaps(keys, ["a", "b"]) == {"a": len(keys), "b": 0}
@@ -98,9 +100,10 @@ def test_a_prompt_vllm_cached_is_held_whole_and_its_prefix_shared():
 
 
 def test_a_different_image_at_the_same_place_never_matches():
-    index = KvIndex()
+    workers = Workers()
+    index = workers.index
     tokens, spans = prompt(4, [("cat", 8)], 8)
-    feed(index, "a", cached_by_vllm(new_pool(), tokens, spans))
+    workers.feed("a", cached_by_vllm(new_pool(), tokens, spans))
     other, other_spans = prompt(4, [("dog", 8)], 8)
     assert other == tokens
     # The first block is text alone; from the image's first block on, nothing matches.
@@ -108,17 +111,19 @@ def test_a_different_image_at_the_same_place_never_matches():
 
 
 def test_the_same_image_at_another_place_does_not_match_its_blocks():
-    index = KvIndex()
+    workers = Workers()
+    index = workers.index
     tokens, spans = prompt(4, [("cat", 8)], 8)
-    feed(index, "a", cached_by_vllm(new_pool(), tokens, spans))
+    workers.feed("a", cached_by_vllm(new_pool(), tokens, spans))
     shifted, shifted_spans = prompt(6, [("cat", 8)], 6)
     assert index.overlaps(prompt_keys(shifted, shifted_spans, BLOCK), ["a"]) == {"a": 1}
 
 
 def test_two_images_in_one_block_and_one_across_blocks_match_as_vllm_hashed_them():
-    index = KvIndex()
+    workers = Workers()
+    index = workers.index
     tokens, spans = prompt(3, [("a", 1), ("b", 9), ("c", 2)], 5)
-    feed(index, "x", cached_by_vllm(new_pool(), tokens, spans))
+    workers.feed("x", cached_by_vllm(new_pool(), tokens, spans))
     keys = prompt_keys(tokens, spans, BLOCK)
     assert index.overlaps(keys, ["x"]) == {"x": len(keys)}
     swapped = [MediaSpan("c", spans[2].offset, 2) if s.identifier == "c" else s for s in spans]
@@ -127,27 +132,28 @@ def test_two_images_in_one_block_and_one_across_blocks_match_as_vllm_hashed_them
 
 
 def test_evicted_blocks_leave_the_index_and_a_cleared_replica_holds_nothing():
-    index = KvIndex()
+    workers = Workers()
+    index = workers.index
     pool = new_pool(blocks=5)  # Room for four blocks: the next prompt evicts the first.
     first, first_spans = prompt(8, [], 8)
-    feed(index, "a", cached_by_vllm(pool, first, first_spans))
-    feed(index, "b", cached_by_vllm(new_pool(), first, first_spans))
+    workers.feed("a", cached_by_vllm(pool, first, first_spans))
+    workers.feed("b", cached_by_vllm(new_pool(), first, first_spans))
     first_keys = prompt_keys(first, first_spans, BLOCK)
     second = [t + 1000 for t in first]
-    feed(index, "a", cached_by_vllm(pool, second, []))
+    workers.feed("a", cached_by_vllm(pool, second, []))
     assert index.overlaps(first_keys, ["a", "b"]) == {"a": 0, "b": 4}
     assert index.overlaps(prompt_keys(second, [], BLOCK), ["a", "b"]) == {"a": 4, "b": 0}
     assert pool.reset_prefix_cache()
-    feed(index, "a", pool.take_events())
+    workers.feed("a", pool.take_events())
     assert index.size("a") == 0 and index.size("b") == 4
     index.drop("b")
     assert index.overlaps(first_keys, ["a", "b"]) == {"a": 0, "b": 0}
 
 
-def test_blocks_after_an_unknown_parent_are_refused():
-    index = KvIndex()
-    assert not index.stored("a", [b"h2"], b"h1", [1, 2, 3, 4], BLOCK, [])
-    assert index.size("a") == 0
+def test_blocks_after_a_parent_not_held_are_left_out():
+    blocks = EngineBlocks()
+    assert blocks.stored([b"h2"], b"h1", [1, 2, 3, 4], BLOCK, []) == []
+    assert blocks.orphans == 1 and blocks.keys() == []
 
 
 def test_rendezvous_gives_each_key_one_owner_and_moves_only_a_leavers_keys():

@@ -66,7 +66,7 @@ class Replay:
     async def run(self, request_id, prompt_ids, media, sampling, call, migration_limit=0):
         self.requests.append((request_id, prompt_ids))
         self.media.append(media)
-        usage = engine_pb2.PromptUsage(prompt_tokens=len(prompt_ids))
+        usage = engine_pb2.PromptUsage(prompt_tokens=len(prompt_ids), cached_tokens=1)
         yield engine_pb2.GenerateResponse(token_ids=self.answer[:1], first=usage)
         for token in self.answer[1:]:
             yield engine_pb2.GenerateResponse(token_ids=[token])
@@ -107,6 +107,7 @@ def test_complete_answers_text_and_usage(tokenizer):
     usage = replies[-1].usage
     assert (usage.prompt_tokens, usage.completion_tokens) == (len(prompt), len(pipeline.answer))
     assert usage.total_tokens == len(prompt) + len(pipeline.answer)
+    assert usage.cached_tokens == 1
 
 
 def test_chat_applies_the_template_and_bad_requests_fail_before_any_work(tokenizer):

@@ -147,8 +147,11 @@ def test_stream_options():
 def test_finish_reasons_and_usage():
     assert translate.finish_reason(common_pb2.FINISH_REASON_LENGTH) == "length"
     assert translate.finish_reason(common_pb2.FINISH_REASON_UNSPECIFIED) is None
-    usage = common_pb2.Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7)
-    assert translate.usage(usage) == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
+    usage = common_pb2.Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7, cached_tokens=2)
+    assert translate.usage(usage) == {
+        "prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
+        "prompt_tokens_details": {"cached_tokens": 2},
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(

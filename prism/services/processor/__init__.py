@@ -35,7 +35,7 @@ from prism.sampling import to_vllm
 from prism.services.processor.detokenize import Detokenizer
 from prism.services.processor.failover import Call
 from prism.services.processor.pipeline import Pipeline
-from prism.stage.v1 import encoder_pb2
+from prism.stage.v1 import encoder_pb2, engine_pb2
 from prism.v1 import common_pb2, errors_pb2, inference_pb2, inference_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -282,7 +282,8 @@ class InferenceServicer:
         replies = self.pipeline.run(
             request_id, prompt_ids, media, sampling, call, self.migration_limit
         )
-        prompt_tokens = len(prompt_ids)
+        # What the engine made of the prompt, once its first reply says.
+        prompt_usage = engine_pb2.PromptUsage(prompt_tokens=len(prompt_ids))
 
         def response(text: str, token_ids: list[int], finish_reason: int, **usage) -> Response:
             return response_type(
@@ -297,13 +298,13 @@ class InferenceServicer:
         try:
             async for reply in replies:
                 if reply.HasField("first"):
-                    prompt_tokens = reply.first.prompt_tokens
+                    prompt_usage = reply.first
                 delta = detokenizer.update(list(reply.token_ids), reply.last.reason)
                 if not delta.finished:
                     if delta.text or delta.token_ids:
                         yield response(delta.text, delta.token_ids, delta.finish_reason)
                     continue
-                usage = _usage(prompt_tokens, detokenizer.sent)
+                usage = _usage(prompt_usage, detokenizer.sent)
                 yield response(delta.text, delta.token_ids, delta.finish_reason, usage=usage)
                 if reply.HasField("last"):
                     # The stage ends its stream after its last reply: read to that end, so
@@ -314,7 +315,7 @@ class InferenceServicer:
         except asyncio.CancelledError:
             if not call.aborted:
                 raise
-            usage = _usage(prompt_tokens, detokenizer.sent)
+            usage = _usage(prompt_usage, detokenizer.sent)
             yield response("", [], common_pb2.FINISH_REASON_ABORT, usage=usage)
             return
         except grpc.aio.AioRpcError as exc:
@@ -344,11 +345,12 @@ class InferenceServicer:
         return inference_pb2.AbortResponse(aborted=True)
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> common_pb2.Usage:
+def _usage(prompt: engine_pb2.PromptUsage, completion_tokens: int) -> common_pb2.Usage:
     return common_pb2.Usage(
-        prompt_tokens=prompt_tokens,
+        prompt_tokens=prompt.prompt_tokens,
         completion_tokens=completion_tokens,
-        total_tokens=prompt_tokens + completion_tokens,
+        total_tokens=prompt.prompt_tokens + completion_tokens,
+        cached_tokens=prompt.cached_tokens,
     )
 
 

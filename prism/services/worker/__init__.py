@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import tempfile
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from uuid import uuid4
 
 import grpc
@@ -31,6 +33,7 @@ from prism.rpc import PrismError, invalid
 from prism.runtime.service import Service
 from prism.runtime.stage import Stage
 from prism.services.worker.engine import start_engine
+from prism.services.worker.kv_events import KvEvents
 from prism.services.worker.roles import MODALITIES, Role, embeddings_input, make_role
 from prism.stage.v1 import encoder_pb2, engine_pb2, engine_pb2_grpc
 from prism.tracing import tracer
@@ -274,8 +277,15 @@ class EngineServicer:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="prism-worker-") as directory:
+        await _serve(args, Path(directory))
+
+
+async def _serve(args: argparse.Namespace, directory: Path) -> None:
     stage = Stage(args, EngineRole(args.role).mesh_role)
-    engine = start_engine(args)
+    # Roles that prefill tell what their prefix cache holds; decode is routed by load.
+    kv_events = KvEvents(directory) if args.role != EngineRole.DECODE else None
+    engine = start_engine(args, kv_events.config() if kv_events else None)
     role = make_role(args.role, engine, args.kv_lease_s)
     reads_embeddings = args.enable_mm_embeds or role.reads_embeddings
     transfer = open_transfer(args.transfer, args.pool_mib * 2**20) if reads_embeddings else None
@@ -289,13 +299,18 @@ async def serve(args: argparse.Namespace) -> None:
     )
     if args.role != EngineRole.AGGREGATED:
         log.info("worker (%s) KV side channel on %s:%d", args.role, args.kv_host, args.kv_port)
+    services, tasks = [servicer.service], [servicer.watch]
+    if kv_events is not None:
+        kv_events.engine = engine
+        services.append(kv_events.service)
+        tasks.append(kv_events.read)
     try:
         await stage.serve(
-            [servicer.service],
+            services,
             modes_served(args.role, args.enable_mm_embeds),
             collectors,
             in_flight=servicer.in_flight,
-            tasks=[servicer.watch],
+            tasks=tasks,
         )
     finally:
         engine.shutdown()

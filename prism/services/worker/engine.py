@@ -10,7 +10,7 @@ import os
 
 import psutil
 from vllm import AsyncEngineArgs
-from vllm.config import KVTransferConfig
+from vllm.config import KVEventsConfig, KVTransferConfig
 from vllm.platforms import current_platform
 from vllm.usage.usage_lib import UsageContext
 from vllm.utils.ompmultiprocessing import OMPProcessManager
@@ -29,10 +29,11 @@ log = logging.getLogger(__name__)
 _EMBEDS_ROLES = (EngineRole.PREFILL, EngineRole.DECODE)
 
 
-def start_engine(args: argparse.Namespace) -> AsyncLLM:
-    """The worker's engine, started, at the priority `--engine-nice` gives it."""
+def start_engine(args: argparse.Namespace, kv_events: KVEventsConfig | None = None) -> AsyncLLM:
+    """The worker's engine, started, at the priority `--engine-nice` gives it, publishing
+    its KV events as `kv_events` says."""
     _configure(args)
-    engine = _async_llm(engine_args(args))
+    engine = _async_llm(engine_args(args, kv_events))
     niceness = args.engine_nice
     if niceness is None:
         niceness = 10 if current_platform.is_cpu() else 0
@@ -56,7 +57,9 @@ def _configure(args: argparse.Namespace) -> None:
         args.dtype = "float32"
 
 
-def engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
+def engine_args(
+    args: argparse.Namespace, kv_events: KVEventsConfig | None = None
+) -> AsyncEngineArgs:
     disaggregated = args.role != EngineRole.AGGREGATED
     kv_config = (
         KVTransferConfig(
@@ -70,6 +73,7 @@ def engine_args(args: argparse.Namespace) -> AsyncEngineArgs:
     return AsyncEngineArgs(
         enable_mm_embeds=args.enable_mm_embeds or args.role in _EMBEDS_ROLES,
         kv_transfer_config=kv_config,
+        kv_events_config=kv_events,
         worker_extension_cls="prism.services.worker.engine_extension.EngineExtension",
         model=args.model,
         served_model_name=args.served_model_name or None,
