@@ -285,7 +285,7 @@ async def _serve(args: argparse.Namespace, directory: Path) -> None:
     stage = Stage(args, EngineRole(args.role).mesh_role)
     # Roles that prefill tell what their prefix cache holds; decode is routed by load.
     kv_events = KvEvents(directory) if args.role != EngineRole.DECODE else None
-    engine = start_engine(args, kv_events.config() if kv_events else None)
+    engine = start_engine(args, directory, kv_events.config() if kv_events else None)
     role = make_role(args.role, engine, args.kv_lease_s)
     reads_embeddings = args.enable_mm_embeds or role.reads_embeddings
     transfer = open_transfer(args.transfer, args.pool_mib * 2**20) if reads_embeddings else None

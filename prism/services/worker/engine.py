@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import logging
 import os
+from pathlib import Path
 
 import psutil
 from vllm import AsyncEngineArgs
@@ -29,10 +30,13 @@ log = logging.getLogger(__name__)
 _EMBEDS_ROLES = (EngineRole.PREFILL, EngineRole.DECODE)
 
 
-def start_engine(args: argparse.Namespace, kv_events: KVEventsConfig | None = None) -> AsyncLLM:
-    """The worker's engine, started, at the priority `--engine-nice` gives it, publishing
-    its KV events as `kv_events` says."""
-    _configure(args)
+def start_engine(
+    args: argparse.Namespace, sockets: Path, kv_events: KVEventsConfig | None = None
+) -> AsyncLLM:
+    """The worker's engine, started, at the priority `--engine-nice` gives it, with its
+    local sockets in `sockets` (the worker's own directory), publishing its KV events as
+    `kv_events` says."""
+    _configure(args, sockets)
     engine = _async_llm(engine_args(args, kv_events))
     niceness = args.engine_nice
     if niceness is None:
@@ -43,10 +47,13 @@ def start_engine(args: argparse.Namespace, kv_events: KVEventsConfig | None = No
     return engine
 
 
-def _configure(args: argparse.Namespace) -> None:
+def _configure(args: argparse.Namespace, sockets: Path) -> None:
     """What vLLM reads from the environment when the engine starts, and the dtype: the KV
-    cache size on the CPU, and the NIXL side channel of a disaggregated role."""
+    cache size on the CPU, where its IPC sockets go, and the NIXL side channel of a
+    disaggregated role."""
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)
+    # vLLM leaves its sockets in the temporary directory; in the worker's, they go with it.
+    os.environ["VLLM_RPC_BASE_PATH"] = str(sockets)
     if args.role != EngineRole.AGGREGATED:
         args.kv_host = args.kv_host or registry.advertise_host(args)
         args.kv_port = args.kv_port or free_port(args.kv_host)
