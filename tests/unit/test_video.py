@@ -2,6 +2,7 @@
 
 import asyncio
 import base64
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -20,6 +21,17 @@ def test_accepted_videos(container, mime, codec):
     checked = check_video(video(1, container=container), VideoLimits(), "v")
     assert (checked.mime_type, checked.codec) == (mime, codec)
     assert (checked.width, checked.height, checked.frames, checked.fps) == (64, 48, 16, 8.0)
+
+
+def test_vp9_in_webm_is_accepted(tmp_path):
+    path = str(tmp_path / "v.webm")
+    writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"VP90"), 8, (64, 48))
+    assert writer.isOpened()
+    for i in range(6):
+        writer.write(np.full((48, 64, 3), 40 * i, np.uint8))
+    writer.release()
+    checked = check_video(Path(path).read_bytes(), VideoLimits(), "v")
+    assert (checked.mime_type, checked.codec, checked.frames) == ("video/webm", "VP9", 6)
 
 
 def _mjpeg_in_matroska(tmp_path) -> bytes:
