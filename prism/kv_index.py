@@ -129,6 +129,9 @@ class EngineBlocks:
         """Every key held."""
         return list(self._held)
 
+    def __len__(self) -> int:
+        return len(self._held)
+
 
 class KvIndex:
     """Which replicas hold each block key, from what each replica's worker sends."""

@@ -111,7 +111,7 @@ class KvEvents:
         """One batch of the engine's events, sent on to subscribers."""
         for change in changes(self.blocks, events):
             self._send(change)
-        telemetry.KV_BLOCKS_HELD.set(len(self.blocks.keys()))
+        telemetry.KV_BLOCKS_HELD.set(len(self.blocks))
 
     async def read(self, server: Server) -> None:
         """Reads the engine's events for as long as the worker serves (a stage task)."""
