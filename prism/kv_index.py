@@ -188,13 +188,3 @@ class KvIndex:
             for replica in active:
                 matched[replica] = depth + 1
         return matched
-
-
-def rendezvous(key: str, candidates: Iterable[str]) -> list[str]:
-    """`candidates` in the order that `key` prefers them (rendezvous hashing): each key has
-    one owner while the candidates stay, and a candidate that leaves moves only its keys."""
-
-    def weight(candidate: str) -> bytes:
-        return hashlib.blake2b(f"{key}\0{candidate}".encode(), digest_size=8).digest()
-
-    return sorted(candidates, key=weight, reverse=True)

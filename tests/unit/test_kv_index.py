@@ -13,7 +13,7 @@ from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.request import Request
 
-from prism.kv_index import EngineBlocks, KvIndex, MediaSpan, prompt_keys, rendezvous
+from prism.kv_index import EngineBlocks, KvIndex, MediaSpan, prompt_keys
 from prism.services.worker.kv_events import changes
 
 BLOCK = 4
@@ -154,14 +154,3 @@ def test_blocks_after_a_parent_not_held_are_left_out():
     blocks = EngineBlocks()
     assert blocks.stored([b"h2"], b"h1", [1, 2, 3, 4], BLOCK, []) == []
     assert blocks.orphans == 1 and blocks.keys() == []
-
-
-def test_rendezvous_gives_each_key_one_owner_and_moves_only_a_leavers_keys():
-    encoders = ["e1:1", "e2:1", "e3:1"]
-    owners = {key: rendezvous(key, encoders)[0] for key in map(str, range(300))}
-    assert set(owners.values()) == set(encoders)
-    assert all(rendezvous(key, reversed(encoders))[0] == o for key, o in owners.items())
-    left = [e for e in encoders if e != "e2:1"]
-    for key, owner in owners.items():
-        now = rendezvous(key, left)[0]
-        assert now == owner if owner != "e2:1" else now in left
