@@ -42,10 +42,10 @@ def test_each_next_turn_finds_its_start_in_the_cache_it_was_sent_to(kv_mesh):
     size = block_size(kv_mesh)
     client = openai.OpenAI(base_url=kv_mesh.base_url, api_key="unused", max_retries=0)
     # Five: an odd number, so that round-robin would send each next turn to the other worker.
-    conversations = [[2000 + c * 97 + (i * 13) % 400 for i in range(3 * size)] for c in range(5)]
+    conversations = [[100 + c * 97 + (i * 13) % 400 for i in range(3 * size)] for c in range(5)]
     for turn in range(3):
         for c, start in enumerate(conversations):
-            prompt = [*start, 3000 + c, 3100 + turn]
+            prompt = [*start, 1000 + c, 1100 + turn]
             reply = client.completions.create(model=kv_mesh.model, prompt=prompt, max_tokens=2)
             if turn:
                 # Its start's three blocks, held by the worker it went to the first time.
