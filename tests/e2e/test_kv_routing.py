@@ -20,8 +20,25 @@ WORKERS = ["worker-0", "worker-1"]
 def kv_mesh(models, tmp_path_factory):
     mesh = start_mesh("llava", "epd", models["llava"], tmp_path_factory.mktemp("kv"), workers=2,
                       routing="kv")  # fmt: skip
-    yield mesh
-    mesh.stop()
+    try:
+        # The mesh serves once one worker does: until the processor follows both workers'
+        # caches and routes to both (a prompt shorter than a block is routed by load alone).
+        client = openai.OpenAI(base_url=mesh.base_url, api_key="unused", max_retries=0)
+        assert wait_for(lambda: all(
+            mesh.metric("processor", "prism_kv_snapshots_total", replica=mesh.address(w))
+            for w in WORKERS
+        ))  # fmt: skip
+        assert wait_for(lambda: client.completions.create(
+            model=mesh.model, prompt=[5, 6, 7], max_tokens=1
+        ) and all(served(mesh, w) for w in WORKERS))  # fmt: skip
+        yield mesh
+    finally:
+        mesh.stop()
+
+
+def served(mesh, worker: str) -> float:
+    """Requests the engine of `worker` has finished."""
+    return mesh.metric(worker, "vllm:request_success_total")
 
 
 def block_size(mesh) -> int:
