@@ -169,6 +169,13 @@ def _routing_arg(parser: argparse.ArgumentParser) -> None:
         choices=POLICIES,
         help="how the processor picks among the replicas of a stage",
     )
+    parser.add_argument(
+        "--kv-overlap-weight",
+        type=float,
+        default=1.0,
+        help="--routing kv: what computing one prompt block costs, where one prompt block "
+        "of a call in flight on the replica costs 1",
+    )
 
 
 def _forwarded_registry_args(args: argparse.Namespace) -> list[str]:
@@ -354,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
                 prefill_workers=args.prefill_workers,
                 decode_workers=args.decode_workers,
                 routing=args.routing,
+                kv_overlap_weight=args.kv_overlap_weight,
                 fetch_allow=args.fetch_allow,
                 max_in_flight=args.max_in_flight,
                 request_timeout=args.request_timeout,

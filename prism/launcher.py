@@ -91,6 +91,8 @@ class MeshConfig:
     prefill_workers: int = 1
     decode_workers: int = 1
     routing: str = "round-robin"
+    # `kv` routing: the cost of one prompt block to compute, against one of load.
+    kv_overlap_weight: float = 1.0
     # Hosts or networks that image URLs may reach although not public (processor, encoder).
     fetch_allow: list[str] = field(default_factory=list)
     # The processor's bound on requests in flight (every stage has one; see --max-in-flight).
@@ -178,7 +180,8 @@ def plan(config: MeshConfig) -> list[Stage]:
         "processor",
         config.host,
         [*prism, "processor", *common, *fetch, *embeds, "--mode", config.mode,
-         "--routing", config.routing, "--max-in-flight", str(config.max_in_flight),
+         "--routing", config.routing, "--kv-overlap-weight", str(config.kv_overlap_weight),
+         "--max-in-flight", str(config.max_in_flight),
          *peers(by_role)],
     )  # fmt: skip
     base_url = f"http://{config.host}:{config.http_port}"

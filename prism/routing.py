@@ -1,9 +1,13 @@
 """Which replica of a role gets the next call.
 
-Policies: `round-robin` (each role's replicas in turn), `random`, and `least-loaded`
-(fewest requests in flight: the larger of what the replica last reported through
-`LoadService` and what this process has open on it). Replicas whose health probe or last
-call failed are skipped while any other is left.
+Policies: `round-robin` (each role's replicas in turn), `random`, `least-loaded` (fewest
+requests in flight: the larger of what the replica last reported through `LoadService` and
+what this process has open on it), and `kv`: the replica whose prefix cache already holds
+most of the prompt (prism.kv_index, fed by the workers' KV events), at a cost of
+`overlap_weight` times the prompt blocks it would compute + the prompt blocks of the calls
+open on it, as Dynamo's KV router weighs them; roles without a prefix cache to score
+(decode, encoders) go by load. Replicas whose health probe or last call failed are
+skipped while any other is left.
 """
 
 from __future__ import annotations
@@ -13,20 +17,29 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 
 import grpc
 
+from prism import telemetry
+from prism.kv_index import KvIndex
+from prism.modes import MeshRole
 from prism.registry import Registry
 from prism.rpc import PrismError
 
-POLICIES = ("round-robin", "random", "least-loaded")
+POLICIES = ("round-robin", "random", "least-loaded", "kv")
+# Roles that `kv` routes by their prefix cache: those that compute the prompt.
+CACHE_ROLES = (MeshRole.WORKER, MeshRole.PREFILL)
 
 
 class Router:
     def __init__(
-        self, registry: Registry, policy: str = "round-robin", rng: random.Random | None = None
+        self,
+        registry: Registry,
+        policy: str = "round-robin",
+        rng: random.Random | None = None,
+        overlap_weight: float = 1.0,
     ):
         if policy not in POLICIES:
             raise ValueError(
@@ -41,32 +54,60 @@ class Router:
         self._failed_at: dict[str, float] = {}
         self._reported: dict[str, int] = {}
         self._open: collections.Counter[str] = collections.Counter()
+        # `kv`: what each replica's prefix cache holds, its block size (0 until a worker
+        # tells it), and the prompt blocks of the calls open on each replica.
+        self.index = KvIndex()
+        self.block_size = 0
+        self.overlap_weight = overlap_weight
+        self._blocks: collections.Counter[str] = collections.Counter()
 
-    def pick(self, role: str, exclude: Collection[str] = ()) -> str:
+    def pick(self, role: str, exclude: Collection[str] = (), keys: Sequence[int] = ()) -> str:
+        """A replica of `role` for a call; `keys`, the prompt's block keys, where `kv`
+        routes by them."""
         candidates = [a for a in self.registry.endpoints(role) if a not in exclude]
         if not candidates:
             raise PrismError(grpc.StatusCode.UNAVAILABLE, f"no {role} is available")
         # A replica believed down may have come back; try one only when none is up.
         candidates = [a for a in candidates if a not in self._down] or candidates
+        telemetry.ROUTING_DECISIONS.labels(self.policy, role).inc()
         if self.policy == "random":
             return self._rng.choice(candidates)
         turn = next(self._turns[role])
-        if self.policy == "least-loaded":
+        if self.policy == "kv" and role in CACHE_ROLES:
+            candidates = self._by_cache(candidates, keys)
+        elif self.policy in ("least-loaded", "kv"):
             lowest = min(map(self.load, candidates))
             candidates = [a for a in candidates if self.load(a) == lowest]
         return candidates[turn % len(candidates)]
+
+    def _by_cache(self, candidates: list[str], keys: Sequence[int]) -> list[str]:
+        """The candidates of least cost for a prompt of block `keys`."""
+        matched = self.index.overlaps(keys, candidates)
+
+        def cost(address: str) -> float:
+            computed = len(keys) - matched[address]
+            return self.overlap_weight * computed + self._blocks[address]
+
+        lowest = min(map(cost, candidates))
+        cheapest = [a for a in candidates if cost(a) == lowest]
+        if keys:
+            telemetry.ROUTING_OVERLAP.observe(max(matched[a] for a in cheapest) / len(keys))
+        return cheapest
 
     def load(self, address: str) -> int:
         return max(self._reported.get(address, 0), self._open[address])
 
     @contextmanager
-    def using(self, address: str) -> Iterator[None]:
-        """Counts a call open on `address` for as long as the block runs."""
+    def using(self, address: str, blocks: int = 0) -> Iterator[None]:
+        """Counts a call open on `address`, of a prompt of `blocks` blocks, for as long as
+        the block runs."""
         self._open[address] += 1
+        self._blocks[address] += blocks
         try:
             yield
         finally:
             self._open[address] -= 1
+            self._blocks[address] -= blocks
 
     def report(
         self,

@@ -112,6 +112,27 @@ KV_EVENT_RESYNCS = Counter(
 )
 
 
+ROUTING_DECISIONS = Counter(
+    "prism_routing_decisions", "Replicas picked for calls, by policy and role", ["policy", "role"]
+)
+ROUTING_OVERLAP = Histogram(
+    "prism_routing_overlap",
+    "kv routing: share of the prompt's blocks the picked replica held",
+    buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0),
+)
+KV_INDEX_BLOCKS = Gauge(
+    "prism_kv_index_blocks", "Blocks the processor knows each replica holds", ["replica"]
+)
+KV_EVENTS_RECEIVED = Counter(
+    "prism_kv_events_received", "Blocks stored or evicted that workers reported", ["replica"]
+)
+KV_SNAPSHOTS = Counter(
+    "prism_kv_snapshots",
+    "Snapshots a worker sent: one per subscription, more after a loss (a resynchronization)",
+    ["replica"],
+)
+
+
 class RequestTimer:
     """Times one streamed request from its replies (messages with `token_ids` and, on the
     last, `usage`): in flight, waiting, time to first token, between tokens, end to end."""

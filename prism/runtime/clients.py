@@ -63,7 +63,7 @@ class Peers:
         probed_at = time.monotonic()
         serving = await rpc.is_serving(channel)
         in_flight = None
-        if serving and self.router.policy == "least-loaded":
+        if serving and self.router.policy in ("least-loaded", "kv"):
             try:
                 load = await load_pb2_grpc.LoadServiceStub(channel).GetLoad(
                     load_pb2.GetLoadRequest(), timeout=1.0

@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from prism import rpc
+from prism.kv_index import prompt_keys
 from prism.media import LoadedImage, PromptMedia
 from prism.modes import MODES
 from prism.ports import free_port
@@ -48,6 +49,33 @@ def test_random_spreads_over_every_replica():
     r = router("random", worker=["a:1", "b:1", "c:1"])
     counts = collections.Counter(r.pick("worker") for _ in range(300))
     assert set(counts) == {"a:1", "b:1", "c:1"} and min(counts.values()) > 60
+
+
+def test_kv_sends_a_prompt_where_its_blocks_are_and_weighs_them_against_load():
+    r = router("kv", worker=["a:1", "b:1"], decode=["d:1", "e:1"])
+    keys = prompt_keys(list(range(40)), [], 8)  # Five blocks.
+    r.index.receive("b:1", True, keys[:3], [])
+    assert [r.pick("worker", keys=keys) for _ in range(3)] == ["b:1"] * 3
+    # b would compute two blocks, a five: b until its open calls outweigh the three it saves.
+    with r.using("b:1", blocks=3):
+        assert r.pick("worker", keys=keys) == "b:1"  # 2 + 3 against 5: a tie, taken in turn
+        assert r.pick("worker", keys=keys) == "a:1"
+    with r.using("b:1", blocks=4):
+        assert r.pick("worker", keys=keys) == "a:1"
+    r.overlap_weight = 2.0  # Computing counts double: b's saving is worth 6.
+    with r.using("b:1", blocks=5):
+        assert r.pick("worker", keys=keys) == "b:1"
+    # A prompt that shares nothing: by load, in turn where equal.
+    other = prompt_keys(list(range(100, 140)), [], 8)
+    assert {r.pick("worker", keys=other) for _ in range(2)} == {"a:1", "b:1"}
+    # A replica excluded or gone from the index is scored as holding nothing.
+    assert r.pick("worker", exclude=["b:1"], keys=keys) == "a:1"
+    r.index.drop("b:1")
+    with r.using("b:1", blocks=1):
+        assert r.pick("worker", keys=keys) == "a:1"
+    # Decode has no prefix cache to score: least loaded.
+    r.report("d:1", True, in_flight=3)
+    assert r.pick("decode", keys=keys) == "e:1"
 
 
 def test_least_loaded_follows_reports_and_open_calls():

@@ -63,12 +63,17 @@ class ModelInputs:
     # Client image embeddings: their geometry, or None where the server does not take them.
     embeddings: Geometry | None = None
     embeddings_enabled: bool = False
+    # The token ids that stand for an image or a video in a templated prompt.
+    placeholders: frozenset[int] = frozenset()
 
     @classmethod
     def of(cls, model: str, enable_mm_embeds: bool) -> ModelInputs:
         config = AutoConfig.from_pretrained(model)
         video = getattr(config, "video_token_id", None) is not None
-        return cls(video, Geometry.of(config) if enable_mm_embeds else None, enable_mm_embeds)
+        names = ("image_token_id", "image_token_index", "video_token_id")
+        placeholders = {getattr(config, name, None) for name in names} - {None}
+        geometry = Geometry.of(config) if enable_mm_embeds else None
+        return cls(video, geometry, enable_mm_embeds, frozenset(placeholders))
 
 
 @dataclass
@@ -369,7 +374,9 @@ async def serve(args: argparse.Namespace) -> None:
     served_model = args.served_model_name or args.model
     for role in deployed.roles:
         await stage.registry.watch(role, discovery_tags(served_model, deployed.name))
-    pipeline = Pipeline(deployed, Router(stage.registry, args.routing))
+    inputs = ModelInputs.of(args.model, args.enable_mm_embeds)
+    router = Router(stage.registry, args.routing, overlap_weight=args.kv_overlap_weight)
+    pipeline = Pipeline(deployed, router, inputs.placeholders)
     loader = MediaLoader(media_policy(args))
     servicer = InferenceServicer(
         AutoTokenizer.from_pretrained(args.model),
@@ -379,7 +386,7 @@ async def serve(args: argparse.Namespace) -> None:
         args.max_model_len or context_length(args.model),
         args.max_in_flight,
         args.migration_limit,
-        ModelInputs.of(args.model, args.enable_mm_embeds),
+        inputs,
     )
 
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -91,13 +91,16 @@ class Failover:
         call: Call,
         start: Callable[[str], grpc.aio.Call | multiplex.Call],
         retry_gone: bool = True,
+        keys: Sequence[int] = (),
+        blocks: int = 0,
     ) -> AsyncIterator:
         """The replies of the call `start(address)` makes to a replica of `role` (one for a
-        unary call). If the replica turns out to be full, or gone (with `retry_gone`),
-        before its first reply, tries once more on another one."""
+        unary call), for a prompt of `blocks` blocks whose `keys` kv routing knows. If the
+        replica turns out to be full, or gone (with `retry_gone`), before its first reply,
+        tries once more on another one."""
         tried: list[str] = []
         while True:
-            address = self.router.pick(role, exclude=tried)
+            address = self.router.pick(role, exclude=tried, keys=keys)
             channel = self.peers.channel(address)
             if channel.get_state(try_to_connect=True) != grpc.ChannelConnectivity.READY:
                 # A replica that came up (or back) moments ago may still be in its channel's
@@ -107,7 +110,7 @@ class Failover:
                     await asyncio.wait_for(channel.channel_ready(), _CONNECT_S)
             replied = False
             try:
-                with self.router.using(address):
+                with self.router.using(address, blocks):
                     stage_call = call.track(start(address), address)
                     try:
                         if isinstance(stage_call, grpc.aio.UnaryUnaryCall):

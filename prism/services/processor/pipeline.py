@@ -9,16 +9,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence, Set
 
 import grpc
 
 from prism import rpc
+from prism.kv_index import prompt_keys
 from prism.media import PromptMedia
 from prism.modes import MeshRole, Mode
 from prism.routing import Router
 from prism.rpc import PrismError, multiplex
 from prism.runtime.clients import GENERATE, Peers
+from prism.services.processor.cache_watch import CacheWatch
 from prism.services.processor.failover import Call, Failover
 from prism.stage.v1 import encoder_pb2, encoder_pb2_grpc, engine_pb2, engine_pb2_grpc
 from prism.v1 import common_pb2, errors_pb2
@@ -27,17 +29,27 @@ log = logging.getLogger(__name__)
 
 
 class Pipeline:
-    def __init__(self, mode: Mode, router: Router) -> None:
+    def __init__(self, mode: Mode, router: Router, placeholders: Set[int] = frozenset()) -> None:
+        """`placeholders`: the token ids that stand for an image or a video in a prompt."""
         self.mode = mode
         self.router = router
+        self.placeholders = placeholders
         self.peers = Peers(router)
         self.failover = Failover(self.peers)
         # Releases of prefill KV still in flight (kept referenced until done).
         self._releases: set[asyncio.Task] = set()
+        # `kv` routing: the prefix caches of the role that computes prompts.
+        self._prompt_role = MeshRole.PREFILL if mode.disaggregated else MeshRole.WORKER
+        self.cache_watch = (
+            CacheWatch(self.peers, self._prompt_role) if router.policy == "kv" else None
+        )
 
     async def ready(self) -> bool:
         """Probes every replica of every role of the mode (health, and load when routing
-        by it); True when each role has at least one serving replica."""
+        by it), and follows the prefix caches of those that compute prompts when routing
+        by them; True when each role has at least one serving replica."""
+        if self.cache_watch is not None:
+            self.cache_watch.refresh()
         ready = True
         for role in self.mode.roles:
             probes = [self.peers.probe(a) for a in self.router.registry.endpoints(role)]
@@ -47,6 +59,8 @@ class Pipeline:
     async def close(self) -> None:
         for task in list(self._releases):
             await task
+        if self.cache_watch is not None:
+            await self.cache_watch.close()
         await self.peers.close()
 
     def run(
@@ -106,16 +120,31 @@ class Pipeline:
             return self._prefill_then_decode(request, call)
         return self._generate(MeshRole.WORKER, request, call)
 
+    def _keys(self, prompt_ids: Sequence[int]) -> list[int]:
+        """The keys of the prompt's blocks that `kv` routing can know: those before its
+        first image or video, whose tokens the engine lays out itself."""
+        if self.cache_watch is None or not self.router.block_size:
+            return []
+        end = next((i for i, t in enumerate(prompt_ids) if t in self.placeholders), None)
+        return prompt_keys(prompt_ids[:end], [], self.router.block_size)
+
     def _generate(
         self, role: MeshRole, request: engine_pb2.GenerateRequest, call: Call
     ) -> AsyncIterator[engine_pb2.GenerateResponse]:
         def start(address: str) -> multiplex.Call:
             return self.peers.batched(address, GENERATE).call(request, rpc.call_metadata())
 
+        keys: list[int] = []
+        blocks = 0
+        if role == self._prompt_role and self.cache_watch is not None:
+            keys = self._keys(request.prompt_token_ids)
+            blocks = -(-len(request.prompt_token_ids) // max(self.router.block_size, 1))
         # A decode that died may have read the prefill's KV, which prefill then freed: a
         # second decode could read reused blocks. The request migrates instead, prefilled
         # again.
-        return self.failover.on_replica(role, call, start, retry_gone=role != MeshRole.DECODE)
+        return self.failover.on_replica(
+            role, call, start, retry_gone=role != MeshRole.DECODE, keys=keys, blocks=blocks
+        )
 
     async def _prefill_then_decode(
         self, request: engine_pb2.GenerateRequest, call: Call

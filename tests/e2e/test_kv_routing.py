@@ -1,0 +1,88 @@
+"""`--routing kv` on two aggregated workers: each conversation's next turn goes to the worker
+whose prefix cache holds its start, so the engine serves those blocks from its cache; a
+worker that dies leaves the processor's index and the rest serve on."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import openai
+import pytest
+from conftest import start_mesh, wait_for
+
+from prism.stage.v1 import kv_events_pb2, kv_events_pb2_grpc
+
+WORKERS = ["worker-0", "worker-1"]
+
+
+@pytest.fixture(scope="module")
+def kv_mesh(models, tmp_path_factory):
+    mesh = start_mesh("llava", "epd", models["llava"], tmp_path_factory.mktemp("kv"), workers=2,
+                      routing="kv")  # fmt: skip
+    try:
+        # The mesh serves once one worker does: until the processor follows both workers'
+        # caches and routes to both (a prompt shorter than a block is routed by load alone).
+        client = openai.OpenAI(base_url=mesh.base_url, api_key="unused", max_retries=0)
+        assert wait_for(lambda: all(
+            mesh.metric("processor", "prism_kv_snapshots_total", replica=mesh.address(w))
+            for w in WORKERS
+        ))  # fmt: skip
+        assert wait_for(lambda: client.completions.create(
+            model=mesh.model, prompt=[5, 6, 7], max_tokens=1
+        ) and all(served(mesh, w) for w in WORKERS))  # fmt: skip
+        yield mesh
+    finally:
+        mesh.stop()
+
+
+def served(mesh, worker: str) -> float:
+    """Requests the engine of `worker` has finished."""
+    return mesh.metric(worker, "vllm:request_success_total")
+
+
+def block_size(mesh) -> int:
+    stub = kv_events_pb2_grpc.KvEventsServiceStub(mesh.channel(WORKERS[0]))
+    call = stub.Subscribe(kv_events_pb2.SubscribeRequest(), timeout=30)
+    try:
+        return next(call).block_size
+    finally:
+        call.cancel()
+
+
+def index_blocks(mesh, worker: str) -> float:
+    address = mesh.address(worker)
+    return mesh.metric("processor", "prism_kv_index_blocks", replica=address)
+
+
+def test_each_next_turn_finds_its_start_in_the_cache_it_was_sent_to(kv_mesh):
+    size = block_size(kv_mesh)
+    client = openai.OpenAI(base_url=kv_mesh.base_url, api_key="unused", max_retries=0)
+    # Five: an odd number, so that round-robin would send each next turn to the other worker.
+    conversations = [[100 + c * 97 + (i * 13) % 400 for i in range(3 * size)] for c in range(5)]
+    for turn in range(3):
+        for c, start in enumerate(conversations):
+            prompt = [*start, 1000 + c, 1100 + turn]
+            reply = client.completions.create(model=kv_mesh.model, prompt=prompt, max_tokens=2)
+            if turn:
+                # Its start's three blocks, held by the worker it went to the first time.
+                assert reply.usage.prompt_tokens_details.cached_tokens >= 3 * size
+        # The processor learns what the workers cached from their events, not at once.
+        assert wait_for(
+            lambda: sum(index_blocks(kv_mesh, w) for w in WORKERS) >= 3 * len(conversations)
+        )
+    # The conversations spread over both workers (each new one goes where load is least).
+    assert all(index_blocks(kv_mesh, w) >= 3 for w in WORKERS)
+    assert kv_mesh.metric("processor", "prism_routing_decisions_total", policy="kv") >= 15
+
+
+def test_a_worker_that_dies_leaves_the_index_and_the_other_serves(kv_mesh):
+    assert wait_for(lambda: index_blocks(kv_mesh, "worker-1") > 0) or pytest.skip(
+        "worker-1 holds nothing to lose"
+    )
+    os.killpg(kv_mesh.mesh.stage("worker-1").process.pid, signal.SIGKILL)
+    assert wait_for(lambda: index_blocks(kv_mesh, "worker-1") == 0)
+    client = openai.OpenAI(base_url=kv_mesh.base_url, api_key="unused", max_retries=0)
+    for i in range(4):
+        reply = client.completions.create(model=kv_mesh.model, prompt=f"Count {i}", max_tokens=2)
+        assert reply.choices[0].finish_reason == "length"
