@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass
 
 # A media item's share of one block: its identifier and where it starts, counted from the
@@ -44,6 +44,33 @@ def block_key(parent: int, token_ids: Sequence[int], media: Sequence[MediaKey]) 
     for identifier, offset in media:
         digest.update(f"\0{identifier}\0{offset}".encode())
     return int.from_bytes(digest.digest(), "little")
+
+
+def lay_out(
+    token_ids: Sequence[int],
+    placeholders: Set[int],
+    items: Mapping[int, Sequence[tuple[str, int]]],
+) -> tuple[list[int], list[MediaSpan]]:
+    """A prompt as the engine lays it out, as far as it can be known: each placeholder
+    token repeated for its item's tokens, as vLLM expands those of the families Prism
+    builds. `items` gives, for a modality's placeholder token, that modality's items in
+    prompt order as (identifier, token count); the prompt ends before a placeholder whose
+    item is not given."""
+    tokens: list[int] = []
+    spans: list[MediaSpan] = []
+    taken: Counter[int] = Counter()
+    for token in token_ids:
+        if token in placeholders:
+            known = items.get(token, ())
+            if taken[token] >= len(known):
+                break
+            identifier, length = known[taken[token]]
+            taken[token] += 1
+            spans.append(MediaSpan(identifier, len(tokens), length))
+            tokens += [token] * length
+        else:
+            tokens.append(token)
+    return tokens, spans
 
 
 def prompt_keys(token_ids: Sequence[int], media: Sequence[MediaSpan], block_size: int) -> list[int]:

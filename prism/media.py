@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import base64
 import binascii
+import hashlib
 import io
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,13 @@ from prism.video import MIME_TYPES as VIDEO_MIME_TYPES
 from prism.video import LoadedVideo, VideoLimits, check_video
 
 MIME_BY_FORMAT = {"JPEG": "image/jpeg", "PNG": "image/png", "WEBP": "image/webp"}
+
+
+def content_hash(data: bytes, factors: str = "") -> str:
+    """What a media item is, from its encoded bytes and whatever else shapes its embeddings
+    (`factors`: a video's frame sampling): the encoder's cache key, and the item's uuid in
+    every engine, so that a processor routing by prefix caches knows each item's blocks."""
+    return hashlib.sha256(f"{factors}\0".encode() + data).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import logging
 import threading
 import uuid
@@ -24,7 +23,7 @@ from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
 from prism import logs, rpc, telemetry
 from prism.cache import ByteLru
-from prism.media import MediaLoader, decode_image, media_policy
+from prism.media import MediaLoader, content_hash, decode_image, media_policy
 from prism.modes import modes_served
 from prism.rpc import invalid
 from prism.runtime.service import Service
@@ -119,7 +118,6 @@ class EncoderServicer:
 
     def __init__(
         self,
-        model_id: str,
         vision: VisionEncoder,
         agent: Transfer,
         loader: MediaLoader,
@@ -127,7 +125,6 @@ class EncoderServicer:
         lease_s: float,
         max_in_flight: int = 0,
     ):
-        self.model_id = model_id
         self.vision = vision
         self.agent = agent
         self.loader = loader
@@ -144,10 +141,9 @@ class EncoderServicer:
     def content_hash(self, modality: str, data: bytes) -> str:
         """The embedding cache key: what the item is and, for a video, how its frames are
         sampled."""
-        what = self.model_id.encode() + b"\0"
         if modality == "video" and self.vision.videos is not None:
-            what += f"video {sorted(self.vision.videos.kwargs.items())}\0".encode()
-        return hashlib.sha256(what + data).hexdigest()
+            return content_hash(data, f"video {sorted(self.vision.videos.kwargs.items())}")
+        return content_hash(data)
 
     def _encode_and_publish(
         self, request_id: str, modality: str, items: list[bytes]
@@ -238,9 +234,7 @@ async def serve(args: argparse.Namespace) -> None:
     agent = open_transfer(args.transfer, args.pool_mib * 2**20, args.lease_s)
     loader = MediaLoader(media_policy(args))
     cache: ByteLru[Embedding] = ByteLru(args.cache_mib * 2**20, size=lambda e: e.nbytes)
-    servicer = EncoderServicer(
-        args.model, vision, agent, loader, cache, args.lease_s, args.max_in_flight
-    )
+    servicer = EncoderServicer(vision, agent, loader, cache, args.lease_s, args.max_in_flight)
     collectors = [
         telemetry.transfer_collector(agent),
         telemetry.cache_collector("prism_embedding_cache", "Embedding", cache.stats),

@@ -1,6 +1,7 @@
 """Every worker that prefills tells what its prefix cache holds (KvEventsService): a
-prompt it ran is there, block by block, under the keys the processor computes for it, and
-the second time the engine serves those blocks from its cache."""
+prompt it ran is there, block by block, under the keys the processor computes for it (an
+image's blocks too, named by its content hash), and the second time the engine serves
+those blocks from its cache."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import threading
 import grpc
 import openai
 import pytest
-from conftest import wait_for
+from conftest import data_url, image_part, png, user, wait_for
+from transformers import AutoTokenizer
 
-from prism.kv_index import prompt_keys
+from prism.kv_index import lay_out, prompt_keys
+from prism.media import MediaPolicy, PromptMedia, check_image
+from prism.services.processor.inputs import ModelInputs
 from prism.stage.v1 import kv_events_pb2, kv_events_pb2_grpc
 
 
@@ -44,26 +48,61 @@ class Subscription:
         self._thread.join(timeout=10)
 
 
-def test_a_prompt_run_is_held_under_its_keys_and_served_from_the_cache_again(mesh):
+@pytest.fixture
+def subscriptions(mesh):
+    """A subscription to each worker that prefills, once each has sent its snapshot."""
     stages = [s for s in mesh.engine_stages if not s.startswith("decode")]
-    subscriptions = {stage: Subscription(mesh.channel(stage)) for stage in stages}
+    subscriptions = [Subscription(mesh.channel(stage)) for stage in stages]
     try:
-        assert wait_for(lambda: all(s.snapshots for s in subscriptions.values()))
-        block_size = next(iter(subscriptions.values())).block_size
-        assert block_size > 0
-        # Two full blocks and a part; token ids no other test sends.
-        prompt = [1000 + (i * 7) % 500 for i in range(2 * block_size + 3)]
-        keys = prompt_keys(prompt, [], block_size)
-        client = openai.OpenAI(base_url=mesh.base_url, api_key="unused", max_retries=0)
-        first = client.completions.create(model=mesh.model, prompt=prompt, max_tokens=2)
-        assert first.usage.prompt_tokens == len(prompt)
-        # The engine that ran it (of the role's replicas) holds its full blocks.
-        assert wait_for(lambda: any(set(keys) <= s.held for s in subscriptions.values()))
-        again = client.completions.create(model=mesh.model, prompt=prompt, max_tokens=2)
-        assert again.usage.prompt_tokens_details.cached_tokens == len(keys) * block_size
+        assert wait_for(lambda: all(s.snapshots for s in subscriptions))
+        assert subscriptions[0].block_size > 0
+        yield subscriptions
     finally:
-        for subscription in subscriptions.values():
+        for subscription in subscriptions:
             subscription.close()
+
+
+def test_a_prompt_run_is_held_under_its_keys_and_served_from_the_cache_again(mesh, subscriptions):
+    block_size = subscriptions[0].block_size
+    # Two full blocks and a part; token ids no other test sends.
+    prompt = [1000 + (i * 7) % 500 for i in range(2 * block_size + 3)]
+    keys = prompt_keys(prompt, [], block_size)
+    client = openai.OpenAI(base_url=mesh.base_url, api_key="unused", max_retries=0)
+    first = client.completions.create(model=mesh.model, prompt=prompt, max_tokens=2)
+    assert first.usage.prompt_tokens == len(prompt)
+    # The engine that ran it (of the role's replicas) holds its full blocks.
+    assert wait_for(lambda: any(set(keys) <= s.held for s in subscriptions))
+    again = client.completions.create(model=mesh.model, prompt=prompt, max_tokens=2)
+    assert again.usage.prompt_tokens_details.cached_tokens == len(keys) * block_size
+
+
+def test_an_images_blocks_are_held_under_the_keys_of_its_content(mesh, subscriptions):
+    block_size = subscriptions[0].block_size
+    text = " ".join(f"cache{i}" for i in range(block_size))
+    image = png(seed=31, size=(64, 48))
+    messages = user(text, image_part(data_url(image)), text)
+    # The processor's prompt, as it makes it: the chat template, then the image laid out.
+    tokenizer = AutoTokenizer.from_pretrained(mesh.model)
+    conversation = [{"role": "user", "content": [
+        {"type": "text", "text": text}, {"type": "image"}, {"type": "text", "text": text},
+    ]}]  # fmt: skip
+    template = tokenizer.apply_chat_template(
+        conversation, add_generation_prompt=True, tokenize=False
+    )
+    prompt = tokenizer.encode(template, add_special_tokens=False)
+    inputs = ModelInputs.of(mesh.model, enable_mm_embeds=False, count_tokens=True)
+    media = PromptMedia([check_image(image, MediaPolicy(), "image")])
+    tokens, spans = lay_out(prompt, inputs.placeholders, inputs.media_items(media))
+    keys = prompt_keys(tokens, spans, block_size)
+    # The image lies in a full block.
+    assert spans[0].offset + spans[0].length <= len(keys) * block_size
+
+    client = openai.OpenAI(base_url=mesh.base_url, api_key="unused", max_retries=0)
+    first = client.chat.completions.create(model=mesh.model, messages=messages, max_tokens=2)
+    assert first.usage.prompt_tokens == len(tokens)
+    assert wait_for(lambda: any(set(keys) <= s.held for s in subscriptions))
+    again = client.chat.completions.create(model=mesh.model, messages=messages, max_tokens=2)
+    assert again.usage.prompt_tokens_details.cached_tokens == len(keys) * block_size
 
 
 def test_decode_workers_serve_no_kv_events(mesh):

@@ -13,10 +13,12 @@ from vllm.distributed.kv_events import BlockStored
 
 from prism import rpc
 from prism.kv_index import prompt_keys
+from prism.media import PromptMedia
 from prism.modes import MODES
 from prism.ports import free_port
 from prism.registry import StaticRegistry
 from prism.routing import Router
+from prism.services.processor.inputs import ModelInputs
 from prism.services.processor.pipeline import Pipeline
 from prism.services.worker.kv_events import KvEvents
 
@@ -41,7 +43,7 @@ def test_the_processor_follows_a_workers_cache(tmp_path: Path):
         port = free_port()
         holder, idle = f"127.0.0.1:{port}", f"127.0.0.1:{free_port()}"
         registry = StaticRegistry({"worker": [idle, holder]})
-        pipeline = Pipeline(MODES["epd"], Router(registry, "kv"), placeholders={99})
+        pipeline = Pipeline(MODES["epd"], Router(registry, "kv"), ModelInputs(image_token=99))
         router, watch = pipeline.router, pipeline.cache_watch
         assert watch is not None
         server = await serve(kv, port)
@@ -54,11 +56,11 @@ def test_the_processor_follows_a_workers_cache(tmp_path: Path):
             )])  # fmt: skip
             await until(lambda: router.index.size(holder) == 2)
             assert router.block_size == BLOCK
-            keys = pipeline._keys(prompt)
+            keys = pipeline._keys(prompt, PromptMedia())
             assert keys == prompt_keys(prompt, [], BLOCK)
             assert [router.pick("worker", keys=keys) for _ in range(3)] == [holder] * 3
-            # Blocks after an image's placeholder are the engine's to lay out: not scored.
-            assert pipeline._keys([1, 2, 3, 4, 5, 99, 7, 8, 9]) == keys[:1]
+            # Blocks from an image whose tokens the processor cannot count are not scored.
+            assert pipeline._keys([1, 2, 3, 4, 5, 99, 7, 8, 9], PromptMedia()) == keys[:1]
             # The stream ends: what it said no longer counts.
             await server.server.stop(None)
             await until(lambda: router.index.size(holder) == 0)

@@ -20,10 +20,9 @@ from typing import TypeVar
 
 import grpc
 from opentelemetry import trace
-from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from prism import embeds, logs, rpc, telemetry
-from prism.embeds import Geometry
 from prism.media import MediaLoader, PromptMedia, media_policy
 from prism.modes import MeshRole, mode
 from prism.registry import discovery_tags
@@ -34,6 +33,7 @@ from prism.runtime.stage import Stage
 from prism.sampling import to_vllm
 from prism.services.processor.detokenize import Detokenizer
 from prism.services.processor.failover import Call
+from prism.services.processor.inputs import ModelInputs
 from prism.services.processor.pipeline import Pipeline
 from prism.stage.v1 import encoder_pb2, engine_pb2
 from prism.v1 import common_pb2, errors_pb2, inference_pb2, inference_pb2_grpc
@@ -53,27 +53,6 @@ _ROLE_NAMES = {
 Response = TypeVar("Response", inference_pb2.ChatResponse, inference_pb2.CompleteResponse)
 # A request's prompt: its token ids and its media.
 Prompt = tuple[list[int], PromptMedia]
-
-
-@dataclass(frozen=True)
-class ModelInputs:
-    """What the model takes besides text."""
-
-    video: bool = False
-    # Client image embeddings: their geometry, or None where the server does not take them.
-    embeddings: Geometry | None = None
-    embeddings_enabled: bool = False
-    # The token ids that stand for an image or a video in a templated prompt.
-    placeholders: frozenset[int] = frozenset()
-
-    @classmethod
-    def of(cls, model: str, enable_mm_embeds: bool) -> ModelInputs:
-        config = AutoConfig.from_pretrained(model)
-        video = getattr(config, "video_token_id", None) is not None
-        names = ("image_token_id", "image_token_index", "video_token_id")
-        placeholders = {getattr(config, name, None) for name in names} - {None}
-        geometry = Geometry.of(config) if enable_mm_embeds else None
-        return cls(video, geometry, enable_mm_embeds, frozenset(placeholders))
 
 
 @dataclass
@@ -374,9 +353,10 @@ async def serve(args: argparse.Namespace) -> None:
     served_model = args.served_model_name or args.model
     for role in deployed.roles:
         await stage.registry.watch(role, discovery_tags(served_model, deployed.name))
-    inputs = ModelInputs.of(args.model, args.enable_mm_embeds)
+    # `kv` routing keys the blocks of a prompt's images, which needs their token counts.
+    inputs = ModelInputs.of(args.model, args.enable_mm_embeds, count_tokens=args.routing == "kv")
     router = Router(stage.registry, args.routing, overlap_weight=args.kv_overlap_weight)
-    pipeline = Pipeline(deployed, router, inputs.placeholders)
+    pipeline = Pipeline(deployed, router, inputs)
     loader = MediaLoader(media_policy(args))
     servicer = InferenceServicer(
         AutoTokenizer.from_pretrained(args.model),

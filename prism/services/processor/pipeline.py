@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import AsyncIterator, Sequence, Set
+from collections.abc import AsyncIterator
 
 import grpc
 
 from prism import rpc
-from prism.kv_index import prompt_keys
+from prism.kv_index import lay_out, prompt_keys
 from prism.media import PromptMedia
 from prism.modes import MeshRole, Mode
 from prism.routing import Router
@@ -22,6 +22,7 @@ from prism.rpc import PrismError, multiplex
 from prism.runtime.clients import GENERATE, Peers
 from prism.services.processor.cache_watch import CacheWatch
 from prism.services.processor.failover import Call, Failover
+from prism.services.processor.inputs import ModelInputs
 from prism.stage.v1 import encoder_pb2, encoder_pb2_grpc, engine_pb2, engine_pb2_grpc
 from prism.v1 import common_pb2, errors_pb2
 
@@ -29,11 +30,10 @@ log = logging.getLogger(__name__)
 
 
 class Pipeline:
-    def __init__(self, mode: Mode, router: Router, placeholders: Set[int] = frozenset()) -> None:
-        """`placeholders`: the token ids that stand for an image or a video in a prompt."""
+    def __init__(self, mode: Mode, router: Router, inputs: ModelInputs | None = None) -> None:
         self.mode = mode
         self.router = router
-        self.placeholders = placeholders
+        self.inputs = inputs or ModelInputs()
         self.peers = Peers(router)
         self.failover = Failover(self.peers)
         # Releases of prefill KV still in flight (kept referenced until done).
@@ -116,38 +116,45 @@ class Pipeline:
         elif images or videos:
             request.files.images.extend(images)
             request.files.videos.extend(videos)
+        keys = self._keys(prompt_ids, media)
         if self.mode.disaggregated:
-            return self._prefill_then_decode(request, call)
-        return self._generate(MeshRole.WORKER, request, call)
+            return self._prefill_then_decode(request, call, keys)
+        return self._generate(MeshRole.WORKER, request, call, keys)
 
-    def _keys(self, prompt_ids: Sequence[int]) -> list[int]:
-        """The keys of the prompt's blocks that `kv` routing can know: those before its
-        first image or video, whose tokens the engine lays out itself."""
+    def _keys(self, prompt_ids: list[int], media: PromptMedia) -> list[int]:
+        """The keys of the prompt's blocks that `kv` routing can know: up to its first
+        item whose tokens the processor cannot count."""
         if self.cache_watch is None or not self.router.block_size:
             return []
-        end = next((i for i, t in enumerate(prompt_ids) if t in self.placeholders), None)
-        return prompt_keys(prompt_ids[:end], [], self.router.block_size)
+        tokens, spans = lay_out(
+            prompt_ids, self.inputs.placeholders, self.inputs.media_items(media)
+        )
+        return prompt_keys(tokens, spans, self.router.block_size)
 
     def _generate(
-        self, role: MeshRole, request: engine_pb2.GenerateRequest, call: Call
+        self,
+        role: MeshRole,
+        request: engine_pb2.GenerateRequest,
+        call: Call,
+        keys: list[int] | None = None,
     ) -> AsyncIterator[engine_pb2.GenerateResponse]:
+        """`keys`: the prompt's block keys, for the role that computes prompts."""
+
         def start(address: str) -> multiplex.Call:
             return self.peers.batched(address, GENERATE).call(request, rpc.call_metadata())
 
-        keys: list[int] = []
         blocks = 0
-        if role == self._prompt_role and self.cache_watch is not None:
-            keys = self._keys(request.prompt_token_ids)
+        if keys is not None and self.cache_watch is not None:
             blocks = -(-len(request.prompt_token_ids) // max(self.router.block_size, 1))
         # A decode that died may have read the prefill's KV, which prefill then freed: a
         # second decode could read reused blocks. The request migrates instead, prefilled
         # again.
         return self.failover.on_replica(
-            role, call, start, retry_gone=role != MeshRole.DECODE, keys=keys, blocks=blocks
+            role, call, start, retry_gone=role != MeshRole.DECODE, keys=keys or [], blocks=blocks
         )
 
     async def _prefill_then_decode(
-        self, request: engine_pb2.GenerateRequest, call: Call
+        self, request: engine_pb2.GenerateRequest, call: Call, keys: list[int]
     ) -> AsyncIterator[engine_pb2.GenerateResponse]:
         """Prefill computes the prompt's KV cache and the first token, which goes out at
         once; decode reads the cache and generates the rest."""
@@ -157,7 +164,7 @@ class Pipeline:
         first: list[int] = []
         prompt = engine_pb2.PromptUsage()
         finish = engine_pb2.Finish()
-        async for reply in self._generate(MeshRole.PREFILL, request, call):
+        async for reply in self._generate(MeshRole.PREFILL, request, call, keys):
             first += reply.token_ids
             if reply.HasField("first"):
                 prompt = reply.first

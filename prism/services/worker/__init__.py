@@ -14,8 +14,9 @@ import asyncio
 import logging
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 from uuid import uuid4
 
 import grpc
@@ -27,7 +28,7 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from prism import logs, rpc, telemetry
-from prism.media import decode_image
+from prism.media import content_hash, decode_image
 from prism.modes import EngineRole, modes_served
 from prism.rpc import PrismError, invalid
 from prism.runtime.service import Service
@@ -53,6 +54,14 @@ _FINISH = {
 _WATCH_S = 2.0
 _CANARY_AFTER_S = 10.0
 _CANARY_TIMEOUT_S = 5.0
+
+
+def _uuids(
+    media: engine_pb2.MediaFiles | encoder_pb2.MediaEmbeddings, uuid: Callable[[Any], str]
+) -> dict[str, list[str]]:
+    """The uuid of each item of `media`, by modality."""
+    groups = zip(MODALITIES, (media.images, media.videos), strict=True)
+    return {modality: [uuid(item) for item in items] for modality, items in groups if items}
 
 
 class EngineServicer:
@@ -151,10 +160,16 @@ class EngineServicer:
     async def _prompt(self, request: engine_pb2.GenerateRequest) -> TokensPrompt:
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         media = request.WhichOneof("media")
+        # Each item's uuid is its content hash, in every role: vLLM then keys the prefix
+        # cache blocks that hold it by what the processor knows of it (prism.kv_index).
         if media == "files":
             prompt["multi_modal_data"] = await asyncio.to_thread(self._decode, request.files)
+            prompt["multi_modal_uuids"] = _uuids(
+                request.files, lambda file: content_hash(file.data)
+            )
         elif media == "embeddings":
             prompt["multi_modal_data"] = await self._fetch(request.embeddings)
+            prompt["multi_modal_uuids"] = _uuids(request.embeddings, lambda item: item.content_hash)
         elif media == "layouts":
             prompt.update(self.role.placeholders(request.layouts))
         return prompt
