@@ -127,6 +127,32 @@ def user(*parts: dict | str) -> list[dict]:
     return [{"role": "user", "content": content}]
 
 
+def laid_out(model: str, messages: list[dict], images: list[bytes]) -> tuple[list[int], list]:
+    """A chat of text and images (`images`: their bytes, in order) as the processor lays it
+    out for `kv` routing: the chat template's token ids, each image's placeholder expanded,
+    and where each image lies (`kv_index.MediaSpan`)."""
+    from transformers import AutoTokenizer
+
+    from prism.kv_index import lay_out
+    from prism.media import MediaPolicy, PromptMedia, check_image
+    from prism.services.processor.inputs import ModelInputs
+
+    def parts(content: str | list[dict]) -> list[dict]:
+        if isinstance(content, str):
+            return [{"type": "text", "text": content}]
+        return [p if p["type"] == "text" else {"type": "image"} for p in content]
+
+    conversation = [{"role": m["role"], "content": parts(m["content"])} for m in messages]
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    template = tokenizer.apply_chat_template(
+        conversation, add_generation_prompt=True, tokenize=False
+    )
+    prompt = tokenizer.encode(template, add_special_tokens=False)
+    inputs = ModelInputs.of(model, enable_mm_embeds=False, count_tokens=True)
+    media = PromptMedia([check_image(image, MediaPolicy(), "image") for image in images])
+    return lay_out(prompt, inputs.placeholders, inputs.media_items(media))
+
+
 # The parity cases: name -> (kind, messages or prompt, max_tokens). Oracle and mesh both
 # see the same images as data URLs; tests may swap a data URL for an http URL of the same
 # bytes.

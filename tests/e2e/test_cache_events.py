@@ -10,12 +10,9 @@ import threading
 import grpc
 import openai
 import pytest
-from conftest import data_url, image_part, png, user, wait_for
-from transformers import AutoTokenizer
+from conftest import data_url, image_part, laid_out, png, user, wait_for
 
-from prism.kv_index import lay_out, prompt_keys
-from prism.media import MediaPolicy, PromptMedia, check_image
-from prism.services.processor.inputs import ModelInputs
+from prism.kv_index import prompt_keys
 from prism.stage.v1 import kv_events_pb2, kv_events_pb2_grpc
 
 
@@ -81,18 +78,7 @@ def test_an_images_blocks_are_held_under_the_keys_of_its_content(mesh, subscript
     text = " ".join(f"cache{i}" for i in range(block_size))
     image = png(seed=31, size=(64, 48))
     messages = user(text, image_part(data_url(image)), text)
-    # The processor's prompt, as it makes it: the chat template, then the image laid out.
-    tokenizer = AutoTokenizer.from_pretrained(mesh.model)
-    conversation = [{"role": "user", "content": [
-        {"type": "text", "text": text}, {"type": "image"}, {"type": "text", "text": text},
-    ]}]  # fmt: skip
-    template = tokenizer.apply_chat_template(
-        conversation, add_generation_prompt=True, tokenize=False
-    )
-    prompt = tokenizer.encode(template, add_special_tokens=False)
-    inputs = ModelInputs.of(mesh.model, enable_mm_embeds=False, count_tokens=True)
-    media = PromptMedia([check_image(image, MediaPolicy(), "image")])
-    tokens, spans = lay_out(prompt, inputs.placeholders, inputs.media_items(media))
+    tokens, spans = laid_out(mesh.model, messages, [image])
     keys = prompt_keys(tokens, spans, block_size)
     # The image lies in a full block.
     assert spans[0].offset + spans[0].length <= len(keys) * block_size

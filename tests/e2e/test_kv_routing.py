@@ -1,15 +1,18 @@
 """`--routing kv` on two aggregated workers: each conversation's next turn goes to the worker
-whose prefix cache holds its start, so the engine serves those blocks from its cache; a
-worker that dies leaves the processor's index and the rest serve on."""
+whose prefix cache holds its start, its image's blocks included, so the engine serves those
+blocks from its cache; another image in the same place matches nothing past it; a processor
+started again learns both caches from their snapshots; a worker that dies leaves the
+processor's index and the rest serve on."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 
 import openai
 import pytest
-from conftest import start_mesh, wait_for
+from conftest import data_url, image_part, laid_out, png, start_mesh, user, wait_for
 
 from prism.stage.v1 import kv_events_pb2, kv_events_pb2_grpc
 
@@ -74,6 +77,73 @@ def test_each_next_turn_finds_its_start_in_the_cache_it_was_sent_to(kv_mesh):
     # The conversations spread over both workers (each new one goes where load is least).
     assert all(index_blocks(kv_mesh, w) >= 3 for w in WORKERS)
     assert kv_mesh.metric("processor", "prism_routing_decisions_total", policy="kv") >= 15
+
+
+# A system prompt shared by every conversation, shorter than a block: a conversation's
+# first block holds its image, so no two conversations share a block.
+SYSTEM = " ".join(f"rule{i}" for i in range(10))
+
+
+def image_turns(c: int, image: bytes) -> list[list[dict]]:
+    """Conversation `c`'s messages at each of two turns: its image and question, then a
+    follow-up after the answer."""
+    first = [
+        {"role": "system", "content": SYSTEM},
+        *user(image_part(data_url(image)), " ".join(f"ask{c}x{i}" for i in range(50))),
+    ]
+    follow = [*first, {"role": "assistant", "content": "It is red."}, *user("And then?")]
+    return [first, follow]
+
+
+def test_a_conversations_image_blocks_are_found_where_they_were_cached(kv_mesh):
+    size = block_size(kv_mesh)
+    client = openai.OpenAI(base_url=kv_mesh.base_url, api_key="unused", max_retries=0)
+    images = [png(seed=200 + c, size=(64, 48)) for c in range(5)]
+    conversations = [image_turns(c, image) for c, image in enumerate(images)]
+    tokens, spans = laid_out(kv_mesh.model, conversations[0][0], images[:1])
+    # The image lies in the first block, and the question fills another.
+    assert spans[0].offset + spans[0].length <= size < 2 * size <= len(tokens)
+    before = {w: served(kv_mesh, w) for w in WORKERS}
+    for turn in range(2):
+        for c, messages in enumerate(conversations):
+            reply = client.chat.completions.create(
+                model=kv_mesh.model, messages=messages[turn], max_tokens=2
+            )
+            if turn:
+                # Held only by the worker its first turn went to: the keys of its blocks
+                # are known only through its image's.
+                assert reply.usage.prompt_tokens_details.cached_tokens >= 2 * size, c
+        if not turn:
+            # New images: no worker holds any of them, so they go to either in turn.
+            assert all(served(kv_mesh, w) > before[w] for w in WORKERS)
+        assert wait_for(
+            lambda: sum(index_blocks(kv_mesh, w) for w in WORKERS) >= 2 * len(conversations)
+        )
+    # Another image in the same place: the blocks from it on match nothing.
+    other = image_turns(0, png(seed=299, size=(64, 48)))[0]
+    reply = client.chat.completions.create(model=kv_mesh.model, messages=other, max_tokens=2)
+    assert reply.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_a_processor_started_again_learns_both_caches_from_their_snapshots(kv_mesh):
+    size = block_size(kv_mesh)
+    assert all(index_blocks(kv_mesh, w) for w in WORKERS)
+    stage = kv_mesh.mesh.stage("processor")
+    stage.process.send_signal(signal.SIGTERM)
+    assert stage.process.wait(timeout=30) == 0
+    with open(kv_mesh.log_path, "a") as log:
+        stage.process = subprocess.Popen(
+            stage.argv, env={**os.environ, **stage.env}, stdout=log, stderr=subprocess.STDOUT,
+            process_group=0,
+        )  # fmt: skip
+    # It routes by what the workers held before it started, and has seen no request.
+    assert wait_for(lambda: stage.healthy(), timeout=60)
+    assert wait_for(lambda: all(index_blocks(kv_mesh, w) >= 2 for w in WORKERS))
+    client = openai.OpenAI(base_url=kv_mesh.base_url, api_key="unused", max_retries=0)
+    for c in range(5):
+        follow = image_turns(c, png(seed=200 + c, size=(64, 48)))[1]
+        reply = client.chat.completions.create(model=kv_mesh.model, messages=follow, max_tokens=2)
+        assert reply.usage.prompt_tokens_details.cached_tokens >= 2 * size, c
 
 
 def test_a_worker_that_dies_leaves_the_index_and_the_other_serves(kv_mesh):
