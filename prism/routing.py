@@ -5,14 +5,16 @@ requests in flight: the larger of what the replica last reported through `LoadSe
 what this process has open on it), and `kv`: the replica whose prefix cache already holds
 most of the prompt (prism.kv_index, fed by the workers' KV events), at a cost of
 `overlap_weight` times the prompt blocks it would compute + the prompt blocks of the calls
-open on it, as Dynamo's KV router weighs them; roles without a prefix cache to score
-(decode, encoders) go by load. Replicas whose health probe or last call failed are
-skipped while any other is left.
+open on it, as Dynamo's KV router weighs them; decode goes by load, and an encoder by the
+media item it is to encode: each item's content hash has an owner among the encoders
+(rendezvous hashing), whose embedding cache then holds it. Replicas whose health probe or
+last call failed are skipped while any other is left.
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import itertools
 import math
 import random
@@ -61,15 +63,19 @@ class Router:
         self.overlap_weight = overlap_weight
         self._blocks: collections.Counter[str] = collections.Counter()
 
-    def pick(self, role: str, exclude: Collection[str] = (), keys: Sequence[int] = ()) -> str:
-        """A replica of `role` for a call; `keys`, the prompt's block keys, where `kv`
-        routes by them."""
-        candidates = [a for a in self.registry.endpoints(role) if a not in exclude]
-        if not candidates:
-            raise PrismError(grpc.StatusCode.UNAVAILABLE, f"no {role} is available")
-        # A replica believed down may have come back; try one only when none is up.
-        candidates = [a for a in candidates if a not in self._down] or candidates
+    def pick(
+        self,
+        role: str,
+        exclude: Collection[str] = (),
+        keys: Sequence[int] = (),
+        content: str = "",
+    ) -> str:
+        """A replica of `role` for a call; `keys`, the prompt's block keys, and `content`,
+        the content hash of the media it encodes, where `kv` routes by them."""
+        candidates = self._candidates(role, exclude)
         telemetry.ROUTING_DECISIONS.labels(self.policy, role).inc()
+        if self.policy == "kv" and content:
+            return _owner(candidates, content)
         if self.policy == "random":
             return self._rng.choice(candidates)
         turn = next(self._turns[role])
@@ -79,6 +85,17 @@ class Router:
             lowest = min(map(self.load, candidates))
             candidates = [a for a in candidates if self.load(a) == lowest]
         return candidates[turn % len(candidates)]
+
+    def owner(self, role: str, content: str) -> str:
+        """The replica of `role` that `kv` routing sends the media item `content` to."""
+        return _owner(self._candidates(role), content)
+
+    def _candidates(self, role: str, exclude: Collection[str] = ()) -> list[str]:
+        candidates = [a for a in self.registry.endpoints(role) if a not in exclude]
+        if not candidates:
+            raise PrismError(grpc.StatusCode.UNAVAILABLE, f"no {role} is available")
+        # A replica believed down may have come back; try one only when none is up.
+        return [a for a in candidates if a not in self._down] or candidates
 
     def _by_cache(self, candidates: list[str], keys: Sequence[int]) -> list[str]:
         """The candidates of least cost for a prompt of block `keys`."""
@@ -133,3 +150,14 @@ class Router:
         """A call to `address` failed as if it were gone; the next probe may clear it."""
         self._down.add(address)
         self._failed_at[address] = time.monotonic()
+
+
+def _owner(candidates: Sequence[str], content: str) -> str:
+    """Rendezvous (highest random weight) hashing: the candidate that ranks first for
+    `content`. When one leaves, only what it owned moves, spread over the rest; written
+    here since it is a few lines and no routing library offers it alone."""
+
+    def weight(address: str) -> bytes:
+        return hashlib.blake2b(f"{address}\0{content}".encode(), digest_size=8).digest()
+
+    return max(candidates, key=weight)

@@ -1,7 +1,8 @@
-"""`--routing kv` on two aggregated workers: each conversation's next turn goes to the worker
-whose prefix cache holds its start, its image's blocks included, so the engine serves those
-blocks from its cache; another image in the same place matches nothing past it; a processor
-started again learns both caches from their snapshots; a worker that dies leaves the
+"""`--routing kv` on two aggregated workers behind two encoders (E/PD): each conversation's
+next turn goes to the worker whose prefix cache holds its start, its image's blocks
+included, so the engine serves those blocks from its cache; another image in the same place
+matches nothing past it; a processor started again learns both caches from their snapshots;
+each image is encoded once, by the encoder that owns it; a worker that dies leaves the
 processor's index and the rest serve on."""
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from conftest import data_url, image_part, laid_out, png, start_mesh, user, wait
 from prism.stage.v1 import kv_events_pb2, kv_events_pb2_grpc
 
 WORKERS = ["worker-0", "worker-1"]
+ENCODERS = ["encoder-0", "encoder-1"]
 
 
 @pytest.fixture(scope="module")
 def kv_mesh(models, tmp_path_factory):
-    mesh = start_mesh("llava", "epd", models["llava"], tmp_path_factory.mktemp("kv"), workers=2,
-                      routing="kv")  # fmt: skip
+    mesh = start_mesh("llava", "e/pd", models["llava"], tmp_path_factory.mktemp("kv"),
+                      workers=2, encoders=2, routing="kv")  # fmt: skip
     try:
         # The mesh serves once one worker does: until the processor follows both workers'
         # caches and routes to both (a prompt shorter than a block is routed by load alone).
@@ -144,6 +146,25 @@ def test_a_processor_started_again_learns_both_caches_from_their_snapshots(kv_me
         follow = image_turns(c, png(seed=200 + c, size=(64, 48)))[1]
         reply = client.chat.completions.create(model=kv_mesh.model, messages=follow, max_tokens=2)
         assert reply.usage.prompt_tokens_details.cached_tokens >= 2 * size, c
+
+
+def test_each_image_is_encoded_once_by_the_encoder_that_owns_it(kv_mesh):
+    def total(name: str) -> float:
+        return sum(kv_mesh.metric(e, name) for e in ENCODERS)
+
+    client = openai.OpenAI(base_url=kv_mesh.base_url, api_key="unused", max_retries=0)
+    misses, hits = (
+        total("prism_embedding_cache_misses_total"),
+        total("prism_embedding_cache_hits_total"),
+    )
+    # Three images, four times over: in turn, each would go to both encoders.
+    images = [png(seed=400 + i, size=(64, 48)) for i in range(3)]
+    for _ in range(4):
+        for image in images:
+            messages = user(image_part(data_url(image)), "What is it?")
+            client.chat.completions.create(model=kv_mesh.model, messages=messages, max_tokens=1)
+    assert total("prism_embedding_cache_misses_total") == misses + 3
+    assert total("prism_embedding_cache_hits_total") == hits + 9
 
 
 def test_a_worker_that_dies_leaves_the_index_and_the_other_serves(kv_mesh):

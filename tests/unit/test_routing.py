@@ -13,7 +13,7 @@ import pytest
 
 from prism import rpc
 from prism.kv_index import prompt_keys
-from prism.media import LoadedImage, PromptMedia
+from prism.media import LoadedImage, PromptMedia, content_hash
 from prism.modes import MODES
 from prism.ports import free_port
 from prism.registry import StaticRegistry
@@ -76,6 +76,18 @@ def test_kv_sends_a_prompt_where_its_blocks_are_and_weighs_them_against_load():
     # Decode has no prefix cache to score: least loaded.
     r.report("d:1", True, in_flight=3)
     assert r.pick("decode", keys=keys) == "e:1"
+
+
+def test_kv_gives_each_media_item_an_encoder_and_moves_only_a_lost_ones_items():
+    r = router("kv", encoder=["x:1", "y:1", "z:1"])
+    items = [f"hash{i}" for i in range(60)]
+    owners = {item: r.owner("encoder", item) for item in items}
+    assert set(owners.values()) == {"x:1", "y:1", "z:1"}
+    assert all(r.pick("encoder", content=item) == owners[item] for item in items)
+    r.mark_down("y:1")
+    moved = {item for item in items if r.owner("encoder", item) != owners[item]}
+    assert moved == {item for item in items if owners[item] == "y:1"}
+    assert {r.owner("encoder", item) for item in moved} == {"x:1", "z:1"}
 
 
 def test_least_loaded_follows_reports_and_open_calls():
@@ -420,10 +432,12 @@ def test_a_prefill_lost_with_its_kv_is_prefilled_again_elsewhere():
 
 
 class FakeEncoder:
-    """Encodes every image into a handle that names this encoder."""
+    """Encodes every image into a handle that names this encoder and the image's bytes,
+    or fails as told."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, fail: PrismError | None = None):
         self.name = name
+        self.fail = fail
         self.calls = 0
         self.service = Service(
             encoder_pb2.DESCRIPTOR.services_by_name["EncoderService"],
@@ -433,13 +447,75 @@ class FakeEncoder:
 
     async def encode(self, request):
         self.calls += 1
-        handle = encoder_pb2.EmbeddingHandle(
-            embeddings=tensor_pb2.TensorDescriptor(
-                nixl=tensor_pb2.NixlLocation(agent_name=self.name)
+        if self.fail:
+            raise self.fail
+        handles = [
+            encoder_pb2.EmbeddingHandle(
+                embeddings=tensor_pb2.TensorDescriptor(
+                    nixl=tensor_pb2.NixlLocation(agent_name=self.name)
+                ),
+                content_hash=image.data.decode(),
             )
+            for image in request.images
+        ]
+        return encoder_pb2.EncodeResponse(embeddings=encoder_pb2.MediaEmbeddings(images=handles))
+
+
+async def encoders(*fakes: FakeEncoder) -> list[rpc.Server]:
+    servers = []
+    for encoder in fakes:
+        server = await rpc.start_server(
+            "127.0.0.1:0", encoder.service.add_to_server, ["prism.stage.v1.EncoderService"]
         )
-        embeddings = encoder_pb2.MediaEmbeddings(images=[handle] * len(request.images))
-        return encoder_pb2.EncodeResponse(embeddings=embeddings)
+        await server.set_serving(["prism.stage.v1.EncoderService"])
+        servers.append(server)
+    return servers
+
+
+def test_kv_sends_each_image_to_the_encoder_that_owns_it():
+    async def main() -> None:
+        fakes = [FakeEncoder(name) for name in "abc"]
+        worker = FakeEngine(9)
+        servers = await encoders(*fakes) + await engines(worker)
+        *encoder_at, worker_at = (f"127.0.0.1:{s.port}" for s in servers)
+        names = dict(zip(encoder_at, "abc", strict=True))
+        registry = StaticRegistry({"encoder": encoder_at, "worker": [worker_at]})
+        pipeline = Pipeline(MODES["e/pd"], Router(registry, "kv"))
+        images: list[LoadedImage] = []
+        owners: list[str] = []
+        # Images enough for every encoder to own one (owners follow the ports, drawn free).
+        while len(images) < 8 or len(set(owners)) < 3:
+            images.append(LoadedImage(f"image{len(images)}".encode(), "image/png", 1, 1))
+            owners.append(names[pipeline.router.owner("encoder", content_hash(images[-1].data))])
+
+        async def run(*images: LoadedImage) -> list[tuple[str, str]]:
+            """(encoder, image) of each embedding the worker was sent."""
+            replies = pipeline.run("r", [7], PromptMedia(list(images)), common_pb2.SamplingParams(),
+                                   Call())  # fmt: skip
+            async for _ in replies:
+                pass
+            handles = worker.requests[-1].embeddings.images
+            return [(h.embeddings.nixl.agent_name, h.content_hash) for h in handles]
+
+        try:
+            # The images split over the three owners, one call each, back in prompt order.
+            assert await run(*images) == [(o, f"image{i}") for i, o in enumerate(owners)]
+            assert [f.calls for f in fakes] == [1, 1, 1]
+            # Each alone goes where it went before, where its embeddings are cached.
+            for image, owner in zip(images, owners, strict=True):
+                assert (await run(image))[0][0] == owner
+            # Its owner full, another encoder takes it.
+            full = fakes["abc".index(owners[0])]
+            full.fail = PrismError(grpc.StatusCode.RESOURCE_EXHAUSTED, "full")
+            tried = full.calls
+            ((encoder, image),) = await run(images[0])
+            assert (image, full.calls) == ("image0", tried + 1) and encoder != owners[0]
+        finally:
+            await pipeline.close()
+            for server in servers:
+                await server.server.stop(None)
+
+    asyncio.run(main())
 
 
 class EmbeddingsReader(FakeEngine):

@@ -93,14 +93,15 @@ class Failover:
         retry_gone: bool = True,
         keys: Sequence[int] = (),
         blocks: int = 0,
+        content: str = "",
     ) -> AsyncIterator:
         """The replies of the call `start(address)` makes to a replica of `role` (one for a
-        unary call), for a prompt of `blocks` blocks whose `keys` kv routing knows. If the
-        replica turns out to be full, or gone (with `retry_gone`), before its first reply,
-        tries once more on another one."""
+        unary call), for a prompt of `blocks` blocks whose `keys` kv routing knows, or for
+        media whose `content` hash it knows. If the replica turns out to be full, or gone
+        (with `retry_gone`), before its first reply, tries once more on another one."""
         tried: list[str] = []
         while True:
-            address = self.router.pick(role, exclude=tried, keys=keys)
+            address = self.router.pick(role, exclude=tried, keys=keys, content=content)
             channel = self.peers.channel(address)
             if channel.get_state(try_to_connect=True) != grpc.ChannelConnectivity.READY:
                 # A replica that came up (or back) moments ago may still be in its channel's

@@ -15,7 +15,7 @@ import grpc
 
 from prism import rpc
 from prism.kv_index import lay_out, prompt_keys
-from prism.media import PromptMedia
+from prism.media import PromptMedia, content_hash
 from prism.modes import MeshRole, Mode
 from prism.routing import Router
 from prism.rpc import PrismError, multiplex
@@ -97,29 +97,61 @@ class Pipeline:
         request = engine_pb2.GenerateRequest(
             request_id=request_id, prompt_token_ids=prompt_ids, sampling=sampling
         )
-        images = [image.to_proto() for image in media.images]
-        videos = [video.to_proto() for video in media.videos]
         if media.image_embeddings:
             # The processor admits no pixels beside them, and no videos without an encoder.
             request.embeddings.images.extend(media.image_embeddings)
-        if (images or videos) and self.mode.has_encoder:
-            encode = encoder_pb2.EncodeRequest(request_id=request_id, images=images, videos=videos)
-
-            def encoded(address: str) -> grpc.aio.UnaryUnaryCall:
-                stub = encoder_pb2_grpc.EncoderServiceStub(self.peers.channel(address))
-                return stub.Encode(encode, metadata=rpc.call_metadata())
-
-            async for reply in self.failover.on_replica(MeshRole.ENCODER, call, encoded):
-                request.embeddings.images.extend(reply.embeddings.images)
-                request.embeddings.videos.extend(reply.embeddings.videos)
-            call.holders[errors_pb2.ERROR_REASON_EMBEDDINGS_UNAVAILABLE] = call.address
-        elif images or videos:
-            request.files.images.extend(images)
-            request.files.videos.extend(videos)
+        if (media.images or media.videos) and self.mode.has_encoder:
+            embeddings = await self._encode(request_id, media, call)
+            request.embeddings.images.extend(embeddings.images)
+            request.embeddings.videos.extend(embeddings.videos)
+        elif media.images or media.videos:
+            request.files.images.extend(image.to_proto() for image in media.images)
+            request.files.videos.extend(video.to_proto() for video in media.videos)
         keys = self._keys(prompt_ids, media)
         if self.mode.disaggregated:
             return self._prefill_then_decode(request, call, keys)
         return self._generate(MeshRole.WORKER, request, call, keys)
+
+    async def _encode(
+        self, request_id: str, media: PromptMedia, call: Call
+    ) -> encoder_pb2.MediaEmbeddings:
+        """The embeddings of the request's images and videos, in prompt order. Under `kv`
+        routing each item goes to the encoder that owns its content hash, whose cache may
+        hold it: items of several owners take a call to each, one after the other (a call
+        at a time is what an Abort cancels). Otherwise one call encodes them all."""
+        items = [("images", i) for i in media.images] + [("videos", v) for v in media.videos]
+        by_content = self.router.policy == "kv"
+        hashes = [content_hash(item.data) if by_content else "" for _, item in items]
+        groups: dict[str, list[int]] = {}
+        for index, digest in enumerate(hashes):
+            owner = self.router.owner(MeshRole.ENCODER, digest) if by_content else ""
+            groups.setdefault(owner, []).append(index)
+        handles: list[encoder_pb2.EmbeddingHandle | None] = [None] * len(items)
+        for indices in groups.values():
+            encode = encoder_pb2.EncodeRequest(request_id=request_id)
+            for index in indices:
+                kind, item = items[index]
+                getattr(encode, kind).append(item.to_proto())
+
+            def encoded(address: str, encode=encode) -> grpc.aio.UnaryUnaryCall:
+                stub = encoder_pb2_grpc.EncoderServiceStub(self.peers.channel(address))
+                return stub.Encode(encode, metadata=rpc.call_metadata())
+
+            async for reply in self.failover.on_replica(
+                MeshRole.ENCODER, call, encoded, content=hashes[indices[0]]
+            ):
+                # Each modality's handles come in the order its items went.
+                replies = {"images": iter(reply.embeddings.images),
+                           "videos": iter(reply.embeddings.videos)}  # fmt: skip
+                for index in indices:
+                    handles[index] = next(replies[items[index][0]])
+        if len(groups) == 1:
+            # A worker that cannot read them names no encoder: this one is then lost.
+            call.holders[errors_pb2.ERROR_REASON_EMBEDDINGS_UNAVAILABLE] = call.address
+        embeddings = encoder_pb2.MediaEmbeddings()
+        for (kind, _), handle in zip(items, handles, strict=True):
+            getattr(embeddings, kind).append(handle)
+        return embeddings
 
     def _keys(self, prompt_ids: list[int], media: PromptMedia) -> list[int]:
         """The keys of the prompt's blocks that `kv` routing can know: up to its first
