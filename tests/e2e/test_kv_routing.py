@@ -15,6 +15,9 @@ import openai
 import pytest
 from conftest import data_url, image_part, laid_out, png, start_mesh, user, wait_for
 
+from prism.media import content_hash
+from prism.registry import StaticRegistry
+from prism.routing import Router
 from prism.stage.v1 import kv_events_pb2, kv_events_pb2_grpc
 
 WORKERS = ["worker-0", "worker-1"]
@@ -149,22 +152,27 @@ def test_a_processor_started_again_learns_both_caches_from_their_snapshots(kv_me
 
 
 def test_each_image_is_encoded_once_by_the_encoder_that_owns_it(kv_mesh):
-    def total(name: str) -> float:
-        return sum(kv_mesh.metric(e, name) for e in ENCODERS)
-
+    addresses = {kv_mesh.address(e): e for e in ENCODERS}
+    router = Router(StaticRegistry({"encoder": list(addresses)}), "kv")
+    # Images until each encoder owns one (their owners follow the encoders' ports).
+    images: list[bytes] = []
+    owned = dict.fromkeys(ENCODERS, 0)
+    while len(images) < 3 or not all(owned.values()):
+        images.append(png(seed=400 + len(images), size=(64, 48)))
+        owned[addresses[router.owner("encoder", content_hash(images[-1]))]] += 1
+    before = {e: kv_mesh.metrics(e) for e in ENCODERS}
     client = openai.OpenAI(base_url=kv_mesh.base_url, api_key="unused", max_retries=0)
-    misses, hits = (
-        total("prism_embedding_cache_misses_total"),
-        total("prism_embedding_cache_hits_total"),
-    )
-    # Three images, four times over: in turn, each would go to both encoders.
-    images = [png(seed=400 + i, size=(64, 48)) for i in range(3)]
+    # Four times over, in turn: round-robin would send an image to both encoders.
     for _ in range(4):
         for image in images:
             messages = user(image_part(data_url(image)), "What is it?")
             client.chat.completions.create(model=kv_mesh.model, messages=messages, max_tokens=1)
-    assert total("prism_embedding_cache_misses_total") == misses + 3
-    assert total("prism_embedding_cache_hits_total") == hits + 9
+    for encoder in ENCODERS:
+        grown = [
+            kv_mesh.metric(encoder, name) - before[encoder].get(name, 0)
+            for name in ("prism_embedding_cache_misses_total", "prism_embedding_cache_hits_total")
+        ]
+        assert grown == [owned[encoder], 3 * owned[encoder]], encoder
 
 
 def test_a_worker_that_dies_leaves_the_index_and_the_other_serves(kv_mesh):
