@@ -223,21 +223,46 @@ class Mesh:
     def start(self, timeout: float = 300.0, log: IO | None = None) -> None:
         """Starts every stage (output to `log` if given) and waits until all are healthy."""
         for stage in self.stages:
-            stage.process = subprocess.Popen(
-                stage.argv,
-                env={**os.environ, **stage.env},
-                stdout=log,
-                stderr=subprocess.STDOUT if log else None,
-                # Its own process group, so that stop() also reaches the processes a stage
-                # spawned (vLLM's engine core) even when the stage itself died abruptly.
-                # Not its own session: the kernel shares CPU equally between sessions
-                # (autogroups), whatever their niceness, and the engine is to run nicer
-                # than every stage that feeds it.
-                process_group=0,
-                preexec_fn=functools.partial(_prepare_child, stage.cpus),
-            )
+            self._spawn(stage, log)
+        self._wait_healthy(list(self.stages), timeout)
+
+    def restart(
+        self, name: str, argv: list[str] | None = None, timeout: float = 300.0,
+        log: IO | None = None,
+    ) -> None:  # fmt: skip
+        """Stops the stage `name` and starts it again, with `argv` in place of its own if
+        given, at the same address; waits until it is healthy."""
+        stage = self.stage(name)
+        if stage.process is not None:
+            stage.process.send_signal(signal.SIGTERM)
+            try:
+                stage.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                stage.process.kill()
+                _reap(stage.process)
+            _kill_group(stage.process)
+        if argv is not None:
+            stage.argv = argv
+        self._spawn(stage, log)
+        self._wait_healthy([stage], timeout)
+
+    def _spawn(self, stage: Stage, log: IO | None) -> None:
+        stage.process = subprocess.Popen(
+            stage.argv,
+            env={**os.environ, **stage.env},
+            stdout=log,
+            stderr=subprocess.STDOUT if log else None,
+            # Its own process group, so that stop() also reaches the processes a stage
+            # spawned (vLLM's engine core) even when the stage itself died abruptly.
+            # Not its own session: the kernel shares CPU equally between sessions
+            # (autogroups), whatever their niceness, and the engine is to run nicer
+            # than every stage that feeds it.
+            process_group=0,
+            preexec_fn=functools.partial(_prepare_child, stage.cpus),
+        )
+
+    def _wait_healthy(self, pending: list[Stage], timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        pending = list(self.stages)
         while pending:
             self.check_alive()
             pending = [stage for stage in pending if not stage.healthy()]

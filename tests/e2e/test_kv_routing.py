@@ -7,9 +7,10 @@ processor's index and the rest serve on."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
-import subprocess
+import threading
 
 import openai
 import pytest
@@ -130,21 +131,39 @@ def test_a_conversations_image_blocks_are_found_where_they_were_cached(kv_mesh):
     assert reply.usage.prompt_tokens_details.cached_tokens == 0
 
 
-def test_a_processor_started_again_learns_both_caches_from_their_snapshots(kv_mesh):
+def test_a_processor_restarted_mid_traffic_learns_both_caches_from_their_snapshots(kv_mesh):
     size = block_size(kv_mesh)
     assert all(index_blocks(kv_mesh, w) for w in WORKERS)
-    stage = kv_mesh.mesh.stage("processor")
-    stage.process.send_signal(signal.SIGTERM)
-    assert stage.process.wait(timeout=30) == 0
-    with open(kv_mesh.log_path, "a") as log:
-        stage.process = subprocess.Popen(
-            stage.argv, env={**os.environ, **stage.env}, stdout=log, stderr=subprocess.STDOUT,
-            process_group=0,
-        )  # fmt: skip
-    # It routes by what the workers held before it started, and has seen no request.
-    assert wait_for(lambda: stage.healthy(), timeout=60)
-    assert wait_for(lambda: all(index_blocks(kv_mesh, w) >= 2 for w in WORKERS))
     client = openai.OpenAI(base_url=kv_mesh.base_url, api_key="unused", max_retries=0)
+    stop = threading.Event()
+    answered = []
+
+    def traffic() -> None:
+        # Prompts of two blocks each, new to both caches, before, during and after.
+        n = 0
+        while not stop.is_set():
+            prompt = [(7 * n + i) % 1400 + 50 for i in range(2 * size + 1)]
+            n += 1
+            with contextlib.suppress(openai.APIError):
+                client.completions.create(model=kv_mesh.model, prompt=prompt, max_tokens=1)
+                answered.append(n)
+
+    thread = threading.Thread(target=traffic)
+    thread.start()
+    try:
+        assert wait_for(lambda: len(answered) >= 2)
+        with open(kv_mesh.log_path, "a") as log:
+            kv_mesh.mesh.restart("processor", log=log)
+        restarted = len(answered)
+        assert wait_for(lambda: len(answered) >= restarted + 4)
+    finally:
+        stop.set()
+        thread.join(timeout=60)
+    # Its snapshots and the changes since: the index holds what each worker holds.
+    assert wait_for(lambda: all(
+        index_blocks(kv_mesh, w) == kv_mesh.metric(w, "prism_kv_blocks_held") for w in WORKERS
+    ))  # fmt: skip
+    # Each conversation's next turn finds its blocks, which it learned of only from them.
     for c in range(5):
         follow = image_turns(c, png(seed=200 + c, size=(64, 48)))[1]
         reply = client.chat.completions.create(model=kv_mesh.model, messages=follow, max_tokens=2)
