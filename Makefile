@@ -3,7 +3,8 @@ PY := .venv/bin/python
 STUB_DIRS := prism/v1 prism/stage/v1
 PROTOS := $(foreach dir,$(STUB_DIRS),$(wildcard protos/$(dir)/*.proto))
 
-.PHONY: setup demo test test-unit test-net lint protos check-protos bench bench-transfer bench-modes
+.PHONY: setup demo test test-unit test-net lint protos check-protos bench bench-transfer bench-modes \
+	bench-routing
 
 setup:
 	scripts/setup.sh
@@ -35,6 +36,13 @@ bench:
 # Not a test: NIXL vs inline protobuf vs memcpy, written to bench/results/transfer.json.
 bench-transfer:
 	$(PY) bench/transfer.py --out bench/results/transfer.json
+
+# Not a test: round-robin, least-loaded and kv routing on two workers (EPD, E/PD), multi-turn
+# image chats with long contexts, on the small LLaVA (prefill costs there what it should
+# beside the mesh's own overhead); bench/results/routing.json and docs/benchmarks.md.
+bench-routing:
+	$(PY) -m prism.cli model build --family llava --size small --out models/small-llava >/dev/null
+	$(PY) bench/routing.py --model models/small-llava
 
 # Not a test: TTFT and total latency of one request in each mode, on the tiny LLaVA.
 bench-modes:

@@ -321,6 +321,10 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--family", required=True, choices=["llava", "qwen2-vl"])
     build.add_argument("--out", required=True)
     build.add_argument("--seed", type=int, default=0)
+    build.add_argument(
+        "--size", default="tiny", choices=["tiny", "small"],
+        help="small: a larger language model, for benchmarks where prefill should cost",
+    )  # fmt: skip
     return parser
 
 
@@ -397,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from prism.tiny_models import build
 
-        print(build(args.family, Path(args.out), seed=args.seed))
+        print(build(args.family, Path(args.out), seed=args.seed, size=args.size))
         return 0
     return 2
 

@@ -4,11 +4,11 @@ Policies: `round-robin` (each role's replicas in turn), `random`, `least-loaded`
 requests in flight: the larger of what the replica last reported through `LoadService` and
 what this process has open on it), and `kv`: the replica whose prefix cache already holds
 most of the prompt (prism.kv_index, fed by the workers' KV events), at a cost of
-`overlap_weight` times the prompt blocks it would compute + the prompt blocks of the calls
-open on it, as Dynamo's KV router weighs them; decode goes by load, and an encoder by the
-media item it is to encode: each item's content hash has an owner among the encoders
-(rendezvous hashing), whose embedding cache then holds it. Replicas whose health probe or
-last call failed are skipped while any other is left.
+`overlap_weight` times the prompt blocks it would compute + the prompt blocks the calls
+open on it have yet to compute, in the spirit of Dynamo's KV router; decode goes by load,
+and an encoder by the media item it is to encode: each item's content hash has an owner
+among the encoders (rendezvous hashing), whose embedding cache then holds it. Replicas
+whose health probe or last call failed are skipped while any other is left.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import itertools
 import math
 import random
 import time
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 
 import grpc
@@ -57,7 +57,7 @@ class Router:
         self._reported: dict[str, int] = {}
         self._open: collections.Counter[str] = collections.Counter()
         # `kv`: what each replica's prefix cache holds, its block size (0 until a worker
-        # tells it), and the prompt blocks of the calls open on each replica.
+        # tells it), and the prompt blocks the calls open on each replica have yet to compute.
         self.index = KvIndex()
         self.block_size = 0
         self.overlap_weight = overlap_weight
@@ -115,16 +115,27 @@ class Router:
         return max(self._reported.get(address, 0), self._open[address])
 
     @contextmanager
-    def using(self, address: str, blocks: int = 0) -> Iterator[None]:
-        """Counts a call open on `address`, of a prompt of `blocks` blocks, for as long as
-        the block runs."""
+    def using(
+        self, address: str, blocks: int = 0, keys: Sequence[int] = ()
+    ) -> Iterator[Callable[[], None]]:
+        """Counts a call open on `address` for as long as the block runs and, until the
+        function it gives is called (the call's first reply), the blocks of its prompt of
+        `blocks` blocks that `address` computes: those its prefix cache holds of `keys` not
+        counted."""
+        computing = max(blocks - self.index.overlaps(keys, [address])[address], 0)
         self._open[address] += 1
-        self._blocks[address] += blocks
+        self._blocks[address] += computing
+
+        def computed() -> None:
+            nonlocal computing
+            self._blocks[address] -= computing
+            computing = 0
+
         try:
-            yield
+            yield computed
         finally:
             self._open[address] -= 1
-            self._blocks[address] -= blocks
+            computed()
 
     def report(
         self,

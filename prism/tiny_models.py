@@ -7,6 +7,7 @@ image processor and a chat template shared by the tokenizer and the processor.
 
 import pathlib
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -31,11 +32,22 @@ from transformers import (
 FAMILIES = ("llava", "qwen2-vl")
 
 VOCAB_SIZE = 1536
-TEXT_HIDDEN = 128
-TEXT_LAYERS = 2
 TEXT_HEAD_DIM = 64  # vLLM's CPU attention rejects head_dim 16; 64 is known to work.
-TEXT_INTERMEDIATE = 256
 MAX_POSITIONS = 2048
+
+
+@dataclass(frozen=True)
+class TextSize:
+    """The language model's dimensions."""
+
+    hidden: int
+    layers: int
+    intermediate: int
+
+
+# `tiny` for tests; `small` where computing a prompt should cost what it costs a real model
+# next to the mesh's own overhead (benchmarks of prefix caching), still quick on a CPU.
+SIZES = {"tiny": TextSize(128, 2, 256), "small": TextSize(256, 4, 1024)}
 WEIGHTS_FILE = "model.safetensors"
 
 # With their random initialisation the vision-to-text projectors let many different images
@@ -160,14 +172,14 @@ def _tokenizer(specials: list[str], chat_template: str, **named: str) -> PreTrai
     )
 
 
-def _text_config(tokenizer: PreTrainedTokenizerFast) -> dict[str, object]:
+def _text_config(tokenizer: PreTrainedTokenizerFast, size: TextSize) -> dict[str, object]:
     return {
         "vocab_size": len(tokenizer),
-        "hidden_size": TEXT_HIDDEN,
-        "intermediate_size": TEXT_INTERMEDIATE,
-        "num_hidden_layers": TEXT_LAYERS,
-        "num_attention_heads": TEXT_HIDDEN // TEXT_HEAD_DIM,
-        "num_key_value_heads": TEXT_HIDDEN // TEXT_HEAD_DIM,
+        "hidden_size": size.hidden,
+        "intermediate_size": size.intermediate,
+        "num_hidden_layers": size.layers,
+        "num_attention_heads": size.hidden // TEXT_HEAD_DIM,
+        "num_key_value_heads": size.hidden // TEXT_HEAD_DIM,
         "max_position_embeddings": MAX_POSITIONS,
         "tie_word_embeddings": False,
         "pad_token_id": tokenizer.pad_token_id,
@@ -194,7 +206,7 @@ def llava_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def _llava() -> tuple[PreTrainedModel, ProcessorMixin]:
+def _llava(size: TextSize) -> tuple[PreTrainedModel, ProcessorMixin]:
     tokenizer = llava_tokenizer()
     patch, image = 8, 32
     config = LlavaConfig(
@@ -207,7 +219,9 @@ def _llava() -> tuple[PreTrainedModel, ProcessorMixin]:
             num_attention_heads=2,
         ),
         text_config=LlamaConfig(
-            **_text_config(tokenizer), head_dim=TEXT_HEAD_DIM, bos_token_id=tokenizer.bos_token_id
+            **_text_config(tokenizer, size),
+            head_dim=TEXT_HEAD_DIM,
+            bos_token_id=tokenizer.bos_token_id,
         ),
         image_token_index=tokenizer.convert_tokens_to_ids("<image>"),
         image_seq_length=(image // patch) ** 2,
@@ -232,7 +246,7 @@ def _llava() -> tuple[PreTrainedModel, ProcessorMixin]:
     return model, processor
 
 
-def _qwen2_vl() -> tuple[PreTrainedModel, ProcessorMixin]:
+def _qwen2_vl(size: TextSize) -> tuple[PreTrainedModel, ProcessorMixin]:
     tokenizer = _tokenizer(
         [
             "<|endoftext|>",
@@ -253,7 +267,7 @@ def _qwen2_vl() -> tuple[PreTrainedModel, ProcessorMixin]:
         vision_config={
             "depth": 2,
             "embed_dim": 64,
-            "hidden_size": TEXT_HIDDEN,
+            "hidden_size": size.hidden,
             "num_heads": 2,
             "mlp_ratio": 2,
             "patch_size": patch,
@@ -261,7 +275,7 @@ def _qwen2_vl() -> tuple[PreTrainedModel, ProcessorMixin]:
             "temporal_patch_size": temporal,
         },
         text_config={
-            **_text_config(tokenizer),
+            **_text_config(tokenizer, size),
             "bos_token_id": ids("<|endoftext|>"),
             # transformers 5 reads M-RoPE from rope_parameters; the sections split the
             # 32 rotary frequency pairs of a 64-wide head over (temporal, height, width).
@@ -295,7 +309,7 @@ def _qwen2_vl() -> tuple[PreTrainedModel, ProcessorMixin]:
     return model, processor
 
 
-_BUILDERS: dict[str, Callable[[], tuple[PreTrainedModel, ProcessorMixin]]] = {
+_BUILDERS: dict[str, Callable[[TextSize], tuple[PreTrainedModel, ProcessorMixin]]] = {
     "llava": _llava,
     "qwen2-vl": _qwen2_vl,
 }
@@ -309,8 +323,9 @@ def _vllm_weight_name(name: str) -> str:
     return name
 
 
-def build(family: str, out: pathlib.Path, seed: int = 0) -> pathlib.Path:
-    """Write a random-weight `family` checkpoint into `out` and return `out`."""
+def build(family: str, out: pathlib.Path, seed: int = 0, size: str = "tiny") -> pathlib.Path:
+    """Write a random-weight `family` checkpoint of `size` (SIZES) into `out` and return
+    `out`."""
     if family not in _BUILDERS:
         raise ValueError(f"unknown family {family!r}; expected one of {', '.join(FAMILIES)}")
     out = pathlib.Path(out)
@@ -318,7 +333,7 @@ def build(family: str, out: pathlib.Path, seed: int = 0) -> pathlib.Path:
     # Fork the RNG so that building does not disturb the caller's random state.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model, processor = _BUILDERS[family]()
+        model, processor = _BUILDERS[family](SIZES[size])
     processor.save_pretrained(out)
     model.save_pretrained(out)
     weights = load_file(out / WEIGHTS_FILE)

@@ -76,6 +76,13 @@ def test_kv_sends_a_prompt_where_its_blocks_are_and_weighs_them_against_load():
     # Decode has no prefix cache to score: least loaded.
     r.report("d:1", True, in_flight=3)
     assert r.pick("decode", keys=keys) == "e:1"
+    # An open call counts the blocks it computes, until its first reply: not those held.
+    r.index.receive("a:1", True, keys[:4], [])
+    with r.using("a:1", blocks=5, keys=keys) as computed:
+        assert r._blocks["a:1"] == 1
+        computed()
+        assert r._blocks["a:1"] == 0
+    assert r._blocks["a:1"] == 0
 
 
 def test_kv_gives_each_media_item_an_encoder_and_moves_only_a_lost_ones_items():

@@ -111,7 +111,7 @@ class Failover:
                     await asyncio.wait_for(channel.channel_ready(), _CONNECT_S)
             replied = False
             try:
-                with self.router.using(address, blocks):
+                with self.router.using(address, blocks, keys) as computed:
                     stage_call = call.track(start(address), address)
                     try:
                         if isinstance(stage_call, grpc.aio.UnaryUnaryCall):
@@ -119,6 +119,7 @@ class Failover:
                         else:
                             async for reply in stage_call:
                                 replied = True
+                                computed()
                                 yield reply
                     finally:
                         # A request that ends early (stop string, abort, error elsewhere)
