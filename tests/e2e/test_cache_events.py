@@ -76,7 +76,7 @@ def test_a_prompt_run_is_held_under_its_keys_and_served_from_the_cache_again(mes
 def test_an_images_blocks_are_held_under_the_keys_of_its_content(mesh, subscriptions):
     block_size = subscriptions[0].block_size
     text = " ".join(f"cache{i}" for i in range(block_size))
-    image = png(seed=31, size=(64, 48))
+    image = png(seed=931, size=(64, 48))  # a seed of its own: no other test sends it
     messages = user(text, image_part(data_url(image)), text)
     tokens, spans = laid_out(mesh.model, messages, [image])
     keys = prompt_keys(tokens, spans, block_size)
