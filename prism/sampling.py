@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from vllm import SamplingParams as VllmSamplingParams
 from vllm.exceptions import VLLMValidationError
+from vllm.sampling_params import StructuredOutputsParams
 
 from prism.rpc import invalid
 from prism.v1 import common_pb2
@@ -20,6 +22,8 @@ _OPTIONAL = (
     "presence_penalty",
     "frequency_penalty",
     "repetition_penalty",
+    "logprobs",
+    "prompt_logprobs",
 )
 
 
@@ -40,6 +44,8 @@ def to_vllm(params: common_pb2.SamplingParams, **overrides: Any) -> VllmSampling
         stop_token_ids=list(params.stop_token_ids) or None,
         ignore_eos=params.ignore_eos,
         include_stop_str_in_output=params.include_stop_str_in_output,
+        logit_bias=dict(params.logit_bias) or None,
+        structured_outputs=structured_outputs(params.structured_output),
     )
     kwargs.update(overrides)
     try:
@@ -48,3 +54,23 @@ def to_vllm(params: common_pb2.SamplingParams, **overrides: Any) -> VllmSampling
         raise invalid(str(exc), param=exc.parameter) from None
     except (ValueError, TypeError) as exc:
         raise invalid(str(exc)) from None
+
+
+def structured_outputs(wire: common_pb2.StructuredOutput) -> StructuredOutputsParams | None:
+    kind = wire.WhichOneof("kind")
+    if kind is None:
+        return None
+    if kind == "json_schema":
+        try:
+            # As vLLM's server passes it: the schema itself, not its text.
+            schema = json.loads(wire.json_schema)
+        except json.JSONDecodeError as exc:
+            raise invalid(f"the JSON schema is not JSON: {exc}", "structured_output") from None
+        return StructuredOutputsParams(json=schema)
+    if kind == "json_object":
+        if not wire.json_object:
+            raise invalid("json_object must be true if set", "structured_output")
+        return StructuredOutputsParams(json_object=True)
+    if kind == "choice":
+        return StructuredOutputsParams(choice=list(wire.choice.choices))
+    return StructuredOutputsParams(**{kind: getattr(wire, kind)})

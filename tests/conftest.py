@@ -44,6 +44,8 @@ from prometheus_client.parser import text_string_to_metric_families
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
+import parity
+
 from prism import rpc
 from prism.launcher import Mesh, MeshConfig, Stage, plan
 from prism.modes import MODES
@@ -305,6 +307,20 @@ def oracle(models, tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="session")
+def served(models, tmp_path_factory):
+    """served(family) -> {parity case name: `vllm serve`'s answer} (tests/parity.py)."""
+    cache: dict[str, dict] = {}
+
+    def get(family: str) -> dict[str, dict]:
+        if family not in cache:
+            log = tmp_path_factory.mktemp(f"served-{family}") / "vllm-serve.log"
+            cache[family] = parity.reference(str(models[family]), log)
+        return cache[family]
+
+    return get
+
+
 @dataclass
 class RunningMesh:
     family: str
@@ -473,10 +489,13 @@ MESHES = [(family, mode) for family in FAMILIES for mode in MODES]
 @pytest.fixture(
     scope="session", params=MESHES, ids=[f"{f}-{m.replace('/', '-')}" for f, m in MESHES]
 )
-def mesh(request, models, oracle, tmp_path_factory):
-    """A mesh per family and mode; the family's oracle runs first (one engine at a time)."""
+def mesh(request, models, oracle, served, tmp_path_factory):
+    """A mesh per family and mode; the family's oracle runs first (one engine at a time),
+    and `vllm serve`'s answers to the parity cases when a parity test is to run."""
     family, mode = request.param
     oracle(family)
+    if any(item.path.name == "test_openai_parity.py" for item in request.session.items):
+        served(family)
     running = start_mesh(family, mode, models[family], tmp_path_factory.mktemp("logs"))
     running.first_outcomes = first_requests(running)
     yield running

@@ -104,12 +104,14 @@ async def _open_stream(call: multiplex.Call) -> tuple[Any, AsyncIterator]:
 async def _generate(
     call: multiplex.Call,
     stream: bool,
-    include_usage: bool,
+    options: translate.StreamOptions,
     chunk: Callable[[Any, bool], dict],
-    final: Callable[[str, Any], dict],
+    final: Callable[[dict[int, list], Any], dict],
     endpoint: str,
 ) -> JSONResponse | StreamingResponse:
-    """Runs a Chat or Complete call and answers as one JSON body or as SSE."""
+    """Runs a Chat or Complete call and answers as one JSON body or as SSE. `chunk` makes
+    the SSE event of a message (the first of its choice or not); `final` the body from
+    each choice's messages and the last message."""
     timer = telemetry.RequestTimer(endpoint)
     try:
         first, rest = await _open_stream(call)
@@ -119,38 +121,42 @@ async def _generate(
         raise
     timer.reply(first)
     if not stream:
-        text, last = [first.text], first
+        choices, last = {first.index: [first]}, first
         try:
             async for message in rest:
                 timer.reply(message)
-                text.append(message.text)
+                choices.setdefault(message.index, []).append(message)
                 last = message
         except grpc.aio.AioRpcError as exc:
             raise PrismError.from_rpc_error(exc) from None
         finally:
             timer.finish(completed=bool(last.finish_reason))
-        return JSONResponse(final("".join(text), last))
+        return JSONResponse(final(dict(sorted(choices.items())), last))
 
     async def events() -> AsyncIterator[bytes]:
         completed = False
+        started: set[int] = set()
         try:
-            message, index = first, 0
+            message = first
             while True:
-                payload = chunk(message, index == 0)
-                if include_usage:
-                    payload["usage"] = None
+                payload = chunk(message, message.index not in started)
+                started.add(message.index)
+                if options.include_usage:
+                    # vLLM's server reports usage so far only where both are asked.
+                    continuous = options.continuous_usage_stats
+                    payload["usage"] = translate.usage(message.usage) if continuous else None
                 yield _sse(payload)
-                if message.finish_reason and include_usage:
-                    tail = chunk(message, False)
-                    tail["choices"] = []
-                    tail["usage"] = translate.usage(message.usage)
-                    yield _sse(tail)
-                index += 1
+                last = message
                 try:
                     message = await rest.__anext__()
                 except StopAsyncIteration:
                     break
                 timer.reply(message)
+            if options.include_usage:
+                tail = chunk(last, False)
+                tail["choices"] = []
+                tail["usage"] = translate.usage(last.usage)
+                yield _sse(tail)
             completed = True
             yield b"data: [DONE]\n\n"
         except grpc.aio.AioRpcError as exc:
@@ -306,41 +312,44 @@ def create_app(
         body = await _json_body(request)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         message = translate.chat_request(body, request_id)
-        include_usage = translate.stream_options(body)
+        options = translate.stream_options(body)
         created = int(time.time())
+        wants_logprobs = message.sampling.HasField("logprobs")
+
+        def logprobs(positions: list) -> dict | None:
+            if not wants_logprobs:
+                return None
+            return translate.chat_logprobs(positions, message.sampling.logprobs)
+
+        def head(reply: inference_pb2.ChatResponse, kind: str) -> dict:
+            return {"id": request_id, "object": kind, "created": created, "model": reply.model}
 
         def chunk(reply: inference_pb2.ChatResponse, first: bool) -> dict:
             delta: dict[str, Any] = {"content": reply.text}
             if first:
                 delta = {"role": "assistant", **delta}
-            return {
-                "id": request_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": reply.model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "delta": delta,
-                        "logprobs": None,
-                        "finish_reason": translate.finish_reason(reply.finish_reason),
-                    }
-                ],
+            choice = {
+                "index": reply.index,
+                "delta": delta,
+                "logprobs": logprobs(list(reply.logprobs)),
+                "finish_reason": translate.finish_reason(reply.finish_reason),
             }
+            return {**head(reply, "chat.completion.chunk"), "choices": [choice]}
 
-        def final(text: str, last: inference_pb2.ChatResponse) -> dict:
+        def final(choices: dict[int, list], last: inference_pb2.ChatResponse) -> dict:
             return {
-                "id": request_id,
-                "object": "chat.completion",
-                "created": created,
-                "model": last.model,
+                **head(last, "chat.completion"),
                 "choices": [
                     {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                        "logprobs": None,
-                        "finish_reason": translate.finish_reason(last.finish_reason),
+                        "index": index,
+                        "message": {
+                            "role": "assistant",
+                            "content": "".join(reply.text for reply in replies),
+                        },
+                        "logprobs": logprobs([p for r in replies for p in r.logprobs]),
+                        "finish_reason": translate.finish_reason(replies[-1].finish_reason),
                     }
+                    for index, replies in choices.items()
                 ],
                 "usage": translate.usage(last.usage),
             }
@@ -348,7 +357,7 @@ def create_app(
         call = gateway.chat(message)
         try:
             return await _generate(
-                call, translate.wants_stream(body), include_usage, chunk, final, request.url.path
+                call, translate.wants_stream(body), options, chunk, final, request.url.path
             )
         except PrismError as error:
             raise translate.as_sent(error, body) from None
@@ -358,37 +367,53 @@ def create_app(
         body = await _json_body(request)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         message = translate.completion_request(body, request_id)
-        include_usage = translate.stream_options(body)
+        options = translate.stream_options(body)
         created = int(time.time())
+        wants_logprobs = message.sampling.HasField("logprobs")
+        # Each choice's next text offset, for logprobs streamed chunk by chunk.
+        offsets: dict[int, int] = {}
 
-        def choice(text: str, reply: inference_pb2.CompleteResponse) -> dict:
-            return {
-                "index": 0,
-                "text": text,
+        def choice(index: int, replies: list[inference_pb2.CompleteResponse]) -> dict:
+            body: dict[str, Any] = {
+                "index": index,
+                "text": "".join(reply.text for reply in replies),
                 "logprobs": None,
-                "finish_reason": translate.finish_reason(reply.finish_reason),
+                "finish_reason": translate.finish_reason(replies[-1].finish_reason),
             }
+            if wants_logprobs:
+                positions = [p for reply in replies for p in reply.logprobs]
+                logprobs = translate.completion_logprobs(
+                    positions, message.sampling.logprobs, offsets.get(index, 0)
+                )
+                if positions:
+                    offsets[index] = logprobs["text_offset"][-1] + len(positions[-1].token.token)
+                body["logprobs"] = logprobs
+            prompt = [p for reply in replies for p in reply.prompt_logprobs]
+            if prompt:
+                body["prompt_logprobs"] = translate.prompt_logprobs(prompt)
+            return body
+
+        def head(reply: inference_pb2.CompleteResponse) -> dict:
+            return {"id": request_id, "object": "text_completion", "created": created,
+                    "model": reply.model}  # fmt: skip
 
         def chunk(reply: inference_pb2.CompleteResponse, first: bool) -> dict:
-            return {
-                "id": request_id,
-                "object": "text_completion",
-                "created": created,
-                "model": reply.model,
-                "choices": [choice(reply.text, reply)],
-            }
+            return {**head(reply), "choices": [choice(reply.index, [reply])]}
 
-        def final(text: str, last: inference_pb2.CompleteResponse) -> dict:
+        def final(choices: dict[int, list], last: inference_pb2.CompleteResponse) -> dict:
             return {
-                **chunk(last, False),
-                "choices": [choice(text, last)],
+                **head(last),
+                "choices": [choice(index, replies) for index, replies in choices.items()],
                 "usage": translate.usage(last.usage),
             }
 
         call = gateway.complete(message)
-        return await _generate(
-            call, translate.wants_stream(body), include_usage, chunk, final, request.url.path
-        )
+        try:
+            return await _generate(
+                call, translate.wants_stream(body), options, chunk, final, request.url.path
+            )
+        except PrismError as error:
+            raise translate.as_sent(error, body) from None
 
     return app
 

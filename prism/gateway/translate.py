@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import json
 import math
 from typing import Any
 
@@ -46,7 +47,12 @@ _SAMPLING_KEYS = {
     "ignore_eos",
     "n",
     "include_stop_str_in_output",
+    "logit_bias",
+    "response_format",
+    "structured_outputs",
 }
+# Most top logprobs a request may ask for (vLLM's default --max-logprobs).
+MAX_LOGPROBS = 20
 
 
 def _is_int(value: Any) -> bool:
@@ -109,7 +115,97 @@ def sampling(body: dict) -> common_pb2.SamplingParams:
     params.ignore_eos = _bool(body, "ignore_eos")
     params.include_stop_str_in_output = _bool(body, "include_stop_str_in_output")
     params.n = _int(body, "n", 1, 128) or 1
+    bias = body.get("logit_bias")
+    if bias is not None:
+        params.logit_bias.update(_logit_bias(bias))
+    structured = _structured_output(body)
+    if structured is not None:
+        params.structured_output.CopyFrom(structured)
     return params
+
+
+def _logit_bias(value: Any) -> dict[int, float]:
+    """OpenAI's {"token id": bias}, each bias clamped to [-100, 100] as vLLM does."""
+    if not isinstance(value, dict):
+        raise invalid("'logit_bias' must map token ids to numbers", "logit_bias")
+    bias = {}
+    for key, number in value.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            token = -1
+        if token < 0 or isinstance(number, bool) or not isinstance(number, int | float):
+            raise invalid(f"'logit_bias' has a bad entry {key!r}: {number!r}", "logit_bias")
+        bias[token] = min(100.0, max(-100.0, float(number)))
+    return bias
+
+
+def _structured_output(body: dict) -> common_pb2.StructuredOutput | None:
+    """`response_format` (OpenAI), or vLLM's own `structured_outputs`; the first wins
+    where both are given, as in vLLM's server."""
+    response_format = body.get("response_format")
+    if response_format is not None:
+        if not isinstance(response_format, dict):
+            raise invalid("'response_format' must be an object", "response_format")
+        kind = response_format.get("type")
+        if kind == "json_object":
+            return common_pb2.StructuredOutput(json_object=True)
+        if kind == "json_schema":
+            spec = response_format.get("json_schema")
+            schema = spec.get("schema") if isinstance(spec, dict) else None
+            if not isinstance(schema, dict):
+                raise invalid(
+                    "response_format of type 'json_schema' needs json_schema.schema, an object",
+                    "response_format",
+                )
+            return common_pb2.StructuredOutput(json_schema=json.dumps(schema))
+        if kind != "text":
+            raise invalid(
+                f"unsupported response_format type {kind!r}: use 'text', 'json_object' or "
+                "'json_schema'",
+                "response_format",
+            )
+    spec = body.get("structured_outputs")
+    if spec is None:
+        return None
+    if not isinstance(spec, dict):
+        raise invalid("'structured_outputs' must be an object", "structured_outputs")
+    given = {k: v for k, v in spec.items() if v is not None}
+    kinds = [k for k in ("json", "regex", "choice", "grammar", "json_object") if k in given]
+    if len(kinds) != 1 or len(given) != 1:
+        raise invalid(
+            "'structured_outputs' takes exactly one of json, regex, choice, grammar or json_object",
+            "structured_outputs",
+        )
+    (kind,) = kinds
+    value = given[kind]
+    if kind == "json":
+        if isinstance(value, str):
+            value = _json_text(value, "structured_outputs.json")
+        if not isinstance(value, dict):
+            raise invalid("structured_outputs.json must be a JSON schema", "structured_outputs")
+        return common_pb2.StructuredOutput(json_schema=json.dumps(value))
+    if kind == "json_object":
+        if value is not True:
+            raise invalid("structured_outputs.json_object must be true", "structured_outputs")
+        return common_pb2.StructuredOutput(json_object=True)
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
+            raise invalid(
+                "structured_outputs.choice must be a non-empty list of strings",
+                "structured_outputs",
+            )
+        return common_pb2.StructuredOutput(choice=common_pb2.Choices(choices=value))
+    if not isinstance(value, str):
+        raise invalid(f"structured_outputs.{kind} must be a string", "structured_outputs")
+    return common_pb2.StructuredOutput(**{kind: value})
+
+
+def _json_text(text: str, param: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise invalid(f"{param} is not valid JSON: {exc}", param.split(".")[0]) from None
 
 
 def _model(body: dict) -> str:
@@ -214,8 +310,11 @@ def chat_request(body: Any, request_id: str = "") -> inference_pb2.ChatRequest:
             )
         )
     _reject_unknown(body, {"model", "messages", "logprobs", "top_logprobs"})
-    if body.get("logprobs") or body.get("top_logprobs"):
-        raise invalid("logprobs are not supported", "logprobs")
+    top = _int(body, "top_logprobs", 0, MAX_LOGPROBS)
+    if _bool(body, "logprobs"):
+        request.sampling.logprobs = top or 0
+    elif top:
+        raise invalid("when using 'top_logprobs', 'logprobs' must be set to true", "top_logprobs")
     return request
 
 
@@ -236,10 +335,18 @@ def completion_request(body: Any, request_id: str = "") -> inference_pb2.Complet
         raise invalid(
             "'prompt' must be a non-empty string or list of token ids (one prompt)", "prompt"
         )
-    _reject_unknown(body, {"model", "prompt", "echo", "logprobs", "suffix"})
-    for name in ("echo", "logprobs", "suffix"):
-        if body.get(name):
-            raise invalid(f"'{name}' is not supported", name)
+    _reject_unknown(body, {"model", "prompt", "echo", "logprobs", "prompt_logprobs", "suffix"})
+    if body.get("suffix"):
+        raise invalid("'suffix' is not supported", "suffix")
+    logprobs = _int(body, "logprobs", 0, MAX_LOGPROBS)
+    if logprobs is not None:
+        request.sampling.logprobs = logprobs
+    prompt_logprobs = _int(body, "prompt_logprobs", 0, MAX_LOGPROBS)
+    if prompt_logprobs is not None:
+        if prompt_logprobs and wants_stream(body):
+            raise invalid("'prompt_logprobs' are not available when streaming", "prompt_logprobs")
+        request.sampling.prompt_logprobs = prompt_logprobs
+    request.echo = _bool(body, "echo")
     return request
 
 
@@ -253,14 +360,21 @@ def wants_stream(body: dict) -> bool:
     return _bool(body, "stream")
 
 
-def stream_options(body: dict) -> bool:
-    """Whether the client asked for a usage chunk at the end of the stream."""
+@dataclasses.dataclass(frozen=True)
+class StreamOptions:
+    # A usage chunk at the end of the stream.
+    include_usage: bool = False
+    # Usage so far on every chunk.
+    continuous_usage_stats: bool = False
+
+
+def stream_options(body: dict) -> StreamOptions:
     options = body.get("stream_options")
     if options is None:
-        return False
+        return StreamOptions()
     if not isinstance(options, dict):
         raise invalid("'stream_options' must be an object", "stream_options")
-    return _bool(options, "include_usage")
+    return StreamOptions(_bool(options, "include_usage"), _bool(options, "continuous_usage_stats"))
 
 
 def usage(value: common_pb2.Usage) -> dict[str, Any]:
@@ -295,8 +409,91 @@ def error_body(error: PrismError) -> dict[str, Any]:
 
 def as_sent(error: PrismError, body: dict) -> PrismError:
     """`error`, naming the parameter as the client sent it: `max_completion_tokens`
-    travels to the processor as `max_tokens`."""
+    travels to the processor as `max_tokens`, `response_format` and `structured_outputs`
+    as `structured_output`."""
     if error.param == "max_tokens" and body.get("max_completion_tokens") is not None:
         message = error.message.replace("max_tokens", "max_completion_tokens")
         return dataclasses.replace(error, message=message, param="max_completion_tokens")
+    if error.param == "structured_output":
+        given = body.get("response_format") is not None
+        sent = "response_format" if given else "structured_outputs"
+        return dataclasses.replace(error, param=sent)
     return error
+
+
+def _logprob(value: float) -> float:
+    # OpenAI's stand-in for minus infinity, as vLLM's server sends it.
+    return max(value, -9999.0)
+
+
+def _utf8(token: str) -> list[int]:
+    return list(token.encode("utf-8", errors="replace"))
+
+
+def _entries(position: common_pb2.PositionLogprobs) -> list[common_pb2.TokenLogprob]:
+    """The position's token, then the top tokens not listed yet: the order in which vLLM
+    lists a position's tokens."""
+    entries = {position.token.token_id: position.token}
+    for token in position.top:
+        entries.setdefault(token.token_id, token)
+    return list(entries.values())
+
+
+def chat_logprobs(
+    positions: list[common_pb2.PositionLogprobs], top_logprobs: int
+) -> dict[str, Any]:
+    """A chat choice's `logprobs`, as vLLM's server writes it."""
+    return {
+        "content": [
+            {
+                "token": p.token.token,
+                "logprob": _logprob(p.token.logprob),
+                "bytes": _utf8(p.token.token),
+                "top_logprobs": [
+                    {"token": t.token, "logprob": _logprob(t.logprob), "bytes": _utf8(t.token)}
+                    for t in _entries(p)[:top_logprobs]
+                ],
+            }
+            for p in positions
+        ]
+    }
+
+
+def completion_logprobs(
+    positions: list[common_pb2.PositionLogprobs], logprobs: int, text_offset: int = 0
+) -> dict[str, Any]:
+    """A completion choice's `logprobs`, as vLLM's server writes it: `text_offset` is
+    where the first token starts; each next one starts where the one before ends."""
+    body: dict[str, list] = {"text_offset": [], "token_logprobs": [], "tokens": [],
+                             "top_logprobs": []}  # fmt: skip
+    for p in positions:
+        body["text_offset"].append(text_offset)
+        text_offset += len(p.token.token)
+        body["tokens"].append(p.token.token)
+        if not p.token.rank:
+            # The prompt's first token, echoed: nothing came before it.
+            body["token_logprobs"].append(None)
+            body["top_logprobs"].append(None)
+            continue
+        body["token_logprobs"].append(_logprob(p.token.logprob))
+        # OpenAI's completions list the asked number and the token itself.
+        entries = _entries(p)[: logprobs + 1]
+        body["top_logprobs"].append({t.token: _logprob(t.logprob) for t in entries})
+    return body
+
+
+def prompt_logprobs(positions: list[common_pb2.PositionLogprobs]) -> list[dict | None]:
+    """vLLM's `prompt_logprobs` extension: per prompt token, its tokens by id."""
+    return [
+        {
+            str(t.token_id): {
+                "logprob": _logprob(t.logprob),
+                "rank": t.rank,
+                "decoded_token": t.token,
+            }
+            for t in _entries(p)
+        }
+        if p.token.rank
+        else None
+        for p in positions
+    ]

@@ -64,14 +64,36 @@ class Replay:
         self.requests: list[tuple[str, list[int]]] = []
         self.media: list = []
 
+        self.sampling: list[common_pb2.SamplingParams] = []
+
     async def run(self, request_id, prompt_ids, media, sampling, call, migration_limit=0):
         self.requests.append((request_id, prompt_ids))
         self.media.append(media)
+        self.sampling.append(sampling)
         usage = engine_pb2.PromptUsage(prompt_tokens=len(prompt_ids), cached_tokens=1)
-        yield engine_pb2.GenerateResponse(token_ids=self.answer[:1], first=usage)
-        for token in self.answer[1:]:
-            yield engine_pb2.GenerateResponse(token_ids=[token])
+        if sampling.HasField("prompt_logprobs"):
+            usage.prompt_logprobs.extend(
+                _scores(t, sampling.prompt_logprobs) for t in prompt_ids[1:]
+            )
+        for index, token in enumerate(self.answer):
+            reply = engine_pb2.GenerateResponse(token_ids=[token])
+            if index == 0:
+                reply.first.CopyFrom(usage)
+            if sampling.HasField("logprobs"):
+                reply.logprobs.append(_scores(token, sampling.logprobs))
+            yield reply
         yield engine_pb2.GenerateResponse(last=engine_pb2.Finish(reason=LENGTH))
+
+
+def _scores(token: int, top: int) -> engine_pb2.EngineLogprobs:
+    """Made-up logprobs for `token`, drawn at rank 2 behind token 100, as the engine lays
+    them out: the token, then the top ones."""
+    ranked = [(100, -0.25), (token, -1.5), (101, -3.0)][:top]
+    return engine_pb2.EngineLogprobs(
+        token_ids=[token, *(t for t, _ in ranked)],
+        logprobs=[-1.5, *(lp for _, lp in ranked)],
+        rank=2,
+    )
 
 
 async def handle(
@@ -109,6 +131,62 @@ def test_complete_answers_text_and_usage(tokenizer):
     assert (usage.prompt_tokens, usage.completion_tokens) == (len(prompt), len(pipeline.answer))
     assert usage.total_tokens == len(prompt) + len(pipeline.answer)
     assert usage.cached_tokens == 1
+
+
+def test_n_choices_run_apart_with_seeds_as_vllm_gives_them(tokenizer):
+    sampling = common_pb2.SamplingParams(n=3, seed=7)
+    request = inference_pb2.CompleteRequest(text="The cat", request_id="c1", sampling=sampling)
+    (replies,), pipeline = asyncio.run(
+        handle(tokenizer, "A red square.", lambda h: h.complete(request))
+    )
+    assert sorted(r[0] for r in pipeline.requests) == ["0_c1", "1_c1", "2_c1"]
+    assert sorted(s.seed for s in pipeline.sampling) == [7, 8, 9]
+    assert {s.n for s in pipeline.sampling} == {1}
+    for index in range(3):
+        text = "".join(r.text for r in replies if r.index == index)
+        assert text == "A red square."
+    assert [r.finish_reason for r in replies].count(LENGTH) == 3
+    # Usage counts every choice; the stream's last message has the totals.
+    assert replies[-1].usage.completion_tokens == 3 * len(pipeline.answer)
+    assert replies[-1].usage.prompt_tokens == len(tokenizer.encode("The cat"))
+
+
+def test_logprobs_are_decoded_per_token_and_echo_starts_with_the_prompt(tokenizer):
+    sampling = common_pb2.SamplingParams(logprobs=2)
+    request = inference_pb2.CompleteRequest(
+        text="The cat", request_id="c1", sampling=sampling, echo=True
+    )
+    (replies,), pipeline = asyncio.run(
+        handle(tokenizer, "A red square.", lambda h: h.complete(request))
+    )
+    prompt = tokenizer.encode("The cat")
+    # As vLLM: echo with logprobs asks for the prompt's too.
+    assert pipeline.sampling[0].prompt_logprobs == 2
+    assert replies[0].text.startswith("The cat")
+    assert list(replies[0].token_ids[: len(prompt)]) == prompt
+    positions = [p for r in replies for p in r.logprobs]
+    assert len(positions) == len(prompt) + len(pipeline.answer)
+    assert positions[0].token.rank == 0 and not positions[0].top
+    expected = [*prompt, *pipeline.answer]
+    assert [p.token.token_id for p in positions] == expected
+    for position in positions[1:]:
+        assert position.token.rank == 2 and position.token.logprob == -1.5
+        assert [t.token_id for t in position.top] == [100, position.token.token_id]
+        assert [t.rank for t in position.top] == [1, 2]
+    text = "".join(p.token.token for p in positions[len(prompt) :])
+    assert text == "A red square."
+    assert [p.token.token_id for p in replies[0].prompt_logprobs] == prompt
+
+
+def test_a_constraint_that_cannot_compile_fails_before_any_work(tokenizer):
+    bad = common_pb2.StructuredOutput(json_schema='{"type": "nonsense"}')
+    request = inference_pb2.CompleteRequest(
+        text="x", sampling=common_pb2.SamplingParams(structured_output=bad)
+    )
+    (error,), pipeline = asyncio.run(handle(tokenizer, "a", lambda h: h.complete(request)))
+    assert isinstance(error, PrismError) and error.param == "structured_output"
+    assert error.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert pipeline.requests == []
 
 
 def test_chat_applies_the_template_and_bad_requests_fail_before_any_work(tokenizer):

@@ -110,7 +110,16 @@ def test_max_completion_tokens_wins_over_max_tokens():
          "messages[0].content[0].video_url"),
         ({"model": 3}, "model"),
         ({"tools": [{"type": "function"}]}, "tools"),
-        ({"logprobs": True}, "logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"logit_bias": {"x": 1}}, "logit_bias"),
+        ({"logit_bias": [1]}, "logit_bias"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
+        ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+        ({"structured_outputs": {"choice": []}}, "structured_outputs"),
+        ({"structured_outputs": {"json": "{"}}, "structured_outputs"),
+        ({"prompt_logprobs": 1}, "prompt_logprobs"),
     ],
 )  # fmt: skip
 def test_invalid_chat_fields_name_the_parameter(fields, param):
@@ -136,8 +145,9 @@ def test_completion_prompt_forms():
 
 
 def test_stream_options():
-    assert translate.stream_options({"stream_options": {"include_usage": True}})
-    assert not translate.stream_options({})
+    options = translate.stream_options({"stream_options": {"include_usage": True}})
+    assert options.include_usage and not options.continuous_usage_stats
+    assert translate.stream_options({}) == translate.StreamOptions()
     with pytest.raises(PrismError):
         translate.stream_options({"stream_options": "yes"})
     with pytest.raises(PrismError):
@@ -172,3 +182,85 @@ def test_error_body(code, reason, status, kind):
     body = translate.error_body(error)["error"]
     assert body == {"message": "boom", "type": kind, "param": "p",
                     "code": (reason or code.name).lower()}  # fmt: skip
+
+
+def test_logprobs_parameters():
+    sampling = translate.chat_request(chat(logprobs=True, top_logprobs=3)).sampling
+    assert sampling.logprobs == 3
+    assert translate.chat_request(chat(logprobs=True)).sampling.logprobs == 0
+    assert not translate.chat_request(chat(logprobs=False)).sampling.HasField("logprobs")
+    body = {"model": "m", "prompt": "hi", "logprobs": 2, "echo": True, "prompt_logprobs": 1}
+    request = translate.completion_request(body)
+    assert (request.sampling.logprobs, request.sampling.prompt_logprobs, request.echo) == (
+        2,
+        1,
+        True,
+    )
+    with pytest.raises(PrismError) as info:
+        translate.completion_request({**body, "stream": True})
+    assert info.value.param == "prompt_logprobs"
+
+
+def test_structured_output_forms():
+    def structured(**fields):
+        return translate.chat_request(chat(**fields)).sampling.structured_output
+
+    schema = {"type": "object"}
+    form = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    assert structured(response_format=form).json_schema == '{"type": "object"}'
+    assert structured(response_format={"type": "json_object"}).json_object
+    assert structured(response_format={"type": "text"}).WhichOneof("kind") is None
+    assert structured(structured_outputs={"json": '{"type": "object"}'}).json_schema
+    assert list(structured(structured_outputs={"choice": ["a", "b"]}).choice.choices) == ["a", "b"]
+    assert structured(structured_outputs={"regex": "a+"}).regex == "a+"
+    assert structured(structured_outputs={"grammar": "root ::= x"}).grammar == "root ::= x"
+
+
+def test_logit_bias_is_clamped_as_vllm_clamps_it():
+    sampling = translate.chat_request(chat(logit_bias={"5": 300, "7": -1.5})).sampling
+    assert dict(sampling.logit_bias) == {5: 100.0, 7: -1.5}
+
+
+def test_an_unserved_constraint_error_names_what_the_client_sent():
+    error = PrismError(grpc.StatusCode.INVALID_ARGUMENT, "bad", param="structured_output")
+    assert translate.as_sent(error, {"response_format": {}}).param == "response_format"
+    assert translate.as_sent(error, {"structured_outputs": {}}).param == "structured_outputs"
+
+
+def _position(token, logprob, rank, *top):
+    return common_pb2.PositionLogprobs(
+        token=common_pb2.TokenLogprob(
+            token_id=token[0], token=token[1], logprob=logprob, rank=rank
+        ),
+        top=[common_pb2.TokenLogprob(token_id=i, token=t, logprob=lp, rank=r + 1)
+             for r, (i, t, lp) in enumerate(top)],
+    )  # fmt: skip
+
+
+def test_chat_logprobs_list_the_drawn_token_first_as_vllm_does():
+    # Drawn at rank 3: vLLM lists it first, then the top tokens, without repeats.
+    position = _position((9, "c"), -2.0, 3, (1, "a", -0.5), (2, "b", -1.0), (9, "c", -2.0))
+    body = translate.chat_logprobs([position], 2)
+    (entry,) = body["content"]
+    assert (entry["token"], entry["logprob"], entry["bytes"]) == ("c", -2.0, [99])
+    assert [t["token"] for t in entry["top_logprobs"]] == ["c", "a"]
+    minus_infinity = _position((4, "é"), float("-inf"), 1500)
+    (entry,) = translate.chat_logprobs([minus_infinity], 0)["content"]
+    assert entry["logprob"] == -9999.0 and entry["top_logprobs"] == []
+    assert entry["bytes"] == [0xC3, 0xA9]
+
+
+def test_completion_logprobs_offsets_and_the_unscored_first_prompt_token():
+    first = common_pb2.PositionLogprobs(token=common_pb2.TokenLogprob(token_id=3, token="Hi"))
+    second = _position((5, " there"), -1.0, 2, (6, "!", -0.5), (5, " there", -1.0))
+    body = translate.completion_logprobs([first, second], 1, text_offset=10)
+    assert body["tokens"] == ["Hi", " there"]
+    assert body["text_offset"] == [10, 12]
+    assert body["token_logprobs"] == [None, -1.0]
+    # The asked number plus the token itself.
+    assert body["top_logprobs"] == [None, {" there": -1.0, "!": -0.5}]
+    assert translate.prompt_logprobs([first, second]) == [
+        None,
+        {"5": {"logprob": -1.0, "rank": 2, "decoded_token": " there"},
+         "6": {"logprob": -0.5, "rank": 1, "decoded_token": "!"}},
+    ]  # fmt: skip

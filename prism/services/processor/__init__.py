@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import TypeVar
 
 import grpc
 from opentelemetry import trace
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from vllm.config import StructuredOutputsConfig
+from vllm.exceptions import VLLMClientError
 
 from prism import embeds, logs, rpc, telemetry
 from prism.media import MediaLoader, PromptMedia, media_policy
@@ -31,9 +35,10 @@ from prism.rpc import PrismError, invalid
 from prism.runtime.service import Service
 from prism.runtime.stage import Stage
 from prism.sampling import to_vllm
-from prism.services.processor.detokenize import Detokenizer
+from prism.services.processor.detokenize import Delta, Detokenizer
 from prism.services.processor.failover import Call
 from prism.services.processor.inputs import ModelInputs
+from prism.services.processor.logprobs import Logprobs
 from prism.services.processor.pipeline import Pipeline
 from prism.stage.v1 import encoder_pb2, engine_pb2
 from prism.v1 import common_pb2, errors_pb2, inference_pb2, inference_pb2_grpc
@@ -53,6 +58,8 @@ _ROLE_NAMES = {
 Response = TypeVar("Response", inference_pb2.ChatResponse, inference_pb2.CompleteResponse)
 # A request's prompt: its token ids and its media.
 Prompt = tuple[list[int], PromptMedia]
+# What vLLM's structured-output check reads of the model's config.
+_NOT_DIFFUSION = SimpleNamespace(is_diffusion=False)
 
 
 @dataclass
@@ -86,7 +93,8 @@ class InferenceServicer:
         self.loader = loader
         self.max_model_len = max_model_len
         self.created = int(time.time())
-        self._active: dict[str, Call] = {}
+        # Running request ids -> each choice's stage calls.
+        self._active: dict[str, list[Call]] = {}
         self.service = Service(
             inference_pb2.DESCRIPTOR.services_by_name["InferenceService"],
             inference_pb2_grpc,
@@ -119,6 +127,8 @@ class InferenceServicer:
         request_id = request.request_id or f"chatcmpl-{uuid.uuid4().hex}"
         self._describe(request_id)
         self._check_model(request.model)
+        if request.sampling.HasField("prompt_logprobs"):
+            raise invalid("prompt_logprobs are served on completions only", "prompt_logprobs")
         conversation, parts = self._conversation(list(request.messages))
         prompt_ids = self._prompt_ids(conversation)
 
@@ -155,7 +165,12 @@ class InferenceServicer:
             log.info("completion %s: %d prompt tokens", request_id, len(prompt_ids))
             return prompt_ids, PromptMedia()
 
-        return self._answer(inference_pb2.CompleteResponse, request_id, prompt(), request.sampling)
+        echo = None
+        if request.echo:
+            echo = request.text if kind == "text" else self.tokenizer.decode(prompt_ids)
+        return self._answer(
+            inference_pb2.CompleteResponse, request_id, prompt(), request.sampling, echo
+        )
 
     def _conversation(
         self, messages: list[inference_pb2.ChatMessage]
@@ -236,17 +251,27 @@ class InferenceServicer:
             raise invalid(f"chat template failed: {exc}", "messages") from None
         return self.tokenizer.encode(prompt, add_special_tokens=False)
 
-    async def _answer(
-        self,
-        response_type: type[Response],
-        request_id: str,
-        prompt: Awaitable[Prompt],
-        sampling: common_pb2.SamplingParams,
-    ) -> AsyncIterator[Response]:
-        """Chat and Complete answer alike: one message per delta, usage on the last."""
-        prompt_ids, media = await prompt
-        if sampling.n > 1:
-            raise invalid("n > 1 is not supported", "n")
+    def _choices(
+        self, request_id: str, sampling: common_pb2.SamplingParams
+    ) -> list[tuple[str, common_pb2.SamplingParams]]:
+        """Each choice's engine request id and sampling, as vLLM splits a request with n > 1:
+        with a seed, choice i samples with seed + i."""
+        n = max(sampling.n, 1)
+        if n == 1:
+            return [(request_id, sampling)]
+        if sampling.HasField("seed") and sampling.seed + n - 1 >= 2**63:
+            raise invalid(f"seed + n - 1 must be below 2**63 (seed {sampling.seed})", "seed")
+        choices = []
+        for index in range(n):
+            params = common_pb2.SamplingParams()
+            params.CopyFrom(sampling)
+            params.n = 1
+            if sampling.HasField("seed"):
+                params.seed = sampling.seed + index
+            choices.append((f"{index}_{request_id}", params))
+        return choices
+
+    def _check_sampling(self, sampling: common_pb2.SamplingParams, prompt_ids: list[int]) -> None:
         if len(prompt_ids) >= self.max_model_len:
             raise invalid(
                 f"prompt has {len(prompt_ids)} tokens, the model's context is {self.max_model_len}",
@@ -259,37 +284,113 @@ class InferenceServicer:
                 f"max_model_len={self.max_model_len}. Please request fewer output tokens.",
                 "max_tokens",
             )
-        detokenizer = Detokenizer(self.tokenizer, request_id, prompt_ids, to_vllm(sampling))
+        params = to_vllm(sampling)
+        if sampling.n > 1:
+            try:
+                to_vllm(sampling, n=sampling.n)
+            except PrismError as error:
+                # Only `n` differs from the parameters just checked.
+                raise dataclasses.replace(error, param="n") from None
+        try:
+            # vLLM's own check, which its engine repeats: here it fails before any stage
+            # is called, naming the parameter.
+            params._validate_structured_outputs(_NOT_DIFFUSION, StructuredOutputsConfig(),
+                                                self.tokenizer)  # fmt: skip
+        except (ValueError, VLLMClientError) as exc:
+            raise invalid(str(exc), "structured_output") from None
+
+    async def _answer(
+        self,
+        response_type: type[Response],
+        request_id: str,
+        prompt: Awaitable[Prompt],
+        sampling: common_pb2.SamplingParams,
+        echo: str | None = None,
+    ) -> AsyncIterator[Response]:
+        """Chat and Complete answer alike: one message per delta of each choice. `echo`:
+        the prompt's text, which then starts each choice."""
+        prompt_ids, media = await prompt
+        if (
+            echo is not None
+            and sampling.HasField("logprobs")
+            and not sampling.HasField("prompt_logprobs")
+        ):
+            # As vLLM: the echoed prompt comes with its logprobs.
+            sampling.prompt_logprobs = sampling.logprobs
+        self._check_sampling(sampling, prompt_ids)
         if request_id in self._active:
             raise invalid(f"request id {request_id!r} is already running", "request_id")
-        call = self._active[request_id] = Call()
-        replies = self.pipeline.run(
-            request_id, prompt_ids, media, sampling, call, self.migration_limit
-        )
-        # What the engine made of the prompt, once its first reply says.
-        prompt_usage = engine_pb2.PromptUsage(prompt_tokens=len(prompt_ids))
+        choices = self._choices(request_id, sampling)
+        calls = self._active[request_id] = [Call() for _ in choices]
+        answer = _Answer(response_type, request_id, prompt_ids, media,
+                         _Tally(len(prompt_ids), len(choices)), echo)  # fmt: skip
+        streams = [
+            self._choice(answer, index, engine_id, params, calls[index])
+            for index, (engine_id, params) in enumerate(choices)
+        ]
+        try:
+            async for response in streams[0] if len(streams) == 1 else merge(streams):
+                yield response
+        finally:
+            self._active.pop(request_id, None)
 
-        def response(text: str, token_ids: list[int], finish_reason: int, **usage) -> Response:
-            return response_type(
-                request_id=request_id,
+    async def _choice(
+        self,
+        answer: _Answer,
+        index: int,
+        engine_id: str,
+        sampling: common_pb2.SamplingParams,
+        call: Call,
+    ) -> AsyncIterator[Response]:
+        """One choice's messages, each with the request's usage so far."""
+        prompt_ids, tally, echo = answer.prompt_ids, answer.tally, answer.echo
+        params = to_vllm(sampling)
+        detokenizer = Detokenizer(self.tokenizer, engine_id, prompt_ids, params)
+        logprobs = Logprobs(self.tokenizer, params)
+        replies = self.pipeline.run(
+            engine_id, prompt_ids, answer.media, sampling, call, self.migration_limit
+        )
+        started = False
+
+        def response(delta: Delta, positions: list, reply: engine_pb2.GenerateResponse | None):
+            nonlocal started
+            message = answer.response_type(
+                request_id=answer.request_id,
                 model=self.served_model_name,
-                text=text,
-                token_ids=token_ids,
-                finish_reason=finish_reason,
-                **usage,
+                index=index,
+                text=delta.text,
+                token_ids=delta.token_ids,
+                finish_reason=delta.finish_reason,
+                logprobs=positions,
             )
+            if not started:
+                started = True
+                first = reply.first if reply is not None else engine_pb2.PromptUsage()
+                prompt_positions = logprobs.prompt(prompt_ids, first.prompt_logprobs)
+                if answer.response_type is inference_pb2.CompleteResponse:
+                    message.prompt_logprobs.extend(prompt_positions)
+                if echo is not None:
+                    message.text = echo + message.text
+                    message.token_ids[:0] = prompt_ids
+                    if sampling.HasField("logprobs"):
+                        positions = [*prompt_positions, *message.logprobs]
+                        del message.logprobs[:]
+                        message.logprobs.extend(positions)
+            tally.sent[index] = detokenizer.sent
+            message.usage.CopyFrom(tally.usage())
+            return message
 
         try:
             async for reply in replies:
                 if reply.HasField("first"):
-                    prompt_usage = reply.first
+                    tally.prompt(reply.first)
                 delta = detokenizer.update(list(reply.token_ids), reply.last.reason)
+                positions = logprobs.output(reply.logprobs[: len(delta.token_ids)])
                 if not delta.finished:
                     if delta.text or delta.token_ids:
-                        yield response(delta.text, delta.token_ids, delta.finish_reason)
+                        yield response(delta, positions, reply)
                     continue
-                usage = _usage(prompt_usage, detokenizer.sent)
-                yield response(delta.text, delta.token_ids, delta.finish_reason, usage=usage)
+                yield response(delta, positions, reply)
                 if reply.HasField("last"):
                     # The stage ends its stream after its last reply: read to that end, so
                     # that every stage sees its call complete rather than cancelled.
@@ -299,15 +400,13 @@ class InferenceServicer:
         except asyncio.CancelledError:
             if not call.aborted:
                 raise
-            usage = _usage(prompt_usage, detokenizer.sent)
-            yield response("", [], common_pb2.FINISH_REASON_ABORT, usage=usage)
+            yield response(Delta("", [], common_pb2.FINISH_REASON_ABORT), [], None)
             return
         except grpc.aio.AioRpcError as exc:
             raise PrismError.from_rpc_error(exc) from None
         finally:
             # Closing the pipeline cancels its open stage call and frees what it holds.
             await replies.aclose()
-            self._active.pop(request_id, None)
         raise PrismError(grpc.StatusCode.INTERNAL, "worker stream ended without a finish reason")
 
     async def list_models(
@@ -322,20 +421,83 @@ class InferenceServicer:
         return inference_pb2.ListModelsResponse(models=[model])
 
     async def abort(self, request: inference_pb2.AbortRequest) -> inference_pb2.AbortResponse:
-        call = self._active.get(request.request_id)
-        if call is None:
+        calls = self._active.get(request.request_id)
+        if calls is None:
             return inference_pb2.AbortResponse(aborted=False)
-        call.abort()
+        for call in calls:
+            call.abort()
         return inference_pb2.AbortResponse(aborted=True)
 
 
-def _usage(prompt: engine_pb2.PromptUsage, completion_tokens: int) -> common_pb2.Usage:
-    return common_pb2.Usage(
-        prompt_tokens=prompt.prompt_tokens,
-        completion_tokens=completion_tokens,
-        total_tokens=prompt.prompt_tokens + completion_tokens,
-        cached_tokens=prompt.cached_tokens,
-    )
+@dataclass
+class _Answer:
+    """What the choices of one request share."""
+
+    response_type: type
+    request_id: str
+    prompt_ids: list[int]
+    media: PromptMedia
+    tally: _Tally
+    # The prompt's text, which starts each choice (completions' `echo`).
+    echo: str | None
+
+
+class _Tally:
+    """A request's token counts, all choices together."""
+
+    def __init__(self, prompt_tokens: int, choices: int) -> None:
+        # What the processor counted, until the engine's first reply says.
+        self._prompt = engine_pb2.PromptUsage(prompt_tokens=prompt_tokens)
+        self._engine_said = False
+        self.sent = [0] * choices
+
+    def prompt(self, usage: engine_pb2.PromptUsage) -> None:
+        if not self._engine_said:
+            self._engine_said = True
+            self._prompt = engine_pb2.PromptUsage(
+                prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens
+            )
+
+    def usage(self) -> common_pb2.Usage:
+        completion = sum(self.sent)
+        return common_pb2.Usage(
+            prompt_tokens=self._prompt.prompt_tokens,
+            completion_tokens=completion,
+            total_tokens=self._prompt.prompt_tokens + completion,
+            cached_tokens=self._prompt.cached_tokens,
+        )
+
+
+async def merge(streams: list[AsyncIterator[Response]]) -> AsyncIterator[Response]:
+    """The messages of every stream as they come. The first error ends them all; closing
+    this closes every stream, which frees what each holds."""
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(stream: AsyncIterator[Response]) -> None:
+        try:
+            async for item in stream:
+                queue.put_nowait(item)
+        except Exception as exc:
+            queue.put_nowait(exc)
+        finally:
+            queue.put_nowait(done)
+
+    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is done:
+                running -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def context_length(model: str) -> int:

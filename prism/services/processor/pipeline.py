@@ -193,11 +193,12 @@ class Pipeline:
         if not request.sampling.HasField("seed"):
             # Both engines draw the first token; one seed makes them draw the same one.
             request.sampling.seed = secrets.randbits(63)
-        first: list[int] = []
+        first = engine_pb2.GenerateResponse()
         prompt = engine_pb2.PromptUsage()
         finish = engine_pb2.Finish()
         async for reply in self._generate(MeshRole.PREFILL, request, call, keys):
-            first += reply.token_ids
+            first.token_ids.extend(reply.token_ids)
+            first.logprobs.extend(reply.logprobs)
             if reply.HasField("first"):
                 prompt = reply.first
             if reply.HasField("last"):
@@ -212,7 +213,8 @@ class Pipeline:
         # Until decode has read the KV cache, prefill holds it for this request.
         held = True
         try:
-            yield engine_pb2.GenerateResponse(token_ids=first, first=prompt)
+            first.first.CopyFrom(prompt)
+            yield first
             if finish.reason == common_pb2.FINISH_REASON_STOP or (
                 request.sampling.HasField("max_tokens") and request.sampling.max_tokens <= 1
             ):
@@ -229,15 +231,17 @@ class Pipeline:
             async for reply in self._generate(MeshRole.DECODE, decode_request, call):
                 if held:
                     # Decode draws the first token again, from the same KV cache; the
-                    # stream's first message was prefill's.
+                    # stream's first message was prefill's, with its logprobs.
                     held = False
-                    again = reply.token_ids[: len(first)]
-                    if list(again) != first:
+                    drawn = len(first.token_ids)
+                    again = list(reply.token_ids[:drawn])
+                    if again != list(first.token_ids):
                         log.warning(
                             "request %s: decode drew %s as the first token, prefill %s",
-                            request.request_id, list(again), first,
+                            request.request_id, again, list(first.token_ids),
                         )  # fmt: skip
-                    del reply.token_ids[: len(first)]
+                    del reply.token_ids[:drawn]
+                    del reply.logprobs[:drawn]
                     reply.ClearField("first")
                 yield reply
         finally:

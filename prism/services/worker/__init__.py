@@ -24,6 +24,7 @@ import torch
 from opentelemetry.trace import Span
 from vllm import SamplingParams, TokensPrompt
 from vllm.exceptions import VLLMClientError
+from vllm.logprobs import FlatLogprobs
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -62,6 +63,20 @@ def _uuids(
     """The uuid of each item of `media`, by modality."""
     groups = zip(MODALITIES, (media.images, media.videos), strict=True)
     return {modality: [uuid(item) for item in items] for modality, items in groups if items}
+
+
+def _logprobs(flat: FlatLogprobs | None) -> list[engine_pb2.EngineLogprobs]:
+    """Each position of `flat` as the engine computed it, duplicates kept, so that the
+    processor decodes the tokens as vLLM's own output processor would."""
+    if not flat:
+        return []
+    return [
+        engine_pb2.EngineLogprobs(
+            token_ids=flat.token_ids[start:end], logprobs=flat.logprobs[start:end],
+            rank=flat.ranks[start] or 0,
+        )
+        for start, end in zip(flat.start_indices, flat.end_indices, strict=True)
+    ]  # fmt: skip
 
 
 class EngineServicer:
@@ -154,7 +169,11 @@ class EngineServicer:
     def _params(self, request: engine_pb2.GenerateRequest) -> SamplingParams:
         # Stop strings need text: the processor applies them, the engine never sees them.
         return self.role.params(
-            request, stop=None, detokenize=False, output_kind=RequestOutputKind.DELTA
+            request,
+            stop=None,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+            flat_logprobs=True,
         )
 
     async def _prompt(self, request: engine_pb2.GenerateRequest) -> TokensPrompt:
@@ -201,11 +220,16 @@ class EngineServicer:
                 self._last_output = time.monotonic()
                 completion = output.outputs[0]
                 generated += len(completion.token_ids)
-                reply = engine_pb2.GenerateResponse(token_ids=completion.token_ids)
+                reply = engine_pb2.GenerateResponse(
+                    token_ids=completion.token_ids, logprobs=_logprobs(completion.logprobs)
+                )
                 if first:
                     first = False
                     reply.first.prompt_tokens = len(output.prompt_token_ids or ())
                     reply.first.cached_tokens = output.num_cached_tokens or 0
+                    if output.prompt_logprobs:
+                        # Its first position, the prompt's first token, has none.
+                        reply.first.prompt_logprobs.extend(_logprobs(output.prompt_logprobs[1:]))
                     span.set_attributes({
                         "gen_ai.usage.input_tokens": reply.first.prompt_tokens,
                         "prism.cached_tokens": reply.first.cached_tokens,

@@ -216,7 +216,13 @@ class Decode(Role):
         if not request.HasField("kv_transfer_params"):
             raise invalid("a decode worker needs kv_transfer_params", "kv_transfer_params")
         kv_params = kv_transfer.to_vllm(request.kv_transfer_params)
-        return to_vllm(request.sampling, **common, extra_args={"kv_transfer_params": kv_params})
+        # The prompt's logprobs are prefill's: decode does not run the prompt.
+        return to_vllm(
+            request.sampling,
+            **common,
+            prompt_logprobs=None,
+            extra_args={"kv_transfer_params": kv_params},
+        )
 
     def placeholders(self, layouts: engine_pb2.MediaLayouts) -> dict[str, Any]:
         """Zero embeddings shaped like prefill's: they are never read, since the media's

@@ -44,22 +44,36 @@ class MediaLayouts(_message.Message):
     def __init__(self, images: _Optional[_Iterable[_Union[MediaLayout, _Mapping]]] = ..., videos: _Optional[_Iterable[_Union[MediaLayout, _Mapping]]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("token_ids", "first", "last")
+    __slots__ = ("token_ids", "first", "last", "logprobs")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FIRST_FIELD_NUMBER: _ClassVar[int]
     LAST_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     first: PromptUsage
     last: Finish
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., first: _Optional[_Union[PromptUsage, _Mapping]] = ..., last: _Optional[_Union[Finish, _Mapping]] = ...) -> None: ...
+    logprobs: _containers.RepeatedCompositeFieldContainer[EngineLogprobs]
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., first: _Optional[_Union[PromptUsage, _Mapping]] = ..., last: _Optional[_Union[Finish, _Mapping]] = ..., logprobs: _Optional[_Iterable[_Union[EngineLogprobs, _Mapping]]] = ...) -> None: ...
+
+class EngineLogprobs(_message.Message):
+    __slots__ = ("token_ids", "logprobs", "rank")
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    logprobs: _containers.RepeatedScalarFieldContainer[float]
+    rank: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class PromptUsage(_message.Message):
-    __slots__ = ("prompt_tokens", "cached_tokens")
+    __slots__ = ("prompt_tokens", "cached_tokens", "prompt_logprobs")
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     prompt_tokens: int
     cached_tokens: int
-    def __init__(self, prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ...) -> None: ...
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[EngineLogprobs]
+    def __init__(self, prompt_tokens: _Optional[int] = ..., cached_tokens: _Optional[int] = ..., prompt_logprobs: _Optional[_Iterable[_Union[EngineLogprobs, _Mapping]]] = ...) -> None: ...
 
 class Finish(_message.Message):
     __slots__ = ("reason", "kv_transfer_params", "layouts")

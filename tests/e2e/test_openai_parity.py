@@ -1,0 +1,70 @@
+"""End to end through real processes: OpenAI's parameters beyond plain text (logprobs, n,
+structured output, logit bias, stop strings, echo, usage) answered by every mode exactly as
+`vllm serve` answers them on the same tiny model (tests/parity.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jsonschema
+import parity
+import pytest
+
+NAMES = list(parity.cases(None))
+ANSWERED = [name for name in NAMES if not name.startswith("bad_")]
+
+
+def assert_same(got: object, expected: object, where: str = "") -> None:
+    """Equal, but for log probabilities, which may differ by 1e-4."""
+    if isinstance(expected, float) and isinstance(got, float | int):
+        assert math.isclose(got, expected, abs_tol=1e-4), f"{where}: {got} != {expected}"
+    elif isinstance(expected, dict) and isinstance(got, dict):
+        assert got.keys() == expected.keys(), f"{where}: keys {got.keys()} != {expected.keys()}"
+        for key in expected:
+            assert_same(got[key], expected[key], f"{where}.{key}")
+    elif isinstance(expected, list | tuple) and isinstance(got, list | tuple):
+        assert len(got) == len(expected), f"{where}: {len(got)} items != {len(expected)}"
+        for i, (a, b) in enumerate(zip(got, expected, strict=True)):
+            assert_same(a, b, f"{where}[{i}]")
+    else:
+        assert got == expected, f"{where}: {got!r} != {expected!r}"
+
+
+@pytest.mark.parametrize("case", ANSWERED)
+def test_answers_as_vllm_serve(mesh, served, case):
+    expected = parity.comparable(served(mesh.family)[case])
+    assert expected["status"] == 200, served(mesh.family)[case]
+    sent = parity.cases(mesh.model)[case]
+    got = parity.comparable(parity.ask(mesh.base_url, mesh.model, sent))
+    assert_same(got, expected, case)
+
+
+def test_the_cases_are_not_trivial(mesh, served):
+    """Guards the parity cases: they exercise what they name."""
+    answers = {name: parity.comparable(served(mesh.family)[name]) for name in ANSWERED}
+    choices = answers["n_seeded"]["choices"]
+    assert len(choices) == 3 and len({c["text"] for c in choices.values()}) > 1
+    top = answers["chat_logprobs"]["choices"][0]["logprobs"]
+    assert len(top) == 8 and all(len(tops) == 5 for _, _, tops in top)
+    echo = answers["completion_echo"]["choices"][0]
+    assert echo["text"].startswith("Once upon a time") and echo["logprobs"][0][1] is None
+    schema = answers["json_schema"]["choices"][0]
+    assert schema["finish_reason"] == "stop", schema
+    jsonschema.validate(json.loads(schema["text"]), parity.SCHEMA)
+    # Any object: its keys are free text, which a random-weight model may not end.
+    assert answers["json_object"]["choices"][0]["text"].startswith("{")
+    assert answers["choice"]["choices"][0]["text"] in ("yes", "no")
+    assert answers["grammar"]["choices"][0]["text"] in ("cat", "dog", "bird")
+    assert answers["stop_included"]["choices"][0]["text"] == ","
+
+
+@pytest.mark.parametrize(
+    ("case", "param"),
+    [("bad_schema", "response_format"), ("bad_regex", "structured_outputs"), ("bad_n_greedy", "n")],
+)
+def test_what_vllm_refuses_is_a_400_naming_the_parameter(mesh, served, case, param):
+    assert served(mesh.family)[case]["status"] == 400
+    answer = parity.ask(mesh.base_url, mesh.model, parity.cases(mesh.model)[case])
+    assert answer["status"] == 400, answer
+    assert answer["body"]["error"]["param"] == param, answer

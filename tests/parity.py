@@ -1,0 +1,235 @@
+"""OpenAI parameter parity: the same REST requests sent to `vllm serve` (the reference,
+started here on the tiny model) and to a mesh's gateway, their answers made comparable.
+
+`reference(model, log)` starts `vllm serve`, sends every case, stops it and returns the
+answers; `ask(base_url, case)` sends one case anywhere; `comparable(answer)` keeps what
+must be equal (texts, finish reasons, tokens, logprobs, usage) in one shape for streamed
+and whole answers.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from transformers import AutoTokenizer
+
+from prism.ports import free_port
+
+# A schema whose every answer is short: the random-weight model cannot run on forever.
+SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "size": {"enum": ["S", "M", "L"]}},
+    "required": ["ok", "size"],
+    "additionalProperties": False,
+}
+
+
+def _image(seed: int) -> dict:
+    from conftest import data_url, image_part, png
+
+    return image_part(data_url(png(seed)))
+
+
+def _chat(*parts: Any, **body: Any) -> tuple[str, dict]:
+    from conftest import user
+
+    return "chat/completions", {"messages": user(*parts), "temperature": 0, **body}
+
+
+def _completion(prompt: str, **body: Any) -> tuple[str, dict]:
+    return "completions", {"prompt": prompt, "temperature": 0, **body}
+
+
+@functools.cache
+def _no_whitespace(model: str) -> dict[str, int]:
+    """A logit bias that bars every token of blanks only: JSON lets the random-weight model
+    pad with blanks until max_tokens, and the cases must end in JSON that parses."""
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    blanks = [i for i in range(len(tokenizer)) if tokenizer.decode([i]).isspace()]
+    return {str(i): -100 for i in blanks}
+
+
+def cases(model: str | None) -> dict[str, tuple[str, dict]]:
+    """Name -> (path under /v1, body without `model`), for the model in directory `model`
+    (None: the names only matter)."""
+    no_blanks = _no_whitespace(model) if model else {}
+    # Makes every token a comma: the stop string then comes first, and stays.
+    commas = (
+        {str(AutoTokenizer.from_pretrained(model).convert_tokens_to_ids(",")): 100} if model else {}
+    )
+    chat_logprobs = _chat(_image(5), "Describe it.", max_tokens=8, logprobs=True, top_logprobs=5)
+    completion_logprobs = _completion("The quick brown fox", max_tokens=6, logprobs=3)
+    sampled = _chat("Tell me a story.", max_tokens=6, n=3, temperature=1.0, seed=7)
+    return {
+        "chat_logprobs": chat_logprobs,
+        "chat_logprobs_stream": (chat_logprobs[0], {**chat_logprobs[1], "stream": True}),
+        "chat_logprobs_no_top": _chat("Hi", max_tokens=4, logprobs=True),
+        "completion_logprobs": completion_logprobs,
+        "completion_logprobs_stream": (
+            completion_logprobs[0],
+            {**completion_logprobs[1], "stream": True},
+        ),
+        "completion_echo": _completion("Once upon a time", max_tokens=4, echo=True, logprobs=2),
+        "completion_prompt_logprobs": _completion("A B C D", max_tokens=2, prompt_logprobs=2),
+        "n_seeded": sampled,
+        "n_seeded_stream": (
+            sampled[0],
+            {**sampled[1], "stream": True, "stream_options": {"include_usage": True}},
+        ),
+        "completion_n": _completion("Hello", max_tokens=5, n=2, temperature=0.8, seed=3),
+        "json_schema": _chat(
+            _image(6),
+            "Answer in JSON.",
+            max_completion_tokens=48,
+            logit_bias=no_blanks,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "schema": SCHEMA, "strict": True},
+            },
+        ),
+        "json_object": _chat(
+            "JSON please.",
+            max_tokens=24,
+            logit_bias=no_blanks,
+            response_format={"type": "json_object"},
+        ),
+        "choice": _chat("Yes or no?", max_tokens=8, structured_outputs={"choice": ["yes", "no"]}),
+        "regex": _completion(
+            "Code:", max_tokens=12, structured_outputs={"regex": "[a-c]{3}-[0-9]"}
+        ),
+        "grammar": _chat(
+            "Pick.",
+            max_tokens=12,
+            structured_outputs={"grammar": 'root ::= "cat" | "dog" | "bird"'},
+        ),
+        "logit_bias": _chat("Say something.", max_tokens=5, logit_bias={"17": 100}),
+        "stop_included": _completion(
+            "1, 2, 3",
+            max_tokens=12,
+            stop=[","],
+            include_stop_str_in_output=True,
+            logit_bias=commas,
+        ),
+        "continuous_usage": _chat(
+            "Count.",
+            max_tokens=4,
+            stream=True,
+            user="someone",
+            stream_options={"include_usage": True, "continuous_usage_stats": True},
+        ),
+        "bad_schema": _chat(
+            "x",
+            max_tokens=4,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "bad", "schema": {"type": "nonsense"}},
+            },
+        ),
+        "bad_regex": _completion("x", max_tokens=4, structured_outputs={"regex": "(unclosed"}),
+        # vLLM: several choices need sampling.
+        "bad_n_greedy": _completion("Hello", max_tokens=5, n=2),
+    }
+
+
+def ask(base_url: str, model: str, case: tuple[str, dict], timeout: float = 120) -> dict:
+    """One case's answer: {"status", "body"} or, streamed, {"status", "chunks"}."""
+    path, body = case
+    body = {**body, "model": model}
+    url = f"{base_url}/{path}"
+    if not body.get("stream"):
+        reply = httpx.post(url, json=body, timeout=timeout)
+        return {"status": reply.status_code, "body": reply.json()}
+    chunks = []
+    with httpx.stream("POST", url, json=body, timeout=timeout) as reply:
+        if reply.status_code != 200:
+            return {"status": reply.status_code, "body": json.loads(reply.read())}
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[len("data: ") :]))
+    return {"status": 200, "chunks": chunks}
+
+
+def reference(model: str, log: Path) -> dict[str, dict]:
+    """Every case's answer from `vllm serve` on `model`."""
+    port = free_port()
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+            "--dtype", "float32", "--enforce-eager", "--seed", "0", "--port", str(port),
+            "--host", "127.0.0.1", "--limit-mm-per-prompt", json.dumps({"image": 8}),
+            "--uvicorn-log-level", "warning"]  # fmt: skip
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0"}
+    with open(log, "w") as out:
+        process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                   process_group=0)  # fmt: skip
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"vllm serve did not start:\n{log.read_text()[-4000:]}")
+            time.sleep(0.5)
+        return {name: ask(f"{base_url}/v1", model, case) for name, case in cases(model).items()}
+    finally:
+        os.killpg(process.pid, 15)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            process.wait()
+
+
+def _chat_logprobs(logprobs: dict | None) -> list | None:
+    if logprobs is None:
+        return None
+    return [
+        (e["token"], e["logprob"], [(t["token"], t["logprob"]) for t in e["top_logprobs"]])
+        for e in logprobs["content"]
+    ]
+
+
+def _completion_logprobs(logprobs: dict | None) -> list | None:
+    if logprobs is None:
+        return None
+    return list(zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["text_offset"],
+                    [sorted((t or {}).items()) for t in logprobs["top_logprobs"]],
+                    strict=True))  # fmt: skip
+
+
+def comparable(answer: dict) -> dict:
+    """Per choice index: text, finish reason, logprobs; and the usage."""
+    if answer["status"] != 200:
+        return {"status": answer["status"]}
+    if "chunks" not in answer and "choices" not in answer["body"]:
+        return {"status": 200, "body": answer["body"]}
+    choices: dict[int, dict] = {}
+    usage = None
+    for message in answer.get("chunks") or [answer["body"]]:
+        usage = message.get("usage") or usage
+        for choice in message["choices"]:
+            into = choices.setdefault(choice["index"], {"text": "", "logprobs": None})
+            part = choice.get("delta") or choice.get("message")
+            text = part.get("content") if part is not None else choice["text"]
+            into["text"] += text or ""
+            if choice.get("finish_reason"):
+                into["finish_reason"] = choice["finish_reason"]
+            logprobs = (_chat_logprobs if part is not None else _completion_logprobs)(
+                choice.get("logprobs")
+            )
+            if logprobs is not None:
+                into["logprobs"] = (into["logprobs"] or []) + logprobs
+            if choice.get("prompt_logprobs") is not None:
+                into["prompt_logprobs"] = choice["prompt_logprobs"]
+    counts = None if usage is None else (usage["prompt_tokens"], usage["completion_tokens"])
+    return {"status": 200, "choices": dict(sorted(choices.items())), "usage": counts}
