@@ -494,7 +494,8 @@ def mesh(request, models, oracle, served, tmp_path_factory):
     and `vllm serve`'s answers to the parity cases when a parity test is to run."""
     family, mode = request.param
     oracle(family)
-    if any(item.path.name == "test_openai_parity.py" for item in request.session.items):
+    parity_tests = ("test_openai_parity.py", "test_grpc_parity.py")
+    if any(item.path.name in parity_tests for item in request.session.items):
         served(family)
     running = start_mesh(family, mode, models[family], tmp_path_factory.mktemp("logs"))
     running.first_outcomes = first_requests(running)

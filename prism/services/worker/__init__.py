@@ -65,18 +65,33 @@ def _uuids(
     return {modality: [uuid(item) for item in items] for modality, items in groups if items}
 
 
-def _logprobs(flat: FlatLogprobs | None) -> list[engine_pb2.EngineLogprobs]:
-    """Each position of `flat` as the engine computed it, duplicates kept, so that the
-    processor decodes the tokens as vLLM's own output processor would."""
+def engine_logprobs(flat: FlatLogprobs | None, top: int) -> list[engine_pb2.EngineLogprobs]:
+    """Each position of `flat`: its own token, then the `top` most likely by rank.
+
+    vLLM lists the own token and then the top ones, the own token twice when it is among
+    them; but where its output processor merges deltas that the caller had not read yet,
+    they pass through dicts, which keep it once. Both forms give the same list here.
+    """
     if not flat:
         return []
-    return [
-        engine_pb2.EngineLogprobs(
-            token_ids=flat.token_ids[start:end], logprobs=flat.logprobs[start:end],
-            rank=flat.ranks[start] or 0,
+    positions = []
+    for start, end in zip(flat.start_indices, flat.end_indices, strict=True):
+        entries: dict[int, tuple[int, float]] = {}
+        for index in range(start, end):
+            entries.setdefault(
+                flat.token_ids[index], (flat.ranks[index] or 0, flat.logprobs[index])
+            )
+        ranked = sorted((item for item in entries.items() if 0 < item[1][0] <= top),
+                        key=lambda item: item[1][0])  # fmt: skip
+        own = flat.token_ids[start]
+        positions.append(
+            engine_pb2.EngineLogprobs(
+                token_ids=[own, *(token for token, _ in ranked)],
+                logprobs=[flat.logprobs[start], *(value for _, (_, value) in ranked)],
+                rank=flat.ranks[start] or 0,
+            )
         )
-        for start, end in zip(flat.start_indices, flat.end_indices, strict=True)
-    ]  # fmt: skip
+    return positions
 
 
 class EngineServicer:
@@ -221,7 +236,8 @@ class EngineServicer:
                 completion = output.outputs[0]
                 generated += len(completion.token_ids)
                 reply = engine_pb2.GenerateResponse(
-                    token_ids=completion.token_ids, logprobs=_logprobs(completion.logprobs)
+                    token_ids=completion.token_ids,
+                    logprobs=engine_logprobs(completion.logprobs, params.logprobs or 0),
                 )
                 if first:
                     first = False
@@ -229,7 +245,9 @@ class EngineServicer:
                     reply.first.cached_tokens = output.num_cached_tokens or 0
                     if output.prompt_logprobs:
                         # Its first position, the prompt's first token, has none.
-                        reply.first.prompt_logprobs.extend(_logprobs(output.prompt_logprobs[1:]))
+                        top = params.prompt_logprobs or 0
+                        scored = engine_logprobs(output.prompt_logprobs[1:], top)
+                        reply.first.prompt_logprobs.extend(scored)
                     span.set_attributes({
                         "gen_ai.usage.input_tokens": reply.first.prompt_tokens,
                         "prism.cached_tokens": reply.first.cached_tokens,
