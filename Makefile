@@ -4,7 +4,7 @@ STUB_DIRS := prism/v1 prism/stage/v1
 PROTOS := $(foreach dir,$(STUB_DIRS),$(wildcard protos/$(dir)/*.proto))
 
 .PHONY: setup demo test test-unit test-net lint protos check-protos bench bench-transfer bench-modes \
-	bench-routing
+	bench-routing bench-choices
 
 setup:
 	scripts/setup.sh
@@ -45,6 +45,10 @@ bench-routing:
 	$(PY) bench/routing.py --model models/small-llava
 
 # Not a test: TTFT and total latency of one request in each mode, on the tiny LLaVA.
+bench-choices:
+	$(PY) -m prism.cli model build --family llava --size small --out models/small-llava >/dev/null
+	$(PY) bench/choices.py --model models/small-llava
+
 bench-modes:
 	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
 	$(PY) bench/modes.py --model models/tiny-llava --out bench/results/modes.json

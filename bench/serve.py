@@ -60,6 +60,7 @@ ANCHORS = (ANCHOR, SAME_ENGINE)
 RESULTS = {"image": Path("bench/results/latest.json"), "video": Path("bench/results/video.json")}
 # bench/routing.py's section of the benchmarks document, written beside it.
 ROUTING_SECTION = "benchmarks-routing.md"
+CHOICES_SECTION = "benchmarks-choices.md"
 # A short clip, every frame of which Qwen2-VL's loader takes (it samples 2 frames a second).
 VIDEO_FRAMES, VIDEO_FPS = 16, 2.0
 
@@ -452,7 +453,8 @@ def setting(result: dict, what: str) -> str:
 
 def write_doc(path: Path, results: dict[str, dict]) -> None:
     """The latest result of each load, images first (with the notes written beside it),
-    then the routing benchmark's section (bench/routing.py) if it has run."""
+    then the sections of the routing and choices benchmarks (bench/routing.py,
+    bench/choices.py) that have run."""
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = ["# Benchmarks: Prism against `vllm serve`", ""]
     if image := results.get("image"):
@@ -483,9 +485,9 @@ def write_doc(path: Path, results: dict[str, dict]) -> None:
             ),
             "",
         ]
-    routing = path.parent / ROUTING_SECTION
-    if routing.exists():
-        lines += [routing.read_text()]
+    for section in (ROUTING_SECTION, CHOICES_SECTION):
+        if (path.parent / section).exists():
+            lines += [(path.parent / section).read_text()]
     path.write_text("\n".join(lines))
 
 
