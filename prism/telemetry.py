@@ -134,13 +134,15 @@ KV_SNAPSHOTS = Counter(
 
 
 class RequestTimer:
-    """Times one streamed request from its replies (messages with `token_ids` and, on the
-    last, `usage`): in flight, waiting, time to first token, between tokens, end to end."""
+    """Times one streamed request from its replies (messages with `token_ids` and `usage`,
+    the request's counts so far): in flight, waiting, time to first token, between tokens,
+    end to end; and counts its tokens when it ends."""
 
     def __init__(self, endpoint: str):
         self.endpoint = endpoint
         self.start = time.perf_counter()
         self.last: float | None = None
+        self._usage: Any = None
         # Looked up once: `reply` runs for every token of every request.
         self._waiting = WAITING.labels(endpoint)
         self._between = INTER_TOKEN_LATENCY.labels(endpoint)
@@ -160,10 +162,12 @@ class RequestTimer:
                     self._between.observe(gap)
             self.last = now
         if message.HasField("usage"):
-            PROMPT_TOKENS.labels(self.endpoint).inc(message.usage.prompt_tokens)
-            COMPLETION_TOKENS.labels(self.endpoint).inc(message.usage.completion_tokens)
+            self._usage = message.usage
 
     def finish(self, completed: bool) -> None:
+        if self._usage is not None:
+            PROMPT_TOKENS.labels(self.endpoint).inc(self._usage.prompt_tokens)
+            COMPLETION_TOKENS.labels(self.endpoint).inc(self._usage.completion_tokens)
         if completed:
             REQUEST_DURATION.labels(self.endpoint).observe(time.perf_counter() - self.start)
         if self.last is None:

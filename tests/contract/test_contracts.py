@@ -3,6 +3,7 @@ the stages of a running mesh."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -196,7 +197,7 @@ def test_the_model_runs_inside_the_engine_core(mesh):
             assert names == ["VLLM::EngineCore"], (stage.name, names)
 
 
-def test_chat_streams_deltas_with_usage_last(mesh, oracle):
+def test_chat_streams_deltas_with_usage_so_far(mesh, oracle):
     expected = oracle(mesh.family)["text_only"]
     _, messages, max_tokens = CASES["text_only"]
     request = inference_pb2.ChatRequest(
@@ -216,7 +217,9 @@ def test_chat_streams_deltas_with_usage_last(mesh, oracle):
     assert replies[-1].usage.completion_tokens == len(expected["token_ids"])
     assert replies[-1].usage.prompt_tokens == expected["prompt_tokens"]
     assert replies[-1].finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
-    assert all(not r.HasField("usage") for r in replies[:-1])
+    # Every message has the counts so far.
+    sent = itertools.accumulate(len(r.token_ids) for r in replies)
+    assert [r.usage.completion_tokens for r in replies] == list(sent)
     assert len({r.request_id for r in replies}) == 1
 
 

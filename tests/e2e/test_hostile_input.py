@@ -83,12 +83,14 @@ def cases() -> dict[str, tuple[str, dict | bytes, int, str | None]]:
         "completion max_tokens beyond the context": (
             COMPLETIONS, {"model": "MODEL", "prompt": "hi", "max_tokens": 10**9}, 400,
             "max_tokens"),
-        "n above 1": (CHAT, chat(n=2), 400, "n"),
+        "n above 128": (CHAT, chat(n=129), 400, "n"),
+        "n above 1, greedy": (CHAT, chat(n=2, temperature=0), 400, "n"),
         "stop a number": (CHAT, chat(stop=123), 400, "stop"),
         "negative stop token": (CHAT, chat(stop_token_ids=[-1]), 400, "stop_token_ids"),
         "fractional seed": (CHAT, chat(seed=1.5), 400, "seed"),
         "unknown parameter": (CHAT, chat(frobnicate=True), 400, "frobnicate"),
-        "logprobs": (CHAT, chat(logprobs=True), 400, "logprobs"),
+        "top_logprobs above 20": (CHAT, chat(logprobs=True, top_logprobs=21), 400, "top_logprobs"),
+        "tools": (CHAT, chat(tools=[]), 400, "tools"),
         "file url": (CHAT, chat(image("file:///etc/passwd")), 400, IMAGE_URL),
         "gopher url": (CHAT, chat(image("gopher://127.0.0.1:70/")), 400,
                        IMAGE_URL),
@@ -110,7 +112,10 @@ def cases() -> dict[str, tuple[str, dict | bytes, int, str | None]]:
         "completion without prompt": (COMPLETIONS, {"model": "MODEL"}, 400, "prompt"),
         "completion token out of vocabulary": (COMPLETIONS, {"model": "MODEL", "prompt": [10**9]},
                                                400, "prompt"),
-        "echo": (COMPLETIONS, {"model": "MODEL", "prompt": "hi", "echo": True}, 400, "echo"),
+        "suffix": (COMPLETIONS, {"model": "MODEL", "prompt": "hi", "suffix": "!"}, 400, "suffix"),
+        "prompt_logprobs when streaming": (
+            COMPLETIONS, {"model": "MODEL", "prompt": "hi", "prompt_logprobs": 1, "stream": True},
+            400, "prompt_logprobs"),
     }  # fmt: skip
 
 
@@ -170,7 +175,7 @@ def test_hostile_requests_get_their_4xx_and_the_mesh_keeps_serving(mesh, image_s
         (inference_pb2.ChatRequest(
             messages=[inference_pb2.ChatMessage(
                 role=inference_pb2.ROLE_USER, content=[inference_pb2.ContentPart(text="hi")])],
-            sampling=common_pb2.SamplingParams(n=3)), "n"),
+            sampling=common_pb2.SamplingParams(n=3, temperature=0)), "n"),
         (inference_pb2.ChatRequest(
             messages=[inference_pb2.ChatMessage(
                 role=inference_pb2.ROLE_USER, content=[inference_pb2.ContentPart(text="hi")])],

@@ -84,7 +84,7 @@ BAD_REQUESTS = [
     ("bad role", *chat(messages=[{"role": "robot", "content": "hi"}]), 400, "messages[0].role"),
     ("temperature out of range", *chat(temperature=7), 400, "temperature"),
     ("max_tokens not an int", *chat(max_tokens="lots"), 400, "max_tokens"),
-    ("n above 1", *chat(n=2), 400, "n"),
+    ("n above 1, greedy", *chat(n=2, temperature=0), 400, "n"),
     ("svg image", *chat_with_image("data:image/svg+xml;base64,PHN2Zy8+"), 415, IMAGE_PARAM),
     ("text as image", *chat_with_image("data:image/png;base64,aGVsbG8="), 415, IMAGE_PARAM),
     ("ftp url", *chat_with_image("ftp://127.0.0.1/a.png"), 400, IMAGE_PARAM),
