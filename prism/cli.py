@@ -178,6 +178,33 @@ def _routing_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _reasoning_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--reasoning-parser",
+        default="",
+        metavar="NAME",
+        help="vLLM's reasoning parser for the model (e.g. deepseek_r1, qwen3): the processor "
+        "splits reasoning from content, engines start structured output after reasoning",
+    )
+
+
+def _parser_args(parser: argparse.ArgumentParser) -> None:
+    """The processor's output parsers, as `vllm serve` takes them."""
+    parser.add_argument(
+        "--tool-call-parser",
+        default="",
+        metavar="NAME",
+        help="vLLM's tool parser for the model's calling format (e.g. hermes, llama3_json)",
+    )
+    parser.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="parse tool calls from the output (needs --tool-call-parser): tool_choice auto, "
+        "and required or a named function",
+    )
+    _reasoning_arg(parser)
+
+
 def _forwarded_registry_args(args: argparse.Namespace) -> list[str]:
     """`prism serve`'s registry flags, as every stage it starts takes them."""
     if args.registry == "static":
@@ -233,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     _fetch_args(serve)
     _gateway_args(serve)
     _limit_arg(serve)
+    _parser_args(serve)
     _tls_args(serve)
     registry.add_arguments(serve, sidecar=False)
 
@@ -249,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(images as pixels): the prompt's KV cache and first token; decode: the rest",
     )
     worker.add_argument("--seed", type=int, default=0)
+    _reasoning_arg(worker)
     _embeds_arg(
         worker,
         "take precomputed embeddings (an encoder's, read over NIXL, or a client's, inline) "
@@ -301,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     _routing_arg(processor)
     _fetch_args(processor)
     _limit_arg(processor)
+    _parser_args(processor)
     processor.add_argument(
         "--migration-limit",
         type=int,
@@ -370,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
                 max_in_flight=args.max_in_flight,
                 request_timeout=args.request_timeout,
                 api_key=args.api_key,
+                tool_call_parser=args.tool_call_parser,
+                enable_auto_tool_choice=args.enable_auto_tool_choice,
+                reasoning_parser=args.reasoning_parser,
                 registry_args=_forwarded_registry_args(args),
                 tls_args=_forward(args, ("tls_cert", "tls_key", "tls_ca", "tls_server_name")),
                 log_level=args.log_level,

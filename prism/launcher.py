@@ -100,6 +100,11 @@ class MeshConfig:
     # Gateway: seconds a generation may take (0: no limit), and the API key clients must send.
     request_timeout: float = 0
     api_key: str = ""
+    # vLLM's output parsers, by name (none when empty): the processor's tool parser, and
+    # the reasoning parser of the processor and the engines.
+    tool_call_parser: str = ""
+    enable_auto_tool_choice: bool = False
+    reasoning_parser: str = ""
     # Registry flags for every stage (e.g. --registry consul://...); none: the static one.
     registry_args: list[str] = field(default_factory=list)
     # TLS flags for every stage (--tls-cert ...); none: plaintext gRPC.
@@ -133,6 +138,10 @@ def plan(config: MeshConfig) -> list[Stage]:
     if config.max_model_len:
         common += ["--max-model-len", str(config.max_model_len)]
     engine = ["--dtype", config.dtype, "--kv-cache-gib", str(config.kv_cache_gib)]
+    reasoning = ["--reasoning-parser", config.reasoning_parser] if config.reasoning_parser else []
+    tools = ["--tool-call-parser", config.tool_call_parser] if config.tool_call_parser else []
+    if config.enable_auto_tool_choice:
+        tools.append("--enable-auto-tool-choice")
     fetch = [arg for allowed in config.fetch_allow for arg in ("--fetch-allow", allowed)]
     embeds = ["--enable-mm-embeds"] if config.enable_mm_embeds else []
 
@@ -143,7 +152,7 @@ def plan(config: MeshConfig) -> list[Stage]:
     ]
 
     def workers(name: str, count: int, flags: list[str]) -> list[Stage]:
-        argv = [*prism, "worker", *common, *engine, *transfer, *flags]
+        argv = [*prism, "worker", *common, *engine, *reasoning, *transfer, *flags]
         return [_grpc_stage(f"{name}-{i}", config.host, argv) for i in range(count)]
 
     by_role: dict[str, list[Stage]]
@@ -181,7 +190,7 @@ def plan(config: MeshConfig) -> list[Stage]:
         config.host,
         [*prism, "processor", *common, *fetch, *embeds, "--mode", config.mode,
          "--routing", config.routing, "--kv-overlap-weight", str(config.kv_overlap_weight),
-         "--max-in-flight", str(config.max_in_flight),
+         "--max-in-flight", str(config.max_in_flight), *tools, *reasoning,
          *peers(by_role)],
     )  # fmt: skip
     base_url = f"http://{config.host}:{config.http_port}"

@@ -24,6 +24,7 @@ _OPTIONAL = (
     "repetition_penalty",
     "logprobs",
     "prompt_logprobs",
+    "skip_special_tokens",
 )
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 from safetensors.torch import load_file, save_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     CLIPImageProcessor,
     CLIPVisionConfig,
@@ -119,33 +119,66 @@ Penguins waddled across the ice, diving into freezing water to catch small fish.
 Thank you for your question; here is a short and accurate answer based on the image.
 """
 
-LLAVA_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "<|{{ message['role'] }}|>\n"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' %}<image>"
-    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}"
-    "</s>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
 
-QWEN2_VL_TEMPLATE = (
-    "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for part in message['content'] %}"
-    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif part['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}"
-    "<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+# Hermes-style tools, as Qwen2.5 and NousResearch's Hermes models render them: the tools
+# as JSON lines in a system turn, each call as JSON within <tool_call> tags, each tool
+# result within <tool_response> tags in a user turn; so vLLM's `hermes` tool parser reads
+# the tiny models' calls. `start` opens a turn of the role ROLE (a Jinja expression), `end`
+# closes it. (Jinja as transformers runs it drops the newline after a block tag: a newline
+# that follows one is written as an expression.)
+def _chat_template(prefix: str, start: str, end: str, media: str) -> str:
+    def turn(role: str) -> str:
+        return start.replace("ROLE", role)
+
+    content = (
+        "{% if message['content'] is string %}{{ message['content'] }}"
+        "{% else %}{% for part in message['content'] %}"
+        f"{media}"
+        "{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+        "{% endfor %}{% endif %}"
+    )
+    return (
+        prefix + "{% if tools %}" + turn("'system'") + "You may call one or more functions. "
+        "Function signatures are within <tools></tools>:\n<tools>"
+        "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}{{ '\\n' }}</tools>\n"
+        "For each function call, return a JSON object within <tool_call></tool_call> tags:\n"
+        '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+        + end
+        + "{% endif %}"
+        "{% for message in messages %}"
+        "{% if message['role'] == 'tool' %}"
+        "{% if loop.first or loop.previtem['role'] != 'tool' %}" + turn("'user'") + "{% endif %}"
+        "<tool_response>\n" + content + "{{ '\\n' }}</tool_response>"
+        "{% if loop.last or loop.nextitem['role'] != 'tool' %}" + end + "{% endif %}"
+        "{% else %}"
+        + turn("message['role']")
+        + content
+        + "{% for call in message.get('tool_calls') or [] %}"
+        '<tool_call>\n{"name": "{{ call.function.name }}", "arguments": '
+        "{{ call.function.arguments | tojson }}}\n</tool_call>"
+        "{% endfor %}" + end + "{% endif %}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}" + turn("'assistant'") + "{% endif %}"
+    )
+
+
+LLAVA_TEMPLATE = _chat_template(
+    "{{ bos_token }}",
+    "<|{{ ROLE }}|>\n",
+    "</s>\n",
+    "{% if part['type'] == 'image' %}<image>{% endif %}",
 )
+QWEN2_VL_TEMPLATE = _chat_template(
+    "",
+    "<|im_start|>{{ ROLE }}\n",
+    "<|im_end|>\n",
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>{% endif %}",
+)
+# Added to the trained vocabulary as plain (not special) tokens, as reasoning and tool
+# calling models have them: so vLLM's `deepseek_r1` reasoning parser finds its markers,
+# and they stay in the text that parsers read.
+MARKERS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 
 
 def _train_tokenizer(special_tokens: list[str]) -> Tokenizer:
@@ -153,12 +186,13 @@ def _train_tokenizer(special_tokens: list[str]) -> Tokenizer:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
+        vocab_size=VOCAB_SIZE - len(MARKERS),
         special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(CORPUS.splitlines(keepends=True), trainer)
+    tokenizer.add_tokens([AddedToken(marker, normalized=False) for marker in MARKERS])
     return tokenizer
 
 

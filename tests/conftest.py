@@ -497,7 +497,9 @@ def mesh(request, models, oracle, served, tmp_path_factory):
     parity_tests = ("test_openai_parity.py", "test_grpc_parity.py")
     if any(item.path.name in parity_tests for item in request.session.items):
         served(family)
-    running = start_mesh(family, mode, models[family], tmp_path_factory.mktemp("logs"))
+    # Tool calls parsed as `vllm serve` parses them for the parity cases.
+    running = start_mesh(family, mode, models[family], tmp_path_factory.mktemp("logs"),
+                         tool_call_parser="hermes", enable_auto_tool_choice=True)  # fmt: skip
     running.first_outcomes = first_requests(running)
     yield running
     running.stop()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -30,6 +31,52 @@ SCHEMA = {
     "required": ["ok", "size"],
     "additionalProperties": False,
 }
+
+
+# How `vllm serve` and the meshes under test parse tool calls, and reasoning besides.
+TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+REASONING_FLAGS = (*TOOL_FLAGS, "--reasoning-parser", "deepseek_r1")
+
+
+def _function(name: str, properties: dict, **extra: Any) -> dict:
+    parameters = {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+    return {"type": "function", "function": {"name": name, "parameters": parameters, **extra}}
+
+
+# Strict tools with enumerated arguments: every call a random-weight model makes ends.
+WEATHER = _function(
+    "get_weather",
+    {"city": {"enum": ["Paris", "Oslo"]}, "days": {"enum": [1, 2, 3]}},
+    description="The weather in a city.",
+    strict=True,
+)
+CLOCK = _function("get_time", {"zone": {"enum": ["UTC", "CET"]}}, strict=True)
+TOOLS = [WEATHER, CLOCK]
+# A call and its result, in the history of a conversation.
+CALLED = [
+    {"role": "user", "content": "What is the weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 20 C."},
+]
+
+
+def _streamed(case: tuple[str, dict]) -> tuple[str, dict]:
+    return case[0], {**case[1], "stream": True}
 
 
 def _image(seed: int) -> dict:
@@ -55,6 +102,94 @@ def _no_whitespace(model: str) -> dict[str, int]:
     tokenizer = AutoTokenizer.from_pretrained(model)
     blanks = [i for i in range(len(tokenizer)) if tokenizer.decode([i]).isspace()]
     return {str(i): -100 for i in blanks}
+
+
+def _token(model: str | None, token: str) -> str:
+    if model is None:
+        return "0"
+    return str(AutoTokenizer.from_pretrained(model).convert_tokens_to_ids(token))
+
+
+def tool_cases(model: str | None) -> dict[str, tuple[str, dict]]:
+    """Tool calling as the servers started with TOOL_FLAGS answer it."""
+    no_blanks = _no_whitespace(model) if model else {}
+    required = _chat(
+        _image(8),
+        "Call a tool.",
+        max_tokens=200,
+        tools=TOOLS,
+        tool_choice="required",
+        logit_bias=no_blanks,
+    )
+    named = _chat(
+        "What time is it?",
+        max_tokens=80,
+        tools=TOOLS,
+        logit_bias=no_blanks,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+    )
+    # Auto leaves strict tools' calls to the model: the bias makes it start one each time.
+    auto = _chat(
+        "Weather?",
+        max_tokens=150,
+        tools=TOOLS,
+        tool_choice="auto",
+        logit_bias={**no_blanks, _token(model, "<tool_call>"): 100},
+    )
+    return {
+        "tools_required": required,
+        "tools_required_stream": _streamed(required),
+        "tools_named": named,
+        "tools_named_stream": _streamed(named),
+        "tools_auto": auto,
+        "tools_auto_stream": _streamed(auto),
+        "tools_one_call": (required[0], {**required[1], "parallel_tool_calls": False}),
+        "tools_none": _chat("Hello.", max_tokens=8, tools=TOOLS, tool_choice="none"),
+        "tools_auto_text": _chat("Hello.", max_tokens=8, tools=[CLOCK]),
+        "tools_history": (
+            "chat/completions",
+            {"messages": CALLED, "tools": TOOLS, "max_tokens": 8, "temperature": 0},
+        ),
+        "tools_history_stream": (
+            "chat/completions",
+            {"messages": CALLED, "tools": TOOLS, "max_tokens": 8, "temperature": 0, "stream": True},
+        ),
+        "bad_tools_empty": _chat("x", max_tokens=4, tools=[]),
+        "bad_tool_choice_unknown": _chat(
+            "x",
+            max_tokens=4,
+            tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "get_nothing"}},
+        ),
+        "bad_tool_choice_without_tools": _chat("x", max_tokens=4, tool_choice="required"),
+    }
+
+
+def reasoning_cases(model: str | None) -> dict[str, tuple[str, dict]]:
+    """Reasoning as the servers started with REASONING_FLAGS answer it: with this seed and
+    bias the sampled answers of the tiny LLaVA end their reasoning at the fourth token."""
+    no_blanks = _no_whitespace(model) if model else {}
+    ends = {_token(model, "</think>"): 4}
+    reasoned = _chat("Think first.", max_tokens=16, temperature=1.0, seed=0, logit_bias=ends)
+    called = _chat(
+        "Think, then call.",
+        max_tokens=120,
+        temperature=1.0,
+        seed=0,
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        logit_bias={**no_blanks, **ends},
+    )
+    streamed = {"stream": True, "stream_options": {"include_usage": True}}
+    return {
+        "reasoning": reasoned,
+        "reasoning_stream": (reasoned[0], {**reasoned[1], **streamed}),
+        "reasoning_only": _chat("Think.", max_tokens=6),
+        "reasoning_only_stream": _streamed(_chat("Think.", max_tokens=6)),
+        "reasoning_then_call": called,
+        "reasoning_then_call_stream": (called[0], {**called[1], **streamed}),
+    }
 
 
 def cases(model: str | None) -> dict[str, tuple[str, dict]]:
@@ -136,6 +271,7 @@ def cases(model: str | None) -> dict[str, tuple[str, dict]]:
         "bad_regex": _completion("x", max_tokens=4, structured_outputs={"regex": "(unclosed"}),
         # vLLM: several choices need sampling.
         "bad_n_greedy": _completion("Hello", max_tokens=5, n=2),
+        **tool_cases(model),
     }
 
 
@@ -157,17 +293,38 @@ def ask(base_url: str, model: str, case: tuple[str, dict], timeout: float = 120)
     return {"status": 200, "chunks": chunks}
 
 
-def reference(model: str, log: Path) -> dict[str, dict]:
-    """Every case's answer from `vllm serve` on `model`."""
+def reference(
+    model: str, log: Path, flags: tuple[str, ...] = TOOL_FLAGS, named: Any = cases
+) -> dict[str, dict]:
+    """The answers of `vllm serve` on `model`, started with `flags`, to the cases
+    `named(model)`."""
     port = free_port()
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-            "--dtype", "float32", "--enforce-eager", "--seed", "0", "--port", str(port),
-            "--host", "127.0.0.1", "--limit-mm-per-prompt", json.dumps({"image": 8}),
-            "--uvicorn-log-level", "warning"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--seed",
+        "0",
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "--limit-mm-per-prompt",
+        json.dumps({"image": 8}),
+        "--uvicorn-log-level",
+        "warning",
+        *flags,
+    ]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0"}
     with open(log, "w") as out:
-        process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                   process_group=0)  # fmt: skip
+        process = subprocess.Popen(
+            argv, env=env, stdout=out, stderr=subprocess.STDOUT, process_group=0
+        )
     base_url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 300
@@ -180,7 +337,7 @@ def reference(model: str, log: Path) -> dict[str, dict]:
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"vllm serve did not start:\n{log.read_text()[-4000:]}")
             time.sleep(0.5)
-        return {name: ask(f"{base_url}/v1", model, case) for name, case in cases(model).items()}
+        return {name: ask(f"{base_url}/v1", model, case) for name, case in named(model).items()}
     finally:
         os.killpg(process.pid, 15)
         try:
@@ -202,13 +359,36 @@ def _chat_logprobs(logprobs: dict | None) -> list | None:
 def _completion_logprobs(logprobs: dict | None) -> list | None:
     if logprobs is None:
         return None
-    return list(zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs["text_offset"],
-                    [sorted((t or {}).items()) for t in logprobs["top_logprobs"]],
-                    strict=True))  # fmt: skip
+    return list(
+        zip(
+            logprobs["tokens"],
+            logprobs["token_logprobs"],
+            logprobs["text_offset"],
+            [sorted((t or {}).items()) for t in logprobs["top_logprobs"]],
+            strict=True,
+        )
+    )
+
+
+# vLLM's tool call ids: random, so compared by form.
+TOOL_CALL_ID = re.compile(r"chatcmpl-tool-[0-9a-f]{16}")
+
+
+def _tool_calls(into: dict, calls: list[dict], streamed: bool) -> None:
+    """Each call's name and arguments; streamed pieces joined by index."""
+    for position, call in enumerate(calls):
+        index = call["index"] if streamed else position
+        entry = into["tool_calls"].setdefault(index, {"name": "", "arguments": ""})
+        function = call.get("function") or {}
+        entry["name"] += function.get("name") or ""
+        entry["arguments"] += function.get("arguments") or ""
+        if "id" in call:
+            entry["id_ok"] = bool(TOOL_CALL_ID.fullmatch(call["id"]))
 
 
 def comparable(answer: dict) -> dict:
-    """Per choice index: text, finish reason, logprobs; and the usage."""
+    """Per choice index: text (the content), reasoning, tool calls, finish reason,
+    logprobs; and the usage."""
     if answer["status"] != 200:
         return {"status": answer["status"]}
     if "chunks" not in answer and "choices" not in answer["body"]:
@@ -218,10 +398,17 @@ def comparable(answer: dict) -> dict:
     for message in answer.get("chunks") or [answer["body"]]:
         usage = message.get("usage") or usage
         for choice in message["choices"]:
-            into = choices.setdefault(choice["index"], {"text": "", "logprobs": None})
-            part = choice.get("delta") or choice.get("message")
+            into = choices.setdefault(
+                choice["index"], {"text": "", "logprobs": None, "reasoning": "", "tool_calls": {}}
+            )
+            part = choice["delta"] if "delta" in choice else choice.get("message")
             text = part.get("content") if part is not None else choice["text"]
             into["text"] += text or ""
+            if part is not None:
+                into["reasoning"] += part.get("reasoning") or ""
+                _tool_calls(into, part.get("tool_calls") or [], "delta" in choice)
+                if "message" in choice:
+                    into["content_null"] = part.get("content") is None
             if choice.get("finish_reason"):
                 into["finish_reason"] = choice["finish_reason"]
             logprobs = (_chat_logprobs if part is not None else _completion_logprobs)(

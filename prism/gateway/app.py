@@ -325,7 +325,7 @@ def create_app(
             return {"id": request_id, "object": kind, "created": created, "model": reply.model}
 
         def chunk(reply: inference_pb2.ChatResponse, first: bool) -> dict:
-            delta: dict[str, Any] = {"content": reply.text}
+            delta = translate.chat_delta(reply)
             if first:
                 delta = {"role": "assistant", **delta}
             choice = {
@@ -336,21 +336,25 @@ def create_app(
             }
             return {**head(reply, "chat.completion.chunk"), "choices": [choice]}
 
+        def choice(index: int, replies: list[inference_pb2.ChatResponse]) -> dict:
+            end = replies[-1]
+            if end.HasField("parsed"):
+                message = translate.chat_message(end.parsed)
+                reason = end.parsed.finish_reason
+            else:
+                text = "".join(reply.text for reply in replies)
+                message, reason = {"role": "assistant", "content": text}, end.finish_reason
+            return {
+                "index": index,
+                "message": message,
+                "logprobs": logprobs([p for r in replies for p in r.logprobs]),
+                "finish_reason": translate.finish_reason(reason),
+            }
+
         def final(choices: dict[int, list], last: inference_pb2.ChatResponse) -> dict:
             return {
                 **head(last, "chat.completion"),
-                "choices": [
-                    {
-                        "index": index,
-                        "message": {
-                            "role": "assistant",
-                            "content": "".join(reply.text for reply in replies),
-                        },
-                        "logprobs": logprobs([p for r in replies for p in r.logprobs]),
-                        "finish_reason": translate.finish_reason(replies[-1].finish_reason),
-                    }
-                    for index, replies in choices.items()
-                ],
+                "choices": [choice(index, replies) for index, replies in choices.items()],
                 "usage": translate.usage(last.usage),
             }
 

@@ -18,11 +18,18 @@ ROLES = {
     "user": inference_pb2.ROLE_USER,
     "assistant": inference_pb2.ROLE_ASSISTANT,
     "developer": inference_pb2.ROLE_DEVELOPER,
+    "tool": inference_pb2.ROLE_TOOL,
 }
 FINISH_REASONS = {
     common_pb2.FINISH_REASON_STOP: "stop",
     common_pb2.FINISH_REASON_LENGTH: "length",
     common_pb2.FINISH_REASON_ABORT: "abort",
+    common_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
+}
+TOOL_CHOICES = {
+    "none": inference_pb2.TOOL_CHOICE_MODE_NONE,
+    "auto": inference_pb2.TOOL_CHOICE_MODE_AUTO,
+    "required": inference_pb2.TOOL_CHOICE_MODE_REQUIRED,
 }
 # Accepted and ignored because they change nothing here (OpenAI clients send them).
 _IGNORED = {"user", "stream", "stream_options", "metadata", "store", "service_tier"}
@@ -50,6 +57,7 @@ _SAMPLING_KEYS = {
     "logit_bias",
     "response_format",
     "structured_outputs",
+    "skip_special_tokens",
 }
 # Most top logprobs a request may ask for (vLLM's default --max-logprobs).
 MAX_LOGPROBS = 20
@@ -114,6 +122,8 @@ def sampling(body: dict) -> common_pb2.SamplingParams:
         params.stop_token_ids.extend(stop_ids)
     params.ignore_eos = _bool(body, "ignore_eos")
     params.include_stop_str_in_output = _bool(body, "include_stop_str_in_output")
+    if body.get("skip_special_tokens") is not None:
+        params.skip_special_tokens = _bool(body, "skip_special_tokens")
     params.n = _int(body, "n", 1, 128) or 1
     bias = body.get("logit_bias")
     if bias is not None:
@@ -284,6 +294,72 @@ def _content(content: Any, param: str) -> list[inference_pb2.ContentPart]:
     return parts
 
 
+def _tool_calls(calls: Any, param: str) -> list[inference_pb2.ToolCall]:
+    """An assistant message's `tool_calls`: arguments as JSON text (an object is written
+    as such)."""
+    if not isinstance(calls, list):
+        raise invalid("'tool_calls' must be a list", param)
+    result = []
+    for j, call in enumerate(calls):
+        where = f"{param}[{j}]"
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or call.get("type", "function") != "function":
+            raise invalid("a tool call must be of type 'function' with a 'function'", where)
+        name, arguments = function.get("name"), function.get("arguments")
+        if not isinstance(name, str):
+            raise invalid("a tool call's function needs a 'name' string", f"{where}.function")
+        if isinstance(arguments, dict):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        elif arguments is not None and not isinstance(arguments, str):
+            raise invalid("'arguments' must be a JSON string", f"{where}.function")
+        call_id = call.get("id")
+        result.append(inference_pb2.ToolCall(
+            id=call_id if isinstance(call_id, str) else "", name=name, arguments=arguments or ""
+        ))  # fmt: skip
+    return result
+
+
+def _tools(tools: Any) -> list[inference_pb2.Tool]:
+    if not isinstance(tools, list) or not tools:
+        # As vLLM and OpenAI: an empty list is an error, not "no tools".
+        raise invalid("'tools' must be a non-empty list of function tools", "tools")
+    result = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or tool.get("type", "function") != "function":
+            raise invalid("a tool must be of type 'function' with a 'function' object", where)
+        name, description = function.get("name"), function.get("description")
+        parameters, strict = function.get("parameters"), function.get("strict")
+        if not isinstance(name, str) or not name:
+            raise invalid("a function tool needs a 'name' string", f"{where}.function.name")
+        if description is not None and not isinstance(description, str):
+            raise invalid("'description' must be a string", f"{where}.function.description")
+        if parameters is not None and not isinstance(parameters, dict):
+            raise invalid("'parameters' must be a JSON schema", f"{where}.function.parameters")
+        if strict is not None and not isinstance(strict, bool):
+            raise invalid("'strict' must be a boolean", f"{where}.function.strict")
+        entry = inference_pb2.Tool(name=name, description=description, strict=strict)
+        if parameters is not None:
+            entry.parameters = json.dumps(parameters, ensure_ascii=False)
+        result.append(entry)
+    return result
+
+
+def _tool_choice(value: Any) -> inference_pb2.ToolChoice:
+    if isinstance(value, str) and value in TOOL_CHOICES:
+        return inference_pb2.ToolChoice(mode=TOOL_CHOICES[value])
+    function = value.get("function") if isinstance(value, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str) or not name:
+        raise invalid(
+            "'tool_choice' must be 'none', 'auto', 'required' or "
+            '{"type": "function", "function": {"name": ...}}',
+            "tool_choice",
+        )
+    return inference_pb2.ToolChoice(function=name)
+
+
 def chat_request(body: Any, request_id: str = "") -> inference_pb2.ChatRequest:
     if not isinstance(body, dict):
         raise invalid("request body must be a JSON object")
@@ -300,16 +376,29 @@ def chat_request(body: Any, request_id: str = "") -> inference_pb2.ChatRequest:
         role = ROLES.get(message.get("role"))
         if role is None:
             raise invalid(
-                f"unsupported role {message.get('role')!r}: use system, developer, user "
-                "or assistant",
+                f"unsupported role {message.get('role')!r}: use system, developer, user, "
+                "assistant or tool",
                 f"{param}.role",
             )
-        request.messages.append(
-            inference_pb2.ChatMessage(
-                role=role, content=_content(message.get("content"), f"{param}.content")
-            )
+        entry = inference_pb2.ChatMessage(
+            role=role, content=_content(message.get("content"), f"{param}.content")
         )
-    _reject_unknown(body, {"model", "messages", "logprobs", "top_logprobs"})
+        if message.get("tool_calls") is not None:
+            entry.tool_calls.extend(_tool_calls(message["tool_calls"], f"{param}.tool_calls"))
+        call_id = message.get("tool_call_id")
+        if call_id is not None:
+            if not isinstance(call_id, str):
+                raise invalid("'tool_call_id' must be a string", f"{param}.tool_call_id")
+            entry.tool_call_id = call_id
+        request.messages.append(entry)
+    if "tools" in body and body["tools"] is not None:
+        request.tools.extend(_tools(body["tools"]))
+    if body.get("tool_choice") is not None:
+        request.tool_choice.CopyFrom(_tool_choice(body["tool_choice"]))
+    if body.get("parallel_tool_calls") is not None:
+        request.parallel_tool_calls = _bool(body, "parallel_tool_calls")
+    _reject_unknown(body, {"model", "messages", "logprobs", "top_logprobs", "tools",
+                           "tool_choice", "parallel_tool_calls"})  # fmt: skip
     top = _int(body, "top_logprobs", 0, MAX_LOGPROBS)
     if _bool(body, "logprobs"):
         request.sampling.logprobs = top or 0
@@ -378,12 +467,61 @@ def stream_options(body: dict) -> StreamOptions:
 
 
 def usage(value: common_pb2.Usage) -> dict[str, Any]:
-    return {
+    body: dict[str, Any] = {
         "prompt_tokens": value.prompt_tokens,
         "completion_tokens": value.completion_tokens,
         "total_tokens": value.total_tokens,
         "prompt_tokens_details": {"cached_tokens": value.cached_tokens},
     }
+    if value.reasoning_tokens:
+        body["completion_tokens_details"] = {"reasoning_tokens": value.reasoning_tokens}
+    return body
+
+
+def _reasoning(text: str | None) -> dict[str, Any]:
+    # `reasoning` as vLLM's server names it, and `reasoning_content` as DeepSeek's API,
+    # Dynamo and earlier vLLM servers did, for clients written against either.
+    return {"reasoning": text, "reasoning_content": text}
+
+
+def chat_message(parsed: inference_pb2.ParsedChoice) -> dict[str, Any]:
+    """A whole chat choice's `message`, where the server parses reasoning or tool calls."""
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": parsed.content if parsed.HasField("content") else None,
+    }
+    if parsed.tool_calls:
+        message["tool_calls"] = [
+            {"id": call.id, "type": "function",
+             "function": {"name": call.name, "arguments": call.arguments}}
+            for call in parsed.tool_calls
+        ]  # fmt: skip
+    return {**message, **_reasoning(parsed.reasoning if parsed.HasField("reasoning") else None)}
+
+
+def chat_delta(reply: inference_pb2.ChatResponse) -> dict[str, Any]:
+    """A chat chunk's `delta`, as vLLM's server streams content, reasoning and calls."""
+    delta: dict[str, Any] = _reasoning(reply.reasoning) if reply.reasoning else {}
+    if reply.tool_calls:
+        delta["content"] = reply.text or None
+        delta["tool_calls"] = [_tool_call_delta(call) for call in reply.tool_calls]
+    elif reply.text or not reply.reasoning:
+        delta["content"] = reply.text
+    return delta
+
+
+def _tool_call_delta(call: inference_pb2.ToolCallDelta) -> dict[str, Any]:
+    entry: dict[str, Any] = {"index": call.index}
+    if call.id:
+        entry.update(id=call.id, type="function")
+    function = {}
+    if call.name:
+        function["name"] = call.name
+    if call.arguments:
+        function["arguments"] = call.arguments
+    if function:
+        entry["function"] = function
+    return entry
 
 
 def finish_reason(value: int) -> str | None:

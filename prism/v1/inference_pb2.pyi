@@ -15,11 +15,24 @@ class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROLE_USER: _ClassVar[Role]
     ROLE_ASSISTANT: _ClassVar[Role]
     ROLE_DEVELOPER: _ClassVar[Role]
+    ROLE_TOOL: _ClassVar[Role]
+
+class ToolChoiceMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOOL_CHOICE_MODE_UNSPECIFIED: _ClassVar[ToolChoiceMode]
+    TOOL_CHOICE_MODE_NONE: _ClassVar[ToolChoiceMode]
+    TOOL_CHOICE_MODE_AUTO: _ClassVar[ToolChoiceMode]
+    TOOL_CHOICE_MODE_REQUIRED: _ClassVar[ToolChoiceMode]
 ROLE_UNSPECIFIED: Role
 ROLE_SYSTEM: Role
 ROLE_USER: Role
 ROLE_ASSISTANT: Role
 ROLE_DEVELOPER: Role
+ROLE_TOOL: Role
+TOOL_CHOICE_MODE_UNSPECIFIED: ToolChoiceMode
+TOOL_CHOICE_MODE_NONE: ToolChoiceMode
+TOOL_CHOICE_MODE_AUTO: ToolChoiceMode
+TOOL_CHOICE_MODE_REQUIRED: ToolChoiceMode
 
 class ContentPart(_message.Message):
     __slots__ = ("text", "image", "video", "image_embedding")
@@ -34,27 +47,91 @@ class ContentPart(_message.Message):
     def __init__(self, text: _Optional[str] = ..., image: _Optional[_Union[_common_pb2.Image, _Mapping]] = ..., video: _Optional[_Union[_common_pb2.Video, _Mapping]] = ..., image_embedding: _Optional[_Union[_common_pb2.ImageEmbedding, _Mapping]] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
-    __slots__ = ("role", "content")
+    __slots__ = ("role", "content", "tool_calls", "tool_call_id")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     CONTENT_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALL_ID_FIELD_NUMBER: _ClassVar[int]
     role: Role
     content: _containers.RepeatedCompositeFieldContainer[ContentPart]
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., content: _Optional[_Iterable[_Union[ContentPart, _Mapping]]] = ...) -> None: ...
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    tool_call_id: str
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., content: _Optional[_Iterable[_Union[ContentPart, _Mapping]]] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., tool_call_id: _Optional[str] = ...) -> None: ...
+
+class ToolCall(_message.Message):
+    __slots__ = ("id", "name", "arguments")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    name: str
+    arguments: str
+    def __init__(self, id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
+
+class Tool(_message.Message):
+    __slots__ = ("name", "description", "parameters", "strict")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DESCRIPTION_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    description: str
+    parameters: str
+    strict: bool
+    def __init__(self, name: _Optional[str] = ..., description: _Optional[str] = ..., parameters: _Optional[str] = ..., strict: _Optional[bool] = ...) -> None: ...
+
+class ToolChoice(_message.Message):
+    __slots__ = ("mode", "function")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    mode: ToolChoiceMode
+    function: str
+    def __init__(self, mode: _Optional[_Union[ToolChoiceMode, str]] = ..., function: _Optional[str] = ...) -> None: ...
 
 class ChatRequest(_message.Message):
-    __slots__ = ("request_id", "model", "messages", "sampling")
+    __slots__ = ("request_id", "model", "messages", "sampling", "tools", "tool_choice", "parallel_tool_calls")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    TOOLS_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CHOICE_FIELD_NUMBER: _ClassVar[int]
+    PARALLEL_TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     model: str
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
     sampling: _common_pb2.SamplingParams
-    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
+    tools: _containers.RepeatedCompositeFieldContainer[Tool]
+    tool_choice: ToolChoice
+    parallel_tool_calls: bool
+    def __init__(self, request_id: _Optional[str] = ..., model: _Optional[str] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., tools: _Optional[_Iterable[_Union[Tool, _Mapping]]] = ..., tool_choice: _Optional[_Union[ToolChoice, _Mapping]] = ..., parallel_tool_calls: _Optional[bool] = ...) -> None: ...
+
+class ToolCallDelta(_message.Message):
+    __slots__ = ("index", "id", "name", "arguments")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ARGUMENTS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    id: str
+    name: str
+    arguments: str
+    def __init__(self, index: _Optional[int] = ..., id: _Optional[str] = ..., name: _Optional[str] = ..., arguments: _Optional[str] = ...) -> None: ...
+
+class ParsedChoice(_message.Message):
+    __slots__ = ("content", "reasoning", "tool_calls", "finish_reason")
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    content: str
+    reasoning: str
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCall]
+    finish_reason: _common_pb2.FinishReason
+    def __init__(self, content: _Optional[str] = ..., reasoning: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCall, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ...) -> None: ...
 
 class ChatResponse(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "usage", "model", "index", "logprobs")
+    __slots__ = ("request_id", "text", "token_ids", "finish_reason", "usage", "model", "index", "logprobs", "reasoning", "tool_calls", "parsed")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +140,9 @@ class ChatResponse(_message.Message):
     MODEL_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    REASONING_FIELD_NUMBER: _ClassVar[int]
+    TOOL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    PARSED_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
@@ -71,7 +151,10 @@ class ChatResponse(_message.Message):
     model: str
     index: int
     logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.PositionLogprobs]
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., model: _Optional[str] = ..., index: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.PositionLogprobs, _Mapping]]] = ...) -> None: ...
+    reasoning: str
+    tool_calls: _containers.RepeatedCompositeFieldContainer[ToolCallDelta]
+    parsed: ParsedChoice
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., usage: _Optional[_Union[_common_pb2.Usage, _Mapping]] = ..., model: _Optional[str] = ..., index: _Optional[int] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.PositionLogprobs, _Mapping]]] = ..., reasoning: _Optional[str] = ..., tool_calls: _Optional[_Iterable[_Union[ToolCallDelta, _Mapping]]] = ..., parsed: _Optional[_Union[ParsedChoice, _Mapping]] = ...) -> None: ...
 
 class CompleteRequest(_message.Message):
     __slots__ = ("request_id", "model", "text", "token_ids", "sampling", "echo")

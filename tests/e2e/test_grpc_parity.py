@@ -117,3 +117,45 @@ def test_logprobs_choices_and_structure_over_grpc(mesh, served, stubs):
     (choice,) = by_choice(structured).values()
     assert choice["text"] == expected["json_schema"]["choices"][0]["text"]
     assert choice["finish_reason"] == "FINISH_REASON_STOP"
+
+
+def _tool(spec: dict) -> dict:
+    function = spec["function"]
+    tool = {"name": function["name"], "parameters": json.dumps(function["parameters"]),
+            "strict": function["strict"]}  # fmt: skip
+    if "description" in function:
+        tool["description"] = function["description"]
+    return tool
+
+
+def test_a_named_tool_call_over_grpc(mesh, served, stubs):
+    """Streamed call pieces, and the whole call parsed on the last message, as `vllm serve`
+    streams and answers them."""
+    answers = served(mesh.family)
+    streamed = parity.comparable(answers["tools_named_stream"])["choices"][0]["tool_calls"]
+    whole = parity.comparable(answers["tools_named"])["choices"][0]["tool_calls"]
+    body = parity.cases(mesh.model)["tools_named"][1]
+    sampling = {"temperature": 0, "max_tokens": body["max_tokens"],
+                "logit_bias": {int(k): v for k, v in body["logit_bias"].items()}}  # fmt: skip
+    (_, call) = _chat(body["messages"][0]["content"][-1]["text"], sampling)
+    call.update(tools=[_tool(tool) for tool in parity.TOOLS],
+                tool_choice={"function": body["tool_choice"]["function"]["name"]})  # fmt: skip
+    (replies,) = ask(stubs, mesh.processor, [["Chat", call]])
+
+    pieces: dict[int, dict] = {}
+    for reply in replies:
+        assert not reply.get("text")
+        for piece in reply.get("tool_calls", []):
+            into = pieces.setdefault(piece.get("index", 0), {"name": "", "arguments": ""})
+            into["name"] += piece.get("name", "")
+            into["arguments"] += piece.get("arguments", "")
+            if piece.get("id"):
+                into["id_ok"] = bool(parity.TOOL_CALL_ID.fullmatch(piece["id"]))
+    assert pieces == streamed and len(pieces) == 1
+    last = replies[-1]
+    assert last["finish_reason"] == "FINISH_REASON_STOP"
+    parsed = last["parsed"]
+    assert parsed["content"] == "" and parsed["finish_reason"] == "FINISH_REASON_STOP"
+    assert {i: {"name": c["name"], "arguments": c["arguments"],
+                "id_ok": bool(parity.TOOL_CALL_ID.fullmatch(c["id"]))}
+            for i, c in enumerate(parsed["tool_calls"])} == whole  # fmt: skip

@@ -1,5 +1,5 @@
 """End to end through real processes: OpenAI's parameters beyond plain text (logprobs, n,
-structured output, logit bias, stop strings, echo, usage) answered by every mode exactly as
+structured output, logit bias, stop strings, echo, usage, tools) answered by every mode exactly as
 `vllm serve` answers them on the same tiny model (tests/parity.py)."""
 
 from __future__ import annotations
@@ -59,9 +59,35 @@ def test_the_cases_are_not_trivial(mesh, served):
     assert answers["stop_included"]["choices"][0]["text"] == ","
 
 
+def test_the_tool_cases_are_not_trivial(mesh, served):
+    answers = {name: parity.comparable(served(mesh.family)[name]) for name in ANSWERED}
+    choice = {name: answer["choices"][0] for name, answer in answers.items()}
+    named = choice["tools_named"]
+    assert named["finish_reason"] == "stop" and named["text"] == "" and not named["content_null"]
+    assert [c["name"] for c in named["tool_calls"].values()] == ["get_time"]
+    one = choice["tools_one_call"]
+    assert one["finish_reason"] == "tool_calls" and len(one["tool_calls"]) == 1
+    json.loads(one["tool_calls"][0]["arguments"])
+    # Parallel calls, streamed; cut short by the length, which the whole answer then keeps
+    # as text, as vLLM's parser does.
+    assert len(choice["tools_required_stream"]["tool_calls"]) > 1
+    assert len(choice["tools_auto_stream"]["tool_calls"]) > 1
+    assert choice["tools_auto"]["finish_reason"] == "length"
+    assert all(c.get("id_ok") for c in choice["tools_auto_stream"]["tool_calls"].values())
+    for name in ("tools_none", "tools_auto_text", "tools_history"):
+        assert choice[name]["text"] and not choice[name]["tool_calls"], name
+
+
 @pytest.mark.parametrize(
     ("case", "param"),
-    [("bad_schema", "response_format"), ("bad_regex", "structured_outputs"), ("bad_n_greedy", "n")],
+    [
+        ("bad_schema", "response_format"),
+        ("bad_regex", "structured_outputs"),
+        ("bad_n_greedy", "n"),
+        ("bad_tools_empty", "tools"),
+        ("bad_tool_choice_unknown", "tool_choice"),
+        ("bad_tool_choice_without_tools", "tool_choice"),
+    ],
 )
 def test_what_vllm_refuses_is_a_400_naming_the_parameter(mesh, served, case, param):
     assert served(mesh.family)[case]["status"] == 400

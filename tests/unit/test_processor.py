@@ -3,6 +3,7 @@ detokenizer, and the Complete and Chat handlers on a pipeline that replays token
 
 import asyncio
 import re
+from typing import Any
 
 import grpc
 import pytest
@@ -97,14 +98,15 @@ def _scores(token: int, top: int) -> engine_pb2.EngineLogprobs:
 
 
 async def handle(
-    tokenizer, answer: str, *calls, inputs: ModelInputs | None = None
+    tokenizer, answer: str, *calls, max_model_len: int = 64, **servicer: Any
 ) -> tuple[list, Replay]:
     """Each call (handlers → request's replies) made on a processor whose worker answers
-    `answer` and whose model takes `inputs`: its replies, or the error it raised."""
+    `answer` and which `servicer` sets up further (inputs, parsers): its replies, or the
+    error it raised."""
     pipeline = Replay(tokenizer.encode(answer, add_special_tokens=False))
     loader = MediaLoader(MediaPolicy())
     handlers = InferenceServicer(
-        tokenizer, "tiny", pipeline, loader, max_model_len=64, inputs=inputs
+        tokenizer, "tiny", pipeline, loader, max_model_len=max_model_len, **servicer
     )
     results = []
     try:

@@ -1,6 +1,7 @@
 """Unit tests: OpenAI REST bodies to protobuf and back (no processes)."""
 
 import base64
+import json
 import pickle
 
 import grpc
@@ -101,7 +102,17 @@ def test_max_completion_tokens_wins_over_max_tokens():
         ({"stop_token_ids": ["a"]}, "stop_token_ids"),
         ({"ignore_eos": "yes"}, "ignore_eos"),
         ({"messages": "hi"}, "messages"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "assistant", "tool_calls": [{"type": "function"}]}]},
+         "messages[0].tool_calls[0]"),
+        ({"messages": [{"role": "tool", "tool_call_id": 3, "content": "x"}]},
+         "messages[0].tool_call_id"),
+        ({"tools": []}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
+         "tools[0].function.parameters"),
+        ({"tool_choice": "sometimes"}, "tool_choice"),
+        ({"tool_choice": {"type": "function"}}, "tool_choice"),
+        ({"parallel_tool_calls": "no"}, "parallel_tool_calls"),
         ({"messages": [{"role": "user", "content": [{"type": "audio"}]}]},
          "messages[0].content[0].type"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
@@ -109,7 +120,7 @@ def test_max_completion_tokens_wins_over_max_tokens():
         ({"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {}}]}]},
          "messages[0].content[0].video_url"),
         ({"model": 3}, "model"),
-        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tools": [{"type": "function"}]}, "tools[0]"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"logit_bias": {"x": 1}}, "logit_bias"),
@@ -264,3 +275,72 @@ def test_completion_logprobs_offsets_and_the_unscored_first_prompt_token():
         {"5": {"logprob": -1.0, "rank": 2, "decoded_token": " there"},
          "6": {"logprob": -0.5, "rank": 1, "decoded_token": "!"}},
     ]  # fmt: skip
+
+
+def test_tools_and_calls_reach_the_processor_as_typed_fields():
+    weather = {"type": "object", "properties": {"city": {"type": "string"}}}
+    request = translate.chat_request(chat(
+        messages=[
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [{
+                "id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+        ],
+        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": weather,
+                                                 "strict": True}},
+               {"type": "function", "function": {"name": "now", "description": "The time."}}],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        parallel_tool_calls=False,
+    ))  # fmt: skip
+    assistant, tool = request.messages[1], request.messages[2]
+    assert assistant.role == inference_pb2.ROLE_ASSISTANT and not assistant.content
+    (call,) = assistant.tool_calls
+    assert (call.id, call.name, call.arguments) == ("call_1", "get_weather", '{"city": "Paris"}')
+    assert tool.role == inference_pb2.ROLE_TOOL and tool.tool_call_id == "call_1"
+    first, second = request.tools
+    assert first.name == "get_weather" and first.strict and not first.HasField("description")
+    assert json.loads(first.parameters) == weather
+    assert second.description == "The time." and not second.parameters
+    assert not second.HasField("strict")
+    assert request.tool_choice.function == "get_weather"
+    assert request.HasField("parallel_tool_calls") and not request.parallel_tool_calls
+    modes = {m: translate.chat_request(chat(tool_choice=m)).tool_choice.mode
+             for m in ("none", "auto", "required")}  # fmt: skip
+    assert modes == {"none": inference_pb2.TOOL_CHOICE_MODE_NONE,
+                     "auto": inference_pb2.TOOL_CHOICE_MODE_AUTO,
+                     "required": inference_pb2.TOOL_CHOICE_MODE_REQUIRED}  # fmt: skip
+    assert not translate.chat_request(chat()).HasField("tool_choice")
+
+
+def test_streamed_deltas_carry_content_reasoning_and_calls_as_vllm_streams_them():
+    reply = inference_pb2.ChatResponse
+    call = inference_pb2.ToolCallDelta
+    assert translate.chat_delta(reply(text="Hi")) == {"content": "Hi"}
+    assert translate.chat_delta(reply()) == {"content": ""}
+    assert translate.chat_delta(reply(reasoning="hm")) == {
+        "reasoning": "hm", "reasoning_content": "hm"}  # fmt: skip
+    started = reply(tool_calls=[call(index=0, id="chatcmpl-tool-1", name="f"),
+                                call(index=0, arguments='{"a"')])  # fmt: skip
+    assert translate.chat_delta(started) == {"content": None, "tool_calls": [
+        {"index": 0, "id": "chatcmpl-tool-1", "type": "function", "function": {"name": "f"}},
+        {"index": 0, "function": {"arguments": '{"a"'}},
+    ]}  # fmt: skip
+    assert translate.finish_reason(common_pb2.FINISH_REASON_TOOL_CALLS) == "tool_calls"
+
+
+def test_a_parsed_choice_is_the_whole_message():
+    parsed = inference_pb2.ParsedChoice(
+        reasoning="first", tool_calls=[inference_pb2.ToolCall(id="x", name="f", arguments="{}")]
+    )
+    assert translate.chat_message(parsed) == {
+        "role": "assistant", "content": None,
+        "tool_calls": [{"id": "x", "type": "function",
+                        "function": {"name": "f", "arguments": "{}"}}],
+        "reasoning": "first", "reasoning_content": "first",
+    }  # fmt: skip
+    plain = translate.chat_message(inference_pb2.ParsedChoice(content=""))
+    assert plain == {"role": "assistant", "content": "", "reasoning": None,
+                     "reasoning_content": None}  # fmt: skip
+    assert translate.usage(common_pb2.Usage(reasoning_tokens=3))["completion_tokens_details"] == {
+        "reasoning_tokens": 3}  # fmt: skip

@@ -18,13 +18,14 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from opentelemetry import trace
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from vllm.config import StructuredOutputsConfig
-from vllm.exceptions import VLLMClientError
+from vllm.exceptions import VLLMClientError, VLLMValidationError
+from vllm.renderers.chat_utils import _postprocess_messages
 
 from prism import embeds, logs, rpc, telemetry
 from prism.media import MediaLoader, PromptMedia, media_policy
@@ -39,6 +40,7 @@ from prism.services.processor.detokenize import Delta, Detokenizer
 from prism.services.processor.failover import Call
 from prism.services.processor.inputs import ModelInputs
 from prism.services.processor.logprobs import Logprobs
+from prism.services.processor.parsing import ChatParsing, Parsers, Step
 from prism.services.processor.pipeline import Pipeline
 from prism.stage.v1 import encoder_pb2, engine_pb2
 from prism.v1 import common_pb2, errors_pb2, inference_pb2, inference_pb2_grpc
@@ -53,6 +55,7 @@ _ROLE_NAMES = {
     inference_pb2.ROLE_ASSISTANT: "assistant",
     # OpenAI's developer role plays the system role for models that know no other.
     inference_pb2.ROLE_DEVELOPER: "system",
+    inference_pb2.ROLE_TOOL: "tool",
 }
 
 Response = TypeVar("Response", inference_pb2.ChatResponse, inference_pb2.CompleteResponse)
@@ -84,8 +87,10 @@ class InferenceServicer:
         max_in_flight: int = 0,
         migration_limit: int = 1,
         inputs: ModelInputs | None = None,
+        parsers: Parsers | None = None,
     ):
         self.tokenizer = tokenizer
+        self.parsers = parsers or Parsers()
         self.inputs = inputs or ModelInputs()
         self.migration_limit = migration_limit
         self.served_model_name = served_model_name
@@ -129,8 +134,11 @@ class InferenceServicer:
         self._check_model(request.model)
         if request.sampling.HasField("prompt_logprobs"):
             raise invalid("prompt_logprobs are served on completions only", "prompt_logprobs")
+        parsing = ChatParsing.of(self.parsers, self.tokenizer, request)
         conversation, parts = self._conversation(list(request.messages))
-        prompt_ids = self._prompt_ids(conversation)
+        prompt_ids = self._prompt_ids(conversation, parsing.tool_dicts)
+        parsing.prompt_ids = prompt_ids
+        parsing.adjust(request.sampling)
 
         async def prompt() -> Prompt:
             images, videos = await asyncio.gather(
@@ -142,7 +150,10 @@ class InferenceServicer:
                      len(parts.embeddings))  # fmt: skip
             return prompt_ids, PromptMedia(list(images), list(videos), parts.embeddings)
 
-        return self._answer(inference_pb2.ChatResponse, request_id, prompt(), request.sampling)
+        return self._answer(
+            inference_pb2.ChatResponse, request_id, prompt(), request.sampling,
+            parsing=parsing if parsing.active else None,
+        )  # fmt: skip
 
     def complete(
         self, request: inference_pb2.CompleteRequest
@@ -204,9 +215,34 @@ class InferenceServicer:
                 else:
                     parts.append({"type": "image"})
                     media.embeddings.append(self._embedding(part.image_embedding, where))
-            conversation.append({"role": role, "content": parts})
+            conversation.append(self._message(role, parts, message, f"messages[{i}]"))
+        try:
+            # vLLM's own: call arguments as objects, as templates expect them.
+            _postprocess_messages(conversation)
+        except VLLMValidationError as exc:
+            raise invalid(str(exc), "messages") from None
         self._check_counts(media)
         return conversation, media
+
+    @staticmethod
+    def _message(
+        role: str, parts: list[dict], message: inference_pb2.ChatMessage, where: str
+    ) -> dict:
+        """A message as vLLM's server hands it to the chat template."""
+        if message.tool_calls and role != "assistant":
+            raise invalid("only assistant messages carry tool_calls", f"{where}.tool_calls")
+        if role == "tool":
+            # As vLLM: a tool's result is text, its parts joined by lines.
+            content = "\n".join(part["text"] for part in parts)
+            return {"role": role, "content": content, "tool_call_id": message.tool_call_id}
+        result: dict[str, Any] = {"role": role, "content": parts}
+        if message.tool_calls:
+            result["tool_calls"] = [
+                {"id": call.id, "type": "function",
+                 "function": {"name": call.name, "arguments": call.arguments}}
+                for call in message.tool_calls
+            ]  # fmt: skip
+        return result
 
     def _embedding(
         self, embedding: common_pb2.ImageEmbedding, where: str
@@ -242,10 +278,10 @@ class InferenceServicer:
                 "messages",
             )
 
-    def _prompt_ids(self, conversation: list[dict]) -> list[int]:
+    def _prompt_ids(self, conversation: list[dict], tools: list[dict] | None) -> list[int]:
         try:
             prompt = self.tokenizer.apply_chat_template(
-                conversation, add_generation_prompt=True, tokenize=False
+                conversation, tools=tools, add_generation_prompt=True, tokenize=False
             )
         except Exception as exc:  # jinja raises arbitrary errors for bad conversations
             raise invalid(f"chat template failed: {exc}", "messages") from None
@@ -306,9 +342,10 @@ class InferenceServicer:
         prompt: Awaitable[Prompt],
         sampling: common_pb2.SamplingParams,
         echo: str | None = None,
+        parsing: ChatParsing | None = None,
     ) -> AsyncIterator[Response]:
         """Chat and Complete answer alike: one message per delta of each choice. `echo`:
-        the prompt's text, which then starts each choice."""
+        the prompt's text, which then starts each choice; `parsing`: a chat's parsers."""
         prompt_ids, media = await prompt
         if (
             echo is not None
@@ -323,7 +360,7 @@ class InferenceServicer:
         choices = self._choices(request_id, sampling)
         calls = self._active[request_id] = [Call() for _ in choices]
         answer = _Answer(response_type, request_id, prompt_ids, media,
-                         _Tally(len(prompt_ids), len(choices)), echo)  # fmt: skip
+                         _Tally(len(prompt_ids), len(choices)), echo, parsing)  # fmt: skip
         streams = [
             self._choice(answer, index, engine_id, params, calls[index])
             for index, (engine_id, params) in enumerate(choices)
@@ -347,10 +384,13 @@ class InferenceServicer:
         params = to_vllm(sampling)
         detokenizer = Detokenizer(self.tokenizer, engine_id, prompt_ids, params)
         logprobs = Logprobs(self.tokenizer, params)
+        parsing = answer.parsing.choice() if answer.parsing is not None else None
         replies = self.pipeline.run(
             engine_id, prompt_ids, answer.media, sampling, call, self.migration_limit
         )
         started = False
+        # Tokens whose text the parsers held back, sent with the next message.
+        held: list[int] = []
 
         def response(delta: Delta, positions: list, reply: engine_pb2.GenerateResponse | None):
             nonlocal started
@@ -380,17 +420,45 @@ class InferenceServicer:
             message.usage.CopyFrom(tally.usage())
             return message
 
+        def parsed(
+            delta: Delta, positions: list, reply: engine_pb2.GenerateResponse
+        ) -> Response | None:
+            """The message of `delta` where a chat's output is parsed; None where vLLM's
+            server would send nothing for it."""
+            assert parsing is not None
+            step = parsing.step(delta.text, delta.token_ids, delta.finished)
+            if step is None and not delta.finished and not positions:
+                held.extend(delta.token_ids)
+                return None
+            step = step or Step()
+            ids = [*held, *delta.token_ids]
+            held.clear()
+            reason = parsing.finish_reason(delta.finish_reason) if delta.finished else 0
+            if delta.finished:
+                tally.reasoning[index] = parsing.reasoning_tokens()
+            message = response(Delta(step.content, ids, reason), positions, reply)
+            message.reasoning = step.reasoning
+            message.tool_calls.extend(step.tool_calls)
+            if delta.finished:
+                message.parsed.CopyFrom(parsing.whole(delta.finish_reason))
+            return message
+
         try:
             async for reply in replies:
                 if reply.HasField("first"):
                     tally.prompt(reply.first)
                 delta = detokenizer.update(list(reply.token_ids), reply.last.reason)
                 positions = logprobs.output(reply.logprobs[: len(delta.token_ids)])
-                if not delta.finished:
-                    if delta.text or delta.token_ids:
-                        yield response(delta, positions, reply)
+                if not (delta.finished or delta.text or delta.token_ids):
                     continue
-                yield response(delta, positions, reply)
+                if parsing is not None:
+                    message = parsed(delta, positions, reply)
+                    if message is not None:
+                        yield message
+                else:
+                    yield response(delta, positions, reply)
+                if not delta.finished:
+                    continue
                 if reply.HasField("last"):
                     # The stage ends its stream after its last reply: read to that end, so
                     # that every stage sees its call complete rather than cancelled.
@@ -440,6 +508,8 @@ class _Answer:
     tally: _Tally
     # The prompt's text, which starts each choice (completions' `echo`).
     echo: str | None
+    # A chat's tools and parsers, where the server parses the output.
+    parsing: ChatParsing | None = None
 
 
 class _Tally:
@@ -450,6 +520,7 @@ class _Tally:
         self._prompt = engine_pb2.PromptUsage(prompt_tokens=prompt_tokens)
         self._engine_said = False
         self.sent = [0] * choices
+        self.reasoning = [0] * choices
 
     def prompt(self, usage: engine_pb2.PromptUsage) -> None:
         if not self._engine_said:
@@ -465,6 +536,7 @@ class _Tally:
             completion_tokens=completion,
             total_tokens=self._prompt.prompt_tokens + completion,
             cached_tokens=self._prompt.cached_tokens,
+            reasoning_tokens=sum(self.reasoning),
         )
 
 
@@ -520,8 +592,14 @@ async def serve(args: argparse.Namespace) -> None:
     router = Router(stage.registry, args.routing, overlap_weight=args.kv_overlap_weight)
     pipeline = Pipeline(deployed, router, inputs)
     loader = MediaLoader(media_policy(args))
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    try:
+        parsers = Parsers.of(tokenizer, args.tool_call_parser, args.reasoning_parser,
+                             args.enable_auto_tool_choice)  # fmt: skip
+    except ValueError as exc:
+        raise SystemExit(f"prism processor: {exc}") from None
     servicer = InferenceServicer(
-        AutoTokenizer.from_pretrained(args.model),
+        tokenizer,
         served_model,
         pipeline,
         loader,
@@ -529,6 +607,7 @@ async def serve(args: argparse.Namespace) -> None:
         args.max_in_flight,
         args.migration_limit,
         inputs,
+        parsers,
     )
 
     try:

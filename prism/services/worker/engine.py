@@ -91,6 +91,8 @@ def engine_args(
         enable_log_requests=False,
         disable_log_stats=False,
         seed=args.seed,
+        # Structured output (a forced tool call) then starts where reasoning ends.
+        reasoning_parser=args.reasoning_parser,
     )
 
 
