@@ -10,6 +10,7 @@ import math
 import jsonschema
 import parity
 import pytest
+from conftest import openai_client
 
 NAMES = list(parity.cases(None))
 ANSWERED = [name for name in NAMES if not name.startswith("bad_")]
@@ -68,11 +69,9 @@ def test_the_tool_cases_are_not_trivial(mesh, served):
     one = choice["tools_one_call"]
     assert one["finish_reason"] == "tool_calls" and len(one["tool_calls"]) == 1
     json.loads(one["tool_calls"][0]["arguments"])
-    # Parallel calls, streamed; cut short by the length, which the whole answer then keeps
-    # as text, as vLLM's parser does.
+    # Parallel calls, streamed, until the length cuts them short.
     assert len(choice["tools_required_stream"]["tool_calls"]) > 1
     assert len(choice["tools_auto_stream"]["tool_calls"]) > 1
-    assert choice["tools_auto"]["finish_reason"] == "length"
     assert all(c.get("id_ok") for c in choice["tools_auto_stream"]["tool_calls"].values())
     for name in ("tools_none", "tools_auto_text", "tools_history"):
         assert choice[name]["text"] and not choice[name]["tool_calls"], name
@@ -94,3 +93,29 @@ def test_what_vllm_refuses_is_a_400_naming_the_parameter(mesh, served, case, par
     answer = parity.ask(mesh.base_url, mesh.model, parity.cases(mesh.model)[case])
     assert answer["status"] == 400, answer
     assert answer["body"]["error"]["param"] == param, answer
+
+
+def test_the_openai_sdk_reads_tool_calls_and_their_stream(mesh, served):
+    """The official SDK's own types, whole and streamed, hold `vllm serve`'s calls."""
+    whole = parity.comparable(served(mesh.family)["tools_one_call"])["choices"][0]
+    streamed = parity.comparable(served(mesh.family)["tools_named_stream"])["choices"][0]
+    client = openai_client(mesh)
+    _, body = parity.cases(mesh.model)["tools_one_call"]
+    answer = client.chat.completions.create(model=mesh.model, **body)
+    (choice,) = answer.choices
+    assert choice.finish_reason == whole["finish_reason"] == "tool_calls"
+    assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] == [
+        (c["name"], c["arguments"]) for c in whole["tool_calls"].values()
+    ]
+    _, body = parity.cases(mesh.model)["tools_named_stream"]
+    calls: dict[int, list[str]] = {}
+    reasons = []
+    for chunk in client.chat.completions.create(model=mesh.model, **body):
+        for choice in chunk.choices:
+            reasons.append(choice.finish_reason)
+            for call in choice.delta.tool_calls or []:
+                entry = calls.setdefault(call.index, ["", ""])
+                entry[0] += (call.function and call.function.name) or ""
+                entry[1] += (call.function and call.function.arguments) or ""
+    assert calls == {i: [c["name"], c["arguments"]] for i, c in streamed["tool_calls"].items()}
+    assert reasons[-1] == streamed["finish_reason"] == "stop"
