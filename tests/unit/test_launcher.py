@@ -91,6 +91,26 @@ def test_serve_forwards_its_registry_flags_and_replica_counts():
     assert _forwarded_registry_args(static) == []
 
 
+def test_parsers_go_to_the_processor_and_reasoning_to_every_engine():
+    args = build_parser().parse_args(
+        ["serve", "--model", "m", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+         "--reasoning-parser", "deepseek_r1"]
+    )  # fmt: skip
+    config = MeshConfig(mode="e/p/d", model="m", tool_call_parser=args.tool_call_parser,
+                        enable_auto_tool_choice=args.enable_auto_tool_choice,
+                        reasoning_parser=args.reasoning_parser)  # fmt: skip
+    by_name = {stage.name: stage for stage in plan(config)}
+    processor = by_name["processor"].argv
+    assert flag(processor, "--tool-call-parser") == ["hermes"]
+    assert "--enable-auto-tool-choice" in processor
+    for name in ("processor", "prefill-0", "decode-0"):
+        assert flag(by_name[name].argv, "--reasoning-parser") == ["deepseek_r1"], name
+    for name in ("prefill-0", "decode-0", "encoder-0", "gateway"):
+        assert not flag(by_name[name].argv, "--tool-call-parser"), name
+    plain = plan(MeshConfig(mode="epd", model="m"))
+    assert not any("--reasoning-parser" in stage.argv for stage in plain)
+
+
 class Unkillable:
     """A process that outlives SIGKILL until it runs at idle priority (as a stage stuck in
     the kernel did); records what happened to it."""

@@ -12,7 +12,7 @@ from transformers import (
     Qwen2VLForConditionalGeneration,
 )
 
-from prism.tiny_models import FAMILIES, build
+from prism.tiny_models import FAMILIES, MARKERS, VOCAB_SIZE, build
 
 MODEL_CLASSES = {
     "llava": LlavaForConditionalGeneration,
@@ -85,6 +85,43 @@ def test_chat_template_renders_image_parts_in_order(checkpoint):
     )
     without_prompt = tokenizer.apply_chat_template(messages, tokenize=False)
     assert rendered.startswith(without_prompt) and rendered != without_prompt
+
+
+def test_reasoning_and_tool_markers_are_plain_tokens(checkpoint):
+    _, path = checkpoint
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    for marker in MARKERS:
+        (token,) = tokenizer.encode(marker, add_special_tokens=False)
+        # Plain, as the markers of reasoning and tool calling models: kept in the text.
+        assert token not in tokenizer.all_special_ids
+        assert tokenizer.decode([token], skip_special_tokens=True) == marker
+    assert len(tokenizer) == VOCAB_SIZE
+
+
+def test_chat_template_renders_tools_calls_and_results_hermes_style(checkpoint):
+    _, path = checkpoint
+    tool = {"type": "function", "function": {"name": "get_time", "description": None,
+                                             "parameters": {"type": "object"}}}  # fmt: skip
+    call = {"type": "function", "function": {"name": "get_time", "arguments": {"zone": "UTC"}}}
+    messages = [
+        {"role": "user", "content": "Time?"},
+        {"role": "assistant", "content": [], "tool_calls": [call]},
+        {"role": "tool", "content": "noon"},
+        {"role": "tool", "content": "UTC"},
+    ]
+    rendered = AutoTokenizer.from_pretrained(path).apply_chat_template(
+        messages, tools=[tool], tokenize=False, add_generation_prompt=True
+    )
+    assert (
+        '<tools>\n{"type": "function", "function": {"name": "get_time", "description": null, '
+        '"parameters": {"type": "object"}}}\n</tools>' in rendered
+    )
+    called = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
+    assert called in rendered
+    # Consecutive results share one user turn.
+    assert "<tool_response>\nnoon\n</tool_response><tool_response>\nUTC\n</tool_response>" in (
+        rendered
+    )
 
 
 def test_llava_weights_use_vllm_vision_names(checkpoint):
