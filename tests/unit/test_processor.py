@@ -266,3 +266,49 @@ def test_client_embeddings_reach_the_pipeline_as_inline_handles(tokenizer):
         "inline_data",
     ]
     assert not media.images and not media.videos
+
+
+def test_a_completion_takes_images_for_the_placeholders_its_prompt_holds(tokenizer):
+    from conftest import png
+
+    inputs = ModelInputs(image_token=tokenizer.convert_tokens_to_ids("<image>"))
+    image = common_pb2.Image(data=png(1), mime_type="image/png")
+
+    def complete(prompt: str, images: int):
+        request = inference_pb2.CompleteRequest(text=prompt, images=[image] * images)
+        return lambda h: h.complete(request)
+
+    (replies, *errors), pipeline = asyncio.run(
+        handle(
+            tokenizer, "A red square.",
+            complete("USER: <image>\nWhat is it? ASSISTANT:", 1),
+            complete("USER: What is it? ASSISTANT:", 1),
+            complete("USER: <image>\nWhat is it? ASSISTANT:", 2),
+            inputs=inputs,
+        )
+    )  # fmt: skip
+    assert "".join(r.text for r in replies) == "A red square."
+    (media,) = pipeline.media
+    assert [(i.width, i.height) for i in media.images] == [(64, 48)]
+    for error, found in zip(errors, (0, 1), strict=True):
+        assert isinstance(error, PrismError) and error.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert error.param == "prompt" and f"'<image>' {found} times" in error.message
+
+    (error,), pipeline = asyncio.run(
+        handle(tokenizer, "No.", complete("<image> What?", 1), inputs=ModelInputs())
+    )
+    assert isinstance(error, PrismError) and "does not accept images" in error.message
+    assert pipeline.requests == []
+
+
+def test_the_model_is_listed_only_while_the_stages_behind_can_serve(tokenizer):
+    async def listed(ready: bool) -> list[str]:
+        loader = MediaLoader(MediaPolicy())
+        handlers = InferenceServicer(tokenizer, "tiny", Replay([]), loader, max_model_len=64)
+        handlers.ready = ready
+        reply = await handlers.list_models(inference_pb2.ListModelsRequest())
+        await loader.close()
+        return [model.id for model in reply.models]
+
+    assert asyncio.run(listed(False)) == []
+    assert asyncio.run(listed(True)) == ["tiny"]

@@ -3,6 +3,7 @@ static registry."""
 
 import asyncio
 import time
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -113,9 +114,11 @@ def test_readiness_tolerates_isolated_probe_failures():
             if len(reported) == 8:
                 raise asyncio.CancelledError
 
+    servicer = SimpleNamespace(ready=False)
     with pytest.raises(asyncio.CancelledError):
-        asyncio.run(_track_readiness(Server(), Pipeline(), period=0))
+        asyncio.run(_track_readiness(Server(), Pipeline(), servicer, period=0))
     assert reported == [True, True, True, True, True, True, False, True]
+    assert servicer.ready
 
 
 def test_idle_connections_survive_keepalive(monkeypatch):

@@ -98,6 +98,8 @@ class InferenceServicer:
         self.loader = loader
         self.max_model_len = max_model_len
         self.created = int(time.time())
+        # Whether the stages behind can take a request: models are listed only then.
+        self.ready = False
         # Running request ids -> each choice's stage calls.
         self._active: dict[str, list[Call]] = {}
         self.service = Service(
@@ -171,10 +173,17 @@ class InferenceServicer:
                 raise invalid(f"prompt token ids must be below {vocab}", "prompt")
         else:
             raise invalid("prompt must not be empty", "prompt")
+        images = list(request.images)
+        if images:
+            self._check_placeholders(prompt_ids, len(images))
 
         async def prompt() -> Prompt:
-            log.info("completion %s: %d prompt tokens", request_id, len(prompt_ids))
-            return prompt_ids, PromptMedia()
+            loaded = await asyncio.gather(
+                *(self.loader.load(image, f"images[{i}]") for i, image in enumerate(images))
+            )
+            log.info("completion %s: %d prompt tokens, %d images",
+                     request_id, len(prompt_ids), len(loaded))  # fmt: skip
+            return prompt_ids, PromptMedia(list(loaded))
 
         echo = None
         if request.echo:
@@ -182,6 +191,26 @@ class InferenceServicer:
         return self._answer(
             inference_pb2.CompleteResponse, request_id, prompt(), request.sampling, echo
         )
+
+    def _check_placeholders(self, prompt_ids: list[int], images: int) -> None:
+        """A prompt with images holds the model's image placeholder once for each, which
+        the engine expands to the image's tokens."""
+        token = self.inputs.image_token
+        if token is None:
+            raise invalid("this model does not accept images", "images")
+        if images > self.loader.policy.max_images:
+            raise invalid(
+                f"at most {self.loader.policy.max_images} images per request, got {images}",
+                "images",
+            )
+        placeholder = self.tokenizer.convert_ids_to_tokens(token)
+        found = prompt_ids.count(token)
+        if found != images:
+            raise invalid(
+                f"the prompt holds the image placeholder {placeholder!r} {found} times, "
+                f"for {images} images: put it in the prompt once for each image",
+                "prompt",
+            )
 
     def _conversation(
         self, messages: list[inference_pb2.ChatMessage]
@@ -480,6 +509,10 @@ class InferenceServicer:
     async def list_models(
         self, request: inference_pb2.ListModelsRequest
     ) -> inference_pb2.ListModelsResponse:
+        if not self.ready:
+            # As Dynamo lists a model only once a worker has registered it: a client that
+            # waits for the model to be listed is not sent in before it can be served.
+            return inference_pb2.ListModelsResponse()
         model = inference_pb2.Model(
             id=self.served_model_name,
             owned_by="prism",
@@ -619,7 +652,7 @@ async def serve(args: argparse.Namespace) -> None:
                     "prism_image_cache", "Image and video URL", loader.url_cache.stats
                 )
             ],
-            tasks=[lambda server: _track_readiness(server, pipeline)],
+            tasks=[lambda server: _track_readiness(server, pipeline, servicer)],
             serving=False,
         )
     finally:
@@ -628,9 +661,14 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 async def _track_readiness(
-    server: rpc.Server, pipeline: Pipeline, period: float = 1.0, failure_threshold: int = 3
+    server: rpc.Server,
+    pipeline: Pipeline,
+    servicer: InferenceServicer,
+    period: float = 1.0,
+    failure_threshold: int = 3,
 ) -> None:
-    """Reports SERVING only while the stages this processor calls are serving.
+    """Reports SERVING, and lists the model, only while the stages this processor calls
+    are serving.
 
     Like a Kubernetes probe, one slow health check on a busy stage is not an outage: the
     processor turns NOT_SERVING after `failure_threshold` failed probes in a row.
@@ -638,5 +676,6 @@ async def _track_readiness(
     failures = failure_threshold
     while True:
         failures = 0 if await pipeline.ready() else failures + 1
-        await server.set_serving([SERVICE], failures < failure_threshold)
+        servicer.ready = failures < failure_threshold
+        await server.set_serving([SERVICE], servicer.ready)
         await asyncio.sleep(period)
