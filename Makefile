@@ -1,6 +1,7 @@
 PY := .venv/bin/python
-# The public package (prism.v1) and the stages' own (prism.stage.v1).
-STUB_DIRS := prism/v1 prism/stage/v1
+# The public package (prism.v1), the stages' own (prism.stage.v1), and KServe v2's
+# (package inference, served by the gateway).
+STUB_DIRS := prism/v1 prism/stage/v1 prism/kserve
 PROTOS := $(foreach dir,$(STUB_DIRS),$(wildcard protos/$(dir)/*.proto))
 
 .PHONY: setup demo test test-unit test-net lint protos check-protos bench bench-transfer bench-modes \

@@ -152,6 +152,16 @@ def _gateway_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _kserve_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kserve-grpc-port",
+        type=int,
+        default=0,
+        help="also serve KServe v2 gRPC (inference.GRPCInferenceService, as Triton with its "
+        "vLLM backend) on this port (0: not served)",
+    )
+
+
 def _limit_arg(parser: argparse.ArgumentParser, default: int = 256) -> None:
     parser.add_argument(
         "--max-in-flight",
@@ -249,6 +259,22 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1")
     _transfer_arg(serve)
     serve.add_argument("--http-port", type=int, default=8000)
+    serve.add_argument(
+        "--grpc-port",
+        type=int,
+        default=50050,
+        help="port of the public gRPC API, prism.v1.InferenceService (0: a free one)",
+    )
+    serve.add_argument(
+        "--grpc-host", default="", help="address the public gRPC API binds (default: --host)"
+    )
+    _kserve_arg(serve)
+    serve.add_argument(
+        "--status-file",
+        default="",
+        metavar="PATH",
+        help="once ready, write every endpoint there as JSON (removed on exit)",
+    )
     _model_args(serve)
     _embeds_arg(
         serve,
@@ -342,6 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
     gateway = sub.add_parser("gateway", help="OpenAI REST API in front of a processor")
     _stage_args(gateway, 8000, metrics=False)
     _gateway_args(gateway)
+    _kserve_arg(gateway)
     _limit_arg(gateway)
     registry.add_arguments(gateway, peers="processor=127.0.0.1:50050")
 
@@ -383,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
                 model=args.model,
                 host=args.host,
                 http_port=args.http_port,
+                grpc_host=args.grpc_host,
+                grpc_port=args.grpc_port,
+                kserve_grpc_port=args.kserve_grpc_port,
                 served_model_name=args.served_model_name,
                 dtype=args.dtype,
                 max_model_len=args.max_model_len,
@@ -407,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
                 tls_args=_forward(args, ("tls_cert", "tls_key", "tls_ca", "tls_server_name")),
                 log_level=args.log_level,
                 log_format=args.log_format,
-            )
+            ),
+            status_file=args.status_file,
         )
     if args.command == "worker":
         from prism.services import worker

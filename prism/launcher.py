@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import ipaddress
+import json
 import os
 import signal
 import subprocess
@@ -76,6 +78,12 @@ class MeshConfig:
     model: str
     host: str = "127.0.0.1"
     http_port: int = 8000
+    # The public gRPC API (the processor's InferenceService): where it binds (default:
+    # `host`) and its port (0: a free one).
+    grpc_host: str = ""
+    grpc_port: int = 0
+    # KServe v2 gRPC on the gateway, at `host` (0: not served).
+    kserve_grpc_port: int = 0
     served_model_name: str = ""
     dtype: str = "auto"
     max_model_len: int = 0
@@ -113,17 +121,26 @@ class MeshConfig:
     log_format: str = "text"
 
 
-def _grpc_stage(name: str, host: str, argv: list[str]) -> Stage:
-    address = f"{host}:{free_port(host)}"
-    port = address.rsplit(":", 1)[1]
+def _grpc_stage(name: str, host: str, argv: list[str], port: int = 0, reach: str = "") -> Stage:
+    """A gRPC stage bound to `host` at `port` (0: a free one); `reach`: the host to reach
+    it at where `host` is a wildcard."""
+    port = port or free_port(host)
+    address = f"{reach or host}:{port}"
     metrics_port = free_port(host)
     return Stage(
         name,
         address,
-        [*argv, "--port", port, "--metrics-port", str(metrics_port)],
+        [*argv, "--host", host, "--port", str(port), "--metrics-port", str(metrics_port)],
         lambda: check_health(address),
-        metrics_url=f"http://{host}:{metrics_port}/metrics",
+        metrics_url=f"http://{reach or host}:{metrics_port}/metrics",
     )
+
+
+def _gateway_healthy(base_url: str, kserve_address: str) -> bool:
+    """/health, and the KServe port's gRPC health where it is served: both doors open."""
+    if not http_ok(f"{base_url}/health"):
+        return False
+    return not kserve_address or check_health(kserve_address, "inference.GRPCInferenceService")
 
 
 def plan(config: MeshConfig) -> list[Stage]:
@@ -131,8 +148,8 @@ def plan(config: MeshConfig) -> list[Stage]:
     deployed = mode(config.mode)
     prism = [sys.executable, "-m", "prism.cli", "--log-level", config.log_level,
              "--log-format", config.log_format]  # fmt: skip
-    common = ["--model", config.model, "--host", config.host,
-              *config.media_args, *config.registry_args, *config.tls_args]  # fmt: skip
+    common = ["--model", config.model, *config.media_args, *config.registry_args,
+              *config.tls_args]  # fmt: skip
     if config.served_model_name:
         common += ["--served-model-name", config.served_model_name]
     if config.max_model_len:
@@ -185,22 +202,27 @@ def plan(config: MeshConfig) -> list[Stage]:
         return [arg for role, stages in by_role.items() for s in stages
                 for arg in ("--peer", f"{role}={s.address}")]  # fmt: skip
 
+    grpc_host = config.grpc_host or config.host
     processor = _grpc_stage(
         "processor",
-        config.host,
+        grpc_host,
         [*prism, "processor", *common, *fetch, *embeds, "--mode", config.mode,
          "--routing", config.routing, "--kv-overlap-weight", str(config.kv_overlap_weight),
          "--max-in-flight", str(config.max_in_flight), *tools, *reasoning,
          *peers(by_role)],
+        port=config.grpc_port,
+        reach=config.host if _is_wildcard(grpc_host) else "",
     )  # fmt: skip
     base_url = f"http://{config.host}:{config.http_port}"
+    kserve_address = f"{config.host}:{config.kserve_grpc_port}" if config.kserve_grpc_port else ""
+    kserve = ["--kserve-grpc-port", str(config.kserve_grpc_port)] if kserve_address else []
     gateway = Stage(
         "gateway",
         base_url,
         [*prism, "gateway", "--host", config.host, "--port", str(config.http_port),
-         "--request-timeout", str(config.request_timeout),
+         "--request-timeout", str(config.request_timeout), *kserve,
          *config.registry_args, *config.tls_args, *peers({"processor": [processor]})],
-        lambda: http_ok(f"{base_url}/health"),
+        functools.partial(_gateway_healthy, base_url, kserve_address),
         metrics_url=f"{base_url}/metrics",
         # In the environment rather than the command line, where `ps` would show it.
         env={"PRISM_API_KEY": config.api_key},
@@ -350,17 +372,71 @@ def _raise_stop(signum: int, frame: object) -> None:
     raise _StopRequested
 
 
-def run(config: MeshConfig) -> int:
-    """Runs the mesh in the foreground until a signal or a stage's death."""
+def _is_wildcard(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False  # a host name
+
+
+def endpoints(config: MeshConfig, mesh: Mesh) -> dict:
+    """Where a running mesh answers: its public APIs, and each stage."""
+    kserve = f"{config.host}:{config.kserve_grpc_port}" if config.kserve_grpc_port else None
+    return {
+        "mode": config.mode,
+        "model": config.served_model_name or config.model,
+        "openai": f"http://{config.host}:{config.http_port}/v1",
+        "grpc": mesh.address("processor"),
+        "kserve_grpc": kserve,
+        "pid": os.getpid(),
+        "stages": [
+            {"name": stage.name, "role": stage.name.rpartition("-")[0] or stage.name,
+             "address": stage.address, "metrics": stage.metrics_url}
+            for stage in mesh.stages
+        ],
+    }  # fmt: skip
+
+
+def describe(status: dict) -> str:
+    """`endpoints` as `prism serve` prints them once ready."""
+    lines = [
+        f"prism ({status['mode']}) ready: {status['openai']}",
+        f"  OpenAI API  {status['openai']}",
+        f"  gRPC        {status['grpc']}  (prism.v1.InferenceService)",
+    ]
+    if status["kserve_grpc"]:
+        lines.append(f"  KServe v2   {status['kserve_grpc']}  (inference.GRPCInferenceService)")
+    lines.append("  stages:")
+    width = max(len(stage["name"]) for stage in status["stages"])
+    lines += [
+        f"    {s['name']:<{width}}  {s['role']:<9}  {s['address']}  metrics {s['metrics']}"
+        for s in status["stages"]
+    ]
+    return "\n".join(lines)
+
+
+def _write_status(path: str, status: dict) -> None:
+    """Whole or not at all: a script polling for the file never reads half of it."""
+    partial = f"{path}.partial"
+    with open(partial, "w") as out:
+        json.dump(status, out, indent=2)
+    os.replace(partial, path)
+
+
+def run(config: MeshConfig, status_file: str = "") -> int:
+    """Runs the mesh in the foreground until a signal or a stage's death; once it is
+    ready, prints its endpoints (and writes them to `status_file` as JSON, if given)."""
     signal.signal(signal.SIGINT, _raise_stop)
     signal.signal(signal.SIGTERM, _raise_stop)
     mesh = Mesh(plan(config))
+    written = False
     try:
         mesh.start()
-        print(
-            f"prism ({config.mode}) ready: http://{config.host}:{config.http_port}/v1",
-            flush=True,
-        )
+        status = endpoints(config, mesh)
+        if status_file:
+            _write_status(status_file, status)
+            written = True
+        print(describe(status), flush=True)
         while True:
             mesh.check_alive(spare_replicas=True)
             time.sleep(0.5)
@@ -373,4 +449,8 @@ def run(config: MeshConfig) -> int:
         # Signals during the shutdown itself must not cut it short.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if written:
+            # A file left behind would name endpoints that are gone.
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(status_file)
         mesh.stop()

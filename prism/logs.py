@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from contextvars import ContextVar
 
 REQUEST_ID: ContextVar[str] = ContextVar("request_id", default="")
 HEADER = "x-request-id"
+# A request id a client may choose: printable ASCII, no spaces, at most 128 characters.
+CLIENT_ID = re.compile(r"[\x21-\x7e]{1,128}")
 FORMATS = ("text", "json")
 
 

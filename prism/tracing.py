@@ -104,6 +104,16 @@ def client_interceptors() -> list:
     return list(aio_client_interceptors(filter_=_traced_calls()))
 
 
+def server_interceptors() -> list:
+    """Server spans for a front door's gRPC calls, parented by the caller's context (the
+    stages make their own, in prism.runtime.service)."""
+    if not _enabled:
+        return []
+    from opentelemetry.instrumentation.grpc import aio_server_interceptor
+
+    return [aio_server_interceptor(filter_=_traced_calls())]
+
+
 def instrument_app(app: object) -> None:
     """Spans for the gateway's HTTP requests, parented by an incoming `traceparent`."""
     if _enabled:

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Fails when the committed stubs (prism/v1, prism/stage/v1) differ from what `make protos`
+# Fails when the committed stubs (prism/v1, prism/stage/v1, prism/kserve) differ from what `make protos`
 # generates.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-for dir in prism/v1 prism/stage/v1; do
+for dir in prism/v1 prism/stage/v1 prism/kserve; do
   .venv/bin/python -m grpc_tools.protoc -Iprotos --python_out="$tmp" --pyi_out="$tmp" \
     --grpc_python_out="$tmp" protos/$dir/*.proto
   for f in "$tmp/$dir"/*; do

@@ -26,4 +26,10 @@ if [ "$TARGET" = cpu ]; then
 else
   "${PIP[@]}" -e ".[gpu${EXTRAS:+,$EXTRAS}]"
 fi
+if [ -n "$EXTRAS" ]; then
+  # The KServe tests' client, as Triton's users install it (tritonclient[grpc]); without its
+  # declared dependencies, which pin protobuf below the 7.x that vLLM and grpcio-tools
+  # need: the rest of them are here already, and its gRPC client runs on protobuf 7.
+  "${PIP[@]}" --no-deps tritonclient==2.73.0 "ml-dtypes<=0.5.4" python-rapidjson==1.25
+fi
 echo "Prism installed in .venv ($TARGET)"

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import functools
 import hmac
 import json
 import logging
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -21,7 +22,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from prism import logs, rpc, telemetry, tracing
-from prism.gateway import translate
+from prism.gateway import kserve, translate
 from prism.modes import MeshRole
 from prism.registry import Instance, instance, open_registry
 from prism.routing import Router
@@ -174,7 +175,6 @@ async def _generate(
 # Routes counted by path in the request metrics; anything else counts as "other".
 _GENERATIONS = ("/v1/chat/completions", "/v1/completions")
 _ROUTES = (*_GENERATIONS, "/v1/models")
-_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")
 
 
 class FrontDoor:
@@ -185,17 +185,17 @@ class FrontDoor:
     Pure ASGI rather than Starlette's BaseHTTPMiddleware, which would run the app in
     another task and get in the way of streaming and disconnect handling."""
 
-    def __init__(self, app: Any, api_key: str = "", max_in_flight: int = 0):
+    def __init__(self, app: Any, api_key: str, limit: rpc.InFlightLimit):
         self.app = app
         self.api_key = api_key
-        self.limit = rpc.InFlightLimit(max_in_flight, "generations")
+        self.limit = limit
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
         given = headers.get(logs.HEADER.encode(), b"").decode("latin-1")
-        request_id = given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+        request_id = given if logs.CLIENT_ID.fullmatch(given) else uuid.uuid4().hex
         token = logs.REQUEST_ID.set(request_id)
         status = 500
 
@@ -210,7 +210,7 @@ class FrontDoor:
         path = scope["path"]
         try:
             if path.startswith("/v1/"):
-                self._authorize(headers.get(b"authorization", b"").decode("latin-1"))
+                authorize(self.api_key, headers.get(b"authorization", b"").decode("latin-1"))
             if path in _GENERATIONS:
                 with self.limit.admit():
                     await self.app(scope, receive, send_with_id)
@@ -224,16 +224,34 @@ class FrontDoor:
                 endpoint = path if path in _ROUTES else "other"
                 telemetry.REQUESTS.labels(endpoint, str(status)).inc()
 
-    def _authorize(self, authorization: str) -> None:
-        if not self.api_key:
-            return
-        scheme, _, key = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip(), self.api_key):
-            raise PrismError(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                reason=errors_pb2.ERROR_REASON_INVALID_API_KEY,
-            )
+
+def authorize(api_key: str, authorization: str) -> None:
+    """Raises unless `authorization` (an HTTP header, or gRPC metadata) carries `api_key`
+    as a Bearer token; passes all when no key is set."""
+    if not api_key:
+        return
+    scheme, _, key = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip(), api_key):
+        raise PrismError(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "missing or wrong API key: send 'Authorization: Bearer <key>'",
+            reason=errors_pb2.ERROR_REASON_INVALID_API_KEY,
+        )
+
+
+async def _healthy(gateway: Gateway, kserve_server: rpc.Server | None) -> bool:
+    """Whether the processor can serve; the KServe port's gRPC health says the same."""
+    serving = await gateway.healthy()
+    if kserve_server is not None:
+        await kserve_server.set_serving([kserve.SERVICE], serving)
+    return serving
+
+
+async def _track_health(server: rpc.Server, gateway: Gateway, period: float = 1.0) -> None:
+    """The KServe port's gRPC health between /health checks (each of which sets it too)."""
+    while True:
+        await _healthy(gateway, server)
+        await asyncio.sleep(period)
 
 
 def create_app(
@@ -242,27 +260,45 @@ def create_app(
     api_key: str = "",
     max_in_flight: int = 0,
     request_timeout: float = 0,
+    kserve_address: str = "",
+    shutdown_grace_s: float = 10.0,
 ) -> FastAPI:
     """The app, routing to the processors `router` finds; registered as `me` if given.
-    With `api_key`, /v1 requests need it as a Bearer token."""
+    With `api_key`, /v1 requests need it as a Bearer token. With `kserve_address`, KServe
+    v2 gRPC is served there too, with the same key, bound and deadline."""
     gateway = Gateway(router, request_timeout)
     registry = router.registry
+    # One bound on generations in flight, whichever door they came in by.
+    limit = rpc.InFlightLimit(max_in_flight, "generations")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await registry.watch("processor")
         if me is not None:
             await registry.register(me)
+        server = health = None
+        if kserve_address:
+            server = await kserve.start(
+                kserve_address, gateway, limit, functools.partial(authorize, api_key)
+            )
+            app.state.kserve = server
+            health = asyncio.create_task(_track_health(server, gateway))
+            log.info("KServe v2 gRPC on %s", kserve_address)
         try:
             yield
         finally:
+            if server is not None and health is not None:
+                health.cancel()
+                server.draining = True
+                await server.set_serving([kserve.SERVICE], serving=False)
+                await server.server.stop(shutdown_grace_s)
             await registry.close()
             await gateway.close()
 
     app = FastAPI(title="Prism", lifespan=lifespan)
     tracing.instrument_app(app)
     # Outermost, so that the id is set before the request's span and every log line.
-    app.add_middleware(FrontDoor, api_key=api_key, max_in_flight=max_in_flight)
+    app.add_middleware(FrontDoor, api_key=api_key, limit=limit)
 
     @app.exception_handler(PrismError)
     async def prism_error(request: Request, exc: PrismError) -> JSONResponse:
@@ -282,7 +318,7 @@ def create_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        if await gateway.healthy():
+        if await _healthy(gateway, getattr(app.state, "kserve", None)):
             return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "unavailable"}, status_code=503)
 
@@ -292,8 +328,12 @@ def create_app(
             reply = await gateway.stub().ListModels(
                 inference_pb2.ListModelsRequest(), metadata=rpc.call_metadata()
             )
-        except grpc.aio.AioRpcError as exc:
-            raise PrismError.from_rpc_error(exc) from None
+        except (grpc.aio.AioRpcError, PrismError) as exc:
+            error = rpc.status_for(exc)
+            if error.code != grpc.StatusCode.UNAVAILABLE:
+                raise error from None
+            # No processor to ask: no model can be served yet.
+            reply = inference_pb2.ListModelsResponse()
         data = [
             {
                 "id": m.id,
@@ -430,6 +470,8 @@ def serve(args: argparse.Namespace) -> None:
         api_key=args.api_key,
         max_in_flight=args.max_in_flight,
         request_timeout=args.request_timeout,
+        kserve_address=f"{args.host}:{args.kserve_grpc_port}" if args.kserve_grpc_port else "",
+        shutdown_grace_s=args.shutdown_grace_s,
     )
     log.info("gateway listening on http://%s:%d", args.host, args.port)
     freeze_startup_heap()

@@ -34,7 +34,7 @@ TOOL_CHOICES = {
 # Accepted and ignored because they change nothing here (OpenAI clients send them).
 _IGNORED = {"user", "stream", "stream_options", "metadata", "store", "service_tier"}
 # Ranges as vLLM's OpenAI server checks them.
-_FLOATS = {
+FLOAT_RANGES = {
     "temperature": (0.0, 2.0),
     "top_p": (0.0, 1.0),
     "min_p": (0.0, 1.0),
@@ -42,8 +42,8 @@ _FLOATS = {
     "frequency_penalty": (-2.0, 2.0),
     "repetition_penalty": (0.0, math.inf),
 }
-_SAMPLING_KEYS = {
-    *_FLOATS,
+SAMPLING_KEYS = {
+    *FLOAT_RANGES,
     "top_k",
     "max_tokens",
     "max_completion_tokens",
@@ -87,7 +87,7 @@ def _bool(body: dict, name: str) -> bool:
 
 def sampling(body: dict) -> common_pb2.SamplingParams:
     params = common_pb2.SamplingParams()
-    for name, (low, high) in _FLOATS.items():
+    for name, (low, high) in FLOAT_RANGES.items():
         value = body.get(name)
         if value is None:
             continue
@@ -191,7 +191,7 @@ def _structured_output(body: dict) -> common_pb2.StructuredOutput | None:
     value = given[kind]
     if kind == "json":
         if isinstance(value, str):
-            value = _json_text(value, "structured_outputs.json")
+            value = json_text(value, "structured_outputs.json")
         if not isinstance(value, dict):
             raise invalid("structured_outputs.json must be a JSON schema", "structured_outputs")
         return common_pb2.StructuredOutput(json_schema=json.dumps(value))
@@ -211,7 +211,7 @@ def _structured_output(body: dict) -> common_pb2.StructuredOutput | None:
     return common_pb2.StructuredOutput(**{kind: value})
 
 
-def _json_text(text: str, param: str) -> Any:
+def json_text(text: str, param: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -441,7 +441,7 @@ def completion_request(body: Any, request_id: str = "") -> inference_pb2.Complet
 
 def _reject_unknown(body: dict, known: set[str]) -> None:
     for key, value in body.items():
-        if value is not None and key not in known | _SAMPLING_KEYS | _IGNORED:
+        if value is not None and key not in known | SAMPLING_KEYS | _IGNORED:
             raise invalid(f"unsupported parameter '{key}'", key)
 
 

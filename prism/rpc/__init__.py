@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -277,13 +277,14 @@ async def start_server(
     register: Callable[[grpc.aio.Server], None],
     service_names: Iterable[str],
     in_flight: Callable[[], int] | None = None,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> Server:
     """Starts a gRPC server with health checking, reflection and raised message limits,
     and with `LoadService` when given a count of the requests in flight.
 
     Health reports NOT_SERVING until the caller says otherwise with `set_serving`.
     """
-    server = grpc.aio.server(options=_SERVER_OPTIONS)
+    server = grpc.aio.server(interceptors=interceptors, options=_SERVER_OPTIONS)
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -28,7 +28,8 @@ def test_unreachable_processor_is_503():
             reply = c.post("/v1/chat/completions", json={**CHAT, "stream": stream})
             assert reply.status_code == 503
             assert reply.json()["error"]["type"] == "server_error"
-        assert c.get("/v1/models").status_code == 503
+        # Nothing listed while nothing can serve it.
+        assert c.get("/v1/models").json() == {"object": "list", "data": []}
         assert c.get("/health").status_code == 503
 
 
@@ -37,6 +38,7 @@ def test_no_processor_registered_is_503():
         reply = c.post("/v1/completions", json={"model": "m", "prompt": "hi"})
         assert reply.status_code == 503
         assert "no processor" in reply.json()["error"]["message"]
+        assert c.get("/v1/models").json() == {"object": "list", "data": []}
 
 
 def test_request_errors_are_caught_before_any_call():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -136,3 +137,45 @@ def test_a_killed_stage_that_does_not_exit_is_made_idle_then_reaped(monkeypatch)
     )
     launcher._reap(stuck, patience=0.01)
     assert stuck.events == ["idle", "reaped"]
+
+
+def test_the_public_grpc_api_and_kserve_are_where_serve_is_told():
+    args = build_parser().parse_args(["serve", "--model", "m"])
+    assert (args.grpc_port, args.grpc_host, args.kserve_grpc_port) == (50050, "", 0)
+    config = MeshConfig(mode="epd", model="m", grpc_host="0.0.0.0", grpc_port=50050,
+                        kserve_grpc_port=8001)  # fmt: skip
+    by_name = {stage.name: stage for stage in plan(config)}
+    processor, gateway = by_name["processor"], by_name["gateway"]
+    # Bound on every address, reached at the mesh's own host.
+    assert flag(processor.argv, "--host") == ["0.0.0.0"]
+    assert flag(processor.argv, "--port") == ["50050"]
+    assert processor.address == "127.0.0.1:50050"
+    assert flag(gateway.argv, "--peer") == ["processor=127.0.0.1:50050"]
+    assert flag(gateway.argv, "--kserve-grpc-port") == ["8001"]
+    assert flag(by_name["worker-0"].argv, "--host") == ["127.0.0.1"]
+    # Port 0: a free one; no KServe unless asked.
+    default = {stage.name: stage for stage in plan(MeshConfig(mode="epd", model="m"))}
+    assert int(flag(default["processor"].argv, "--port")[0]) > 0
+    assert not flag(default["gateway"].argv, "--kserve-grpc-port")
+
+
+def test_serve_describes_every_endpoint_and_writes_them_as_json(tmp_path):
+    config = MeshConfig(mode="e/p/d", model="m", served_model_name="tiny", kserve_grpc_port=8001)
+    mesh = launcher.Mesh(plan(config))
+    status = launcher.endpoints(config, mesh)
+    assert status["model"] == "tiny" and status["openai"] == "http://127.0.0.1:8000/v1"
+    assert status["grpc"] == mesh.address("processor")
+    assert status["kserve_grpc"] == "127.0.0.1:8001"
+    assert [s["role"] for s in status["stages"]] == [
+        "encoder", "prefill", "decode", "processor", "gateway"
+    ]  # fmt: skip
+    text = launcher.describe(status).splitlines()
+    assert text[0] == "prism (e/p/d) ready: http://127.0.0.1:8000/v1"
+    assert any(status["grpc"] in line and "prism.v1.InferenceService" in line for line in text)
+    assert any("127.0.0.1:8001" in line and "KServe v2" in line for line in text)
+    for stage in mesh.stages:
+        assert any(stage.address in line and stage.metrics_url in line for line in text)
+    path = tmp_path / "status.json"
+    launcher._write_status(str(path), status)
+    assert json.loads(path.read_text()) == status
+    assert not (tmp_path / "status.json.partial").exists()

@@ -1,0 +1,145 @@
+"""KServe v2 requests as the gateway reads them, and answers as it lays them out: Triton's
+vLLM backend tensors, in raw contents and in typed contents, without a mesh."""
+
+import base64
+import re
+import struct
+
+import grpc
+import pytest
+
+from prism.gateway import kserve
+from prism.kserve import grpc_service_pb2 as pb
+from prism.rpc import PrismError
+from prism.v1 import common_pb2, inference_pb2
+
+Tensor = pb.ModelInferRequest.InferInputTensor
+
+
+def _raw_bytes(*elements: bytes) -> bytes:
+    return b"".join(struct.pack("<I", len(e)) + e for e in elements)
+
+
+def request(raw: bool = True, **inputs: list) -> pb.ModelInferRequest:
+    """A request with `inputs` (name → elements: bytes or bools), laid out as tritonclient
+    lays them out (raw) or in typed contents."""
+    message = pb.ModelInferRequest(model_name="tiny", id="r1")
+    for name, elements in inputs.items():
+        kind = "BOOL" if isinstance(elements[0], bool) else "BYTES"
+        tensor = Tensor(name=name, datatype=kind, shape=[len(elements)])
+        if raw:
+            data = _raw_bytes(*elements) if kind == "BYTES" else bytes(elements)
+            message.raw_input_contents.append(data)
+        elif kind == "BYTES":
+            tensor.contents.bytes_contents.extend(elements)
+        else:
+            tensor.contents.bool_contents.extend(elements)
+        message.inputs.append(tensor)
+    return message
+
+
+def error_of(message: pb.ModelInferRequest) -> PrismError:
+    with pytest.raises(PrismError) as caught:
+        kserve.generation(message)
+    assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    return caught.value
+
+
+@pytest.mark.parametrize("raw", [True, False], ids=["raw", "contents"])
+def test_a_request_becomes_a_completion_of_its_raw_prompt(raw):
+    image = base64.b64encode(b"\x89PNG...")
+    sampling = b'{"temperature": "0", "max_tokens": "12", "top_k": 5, "ignore_eos": "true"}'
+    wanted = kserve.generation(
+        request(raw, text_input=[b"USER: <image> Hi"], image=[image],
+                sampling_parameters=[sampling], return_num_input_tokens=[True])
+    )  # fmt: skip
+    sent = wanted.request
+    assert (sent.text, sent.model, sent.echo) == ("USER: <image> Hi", "tiny", False)
+    assert list(sent.images) == [common_pb2.Image(data=b"\x89PNG...")]
+    assert (sent.sampling.temperature, sent.sampling.max_tokens, sent.sampling.top_k) == (0, 12, 5)
+    assert sent.sampling.ignore_eos
+    # Not streamed and not excluded: the answer starts with the prompt, as in the backend.
+    assert not wanted.stream and wanted.echo == "USER: <image> Hi"
+    assert wanted.outputs == ["text_output", "num_input_tokens"]
+
+
+def test_streaming_excludes_the_prompt_and_refuses_to_include_it():
+    wanted = kserve.generation(request(text_input=[b"Hi"], stream=[True]))
+    assert wanted.stream and wanted.echo == ""
+    excluded = kserve.generation(request(text_input=[b"Hi"], exclude_input_in_output=[True]))
+    assert excluded.echo == ""
+    error = error_of(request(text_input=[b"Hi"], stream=[True], exclude_input_in_output=[False]))
+    assert error.param == "exclude_input_in_output"
+
+
+@pytest.mark.parametrize(
+    "inputs,message",
+    [
+        ({"prompt": [b"Hi"]}, "unexpected inference input 'prompt'"),
+        ({"image": [b"aGk="]}, "'text_input' is required"),
+        ({"text_input": [b"Hi", b"Ho"]}, "takes one element"),
+        ({"text_input": [b"\xff"]}, "not UTF-8"),
+        ({"text_input": [b""]}, "must not be empty"),
+        ({"text_input": [b"Hi"], "image": [b"%%%"]}, r"image\[0\] is not valid base64"),
+        ({"text_input": [b"Hi"], "sampling_parameters": [b"{"]}, "not valid JSON"),
+        ({"text_input": [b"Hi"], "sampling_parameters": [b"[]"]}, "must be a JSON object"),
+        ({"text_input": [b"Hi"], "sampling_parameters": [b'{"lora_name": "x"}']},
+         "unsupported sampling parameter 'lora_name'"),
+        ({"text_input": [b"Hi"], "sampling_parameters": [b'{"top_k": "many"}']},
+         "'top_k' has the wrong type"),
+        ({"text_input": [b"Hi"], "sampling_parameters": [b'{"temperature": 9}']},
+         "'temperature' must be from 0.0 to 2.0"),
+    ],
+)  # fmt: skip
+def test_bad_requests_are_invalid_arguments_naming_what_is_wrong(inputs, message):
+    assert re.search(message, error_of(request(**inputs)).message)
+
+
+def test_a_tensor_of_the_wrong_type_or_shape_is_refused():
+    wrong_type = request(text_input=[b"Hi"])
+    wrong_type.inputs.append(Tensor(name="stream", datatype="INT32", shape=[1]))
+    wrong_type.raw_input_contents.append(struct.pack("<i", 1))
+    assert "input 'stream' must be BOOL, got INT32" in error_of(wrong_type).message
+
+    wrong_shape = request(text_input=[b"Hi"])
+    wrong_shape.inputs[0].shape[:] = [2]
+    assert "has shape [2] but 1 elements" in error_of(wrong_shape).message
+
+    truncated = request(text_input=[b"Hi"])
+    truncated.raw_input_contents[0] = truncated.raw_input_contents[0][:-1]
+    assert "truncated" in error_of(truncated).message
+
+    half_raw = request(text_input=[b"Hi"], stream=[True])
+    del half_raw.raw_input_contents[1]
+    assert "raw_input_contents" in error_of(half_raw).message
+
+
+def test_outputs_asked_for_by_name_and_unknown_ones_refused():
+    message = request(text_input=[b"Hi"])
+    message.outputs.add(name="finish_reason")
+    message.outputs.add(name="text_output")
+    assert kserve.generation(message).outputs == ["finish_reason", "text_output"]
+    message.outputs.add(name="logits")
+    assert "unexpected inference output 'logits'" in error_of(message).message
+
+
+def test_an_answer_is_laid_out_as_tritonclient_reads_it():
+    answer = kserve.Answer(2)
+    answer.texts = ["Q: ", "Q: "]
+    for index, text, ids, reason in ((0, "ab", [1, 2], 0), (1, "c", [3], 1), (0, "d", [4], 2)):
+        answer.add(inference_pb2.CompleteResponse(
+            index=index, text=text, token_ids=ids, finish_reason=reason,
+            usage=common_pb2.Usage(prompt_tokens=7),
+        ))  # fmt: skip
+    outputs = ["text_output", "finish_reason", "num_input_tokens", "num_output_tokens"]
+    tensors, raw = answer.tensors(outputs)
+    assert [(t.name, t.datatype, list(t.shape)) for t in tensors] == [
+        ("text_output", "BYTES", [2]),
+        ("finish_reason", "BYTES", [2]),
+        ("num_input_tokens", "UINT32", [1]),
+        ("num_output_tokens", "UINT32", [2]),
+    ]
+    assert raw[0] == _raw_bytes(b"Q: abd", b"Q: c")
+    assert raw[1] == _raw_bytes(b"length", b"stop")
+    assert struct.unpack("<I", raw[2]) == (7,)
+    assert struct.unpack("<2I", raw[3]) == (3, 1)
