@@ -49,7 +49,7 @@ def test_serve_leaves_no_orphans(models, mode, target, sig):
     port = free_port()
     serve = subprocess.Popen(
         [sys.executable, "-m", "prism.cli", "--log-level", "warning", "serve", "--mode", mode,
-         "--model", str(models["qwen2-vl"]), "--http-port", str(port)],
+         "--model", str(models["qwen2-vl"]), "--http-port", str(port), "--grpc-port", "0"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
