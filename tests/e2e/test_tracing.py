@@ -15,6 +15,8 @@ from conftest import data_url, png, start_mesh, user, wait_for
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
+from prism.kserve import grpc_service_pb2 as kserve_pb2
+from prism.kserve import grpc_service_pb2_grpc as kserve_pb2_grpc
 from prism.ports import free_port
 
 STAGES = {"prism-gateway", "prism-processor", "prism-encoder", "prism-prefill", "prism-decode"}
@@ -64,8 +66,9 @@ def receiver(monkeypatch):
 
 
 def test_one_trace_spans_every_stage_of_e_p_d(models, tmp_path, receiver):
+    kserve_port = free_port()
     mesh = start_mesh("llava", "e/p/d", models["llava"], tmp_path, log_level="info",
-                      log_format="json")  # fmt: skip
+                      log_format="json", kserve_grpc_port=kserve_port)  # fmt: skip
     try:
         trace_id, parent_id = secrets.token_bytes(16), secrets.token_bytes(8)
         headers = {
@@ -128,6 +131,31 @@ def test_one_trace_spans_every_stage_of_e_p_d(models, tmp_path, receiver):
         (read,) = [s for s in by_service["prism-prefill"] if s.name == "nixl.read"]
         assert attributes(read)["prism.transfer.bytes"] > 0
         assert attributes(read)["prism.nixl.peer"].startswith("prism-")
+
+        # A KServe request is traced as a REST one: from the caller's context on.
+        kserve_trace, kserve_parent = secrets.token_bytes(16), secrets.token_bytes(8)
+        infer = kserve_pb2.ModelInferRequest(model_name=mesh.model, inputs=[
+            kserve_pb2.ModelInferRequest.InferInputTensor(
+                name="text_input", datatype="BYTES", shape=[1],
+                contents=kserve_pb2.InferTensorContents(bytes_contents=[b"Once upon a time"]),
+            )
+        ])  # fmt: skip
+        with grpc.insecure_channel(f"127.0.0.1:{kserve_port}") as channel:
+            kserve_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(
+                infer, timeout=120,
+                metadata=[("traceparent", f"00-{kserve_trace.hex()}-{kserve_parent.hex()}-01")],
+            )  # fmt: skip
+
+        def kserve_spans() -> dict[str, Span]:
+            return {span.name: span for _, span in receiver.trace(kserve_trace)}
+
+        infer_span, complete_span = (
+            "/inference.GRPCInferenceService/ModelInfer", "/prism.v1.InferenceService/Complete"
+        )  # fmt: skip
+        assert wait_for(lambda: {infer_span, complete_span} <= set(kserve_spans()), timeout=30)
+        traced = kserve_spans()
+        assert traced[infer_span].parent_span_id == kserve_parent
+        assert traced[infer_span].kind == Span.SPAN_KIND_SERVER
     finally:
         mesh.stop()
     # Each stage's log lines about this request carry its request id.

@@ -1,19 +1,34 @@
 """KServe v2 requests as the gateway reads them, and answers as it lays them out: Triton's
 vLLM backend tensors, in raw contents and in typed contents, without a mesh."""
 
+import asyncio
 import base64
+import contextlib
 import re
 import struct
+import time
+from collections.abc import Iterator
+from concurrent import futures
 
 import grpc
 import pytest
+from conftest import serving, wait_for
+from fastapi.testclient import TestClient
 
 from prism.gateway import kserve
+from prism.gateway.app import create_app
 from prism.kserve import grpc_service_pb2 as pb
+from prism.kserve import grpc_service_pb2_grpc as pb_grpc
+from prism.ports import free_port
+from prism.registry import StaticRegistry
+from prism.routing import Router
 from prism.rpc import PrismError
-from prism.v1 import common_pb2, inference_pb2
+from prism.runtime.service import Service
+from prism.telemetry import REQUESTS
+from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
 Tensor = pb.ModelInferRequest.InferInputTensor
+Stub = pb_grpc.GRPCInferenceServiceStub
 
 
 def _raw_bytes(*elements: bytes) -> bytes:
@@ -143,3 +158,129 @@ def test_an_answer_is_laid_out_as_tritonclient_reads_it():
     assert raw[1] == _raw_bytes(b"length", b"stop")
     assert struct.unpack("<I", raw[2]) == (7,)
     assert struct.unpack("<2I", raw[3]) == (3, 1)
+
+
+class Processor:
+    """Answers each Complete with `pieces`, one message each, after `delay` seconds; lists
+    model "m"."""
+
+    def __init__(self, pieces: tuple[str, ...] = ("a", "b", "c"), delay: float = 0):
+        self.pieces, self.delay = pieces, delay
+        self.requests: list[inference_pb2.CompleteRequest] = []
+        self.cancelled: list[str] = []
+        self.service = Service(
+            inference_pb2.DESCRIPTOR.services_by_name["InferenceService"], inference_pb2_grpc
+        )
+        self.service.stream("Complete", self.complete)
+        self.service.stream("Chat", self.complete)
+        self.service.unary("ListModels", self.list_models)
+
+    async def complete(self, request):
+        self.requests.append(request)
+        try:
+            await asyncio.sleep(self.delay)
+        except asyncio.CancelledError:
+            self.cancelled.append(request.text)
+            raise
+        for i, piece in enumerate(self.pieces):
+            last = i == len(self.pieces) - 1
+            yield inference_pb2.CompleteResponse(
+                text=piece, token_ids=[i], model="m",
+                finish_reason=common_pb2.FINISH_REASON_LENGTH if last else 0,
+                usage=common_pb2.Usage(prompt_tokens=5, completion_tokens=i + 1),
+            )  # fmt: skip
+
+    async def list_models(self, request):
+        return inference_pb2.ListModelsResponse(models=[inference_pb2.Model(id="m")])
+
+
+@contextlib.contextmanager
+def kserve_door(processor: Processor, **gateway) -> Iterator[tuple[TestClient, Stub]]:
+    """The gateway (REST, and KServe on its own port) in front of `processor`."""
+    with serving(processor.service.add_to_server, ["prism.v1.InferenceService"]) as address:
+        port = free_port()
+        app = create_app(Router(StaticRegistry({"processor": [address]})),
+                         kserve_address=f"127.0.0.1:{port}", **gateway)  # fmt: skip
+        with TestClient(app) as rest, grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield rest, pb_grpc.GRPCInferenceServiceStub(channel)
+
+
+def _text(response: pb.ModelInferResponse) -> list[str]:
+    index = [o.name for o in response.outputs].index("text_output")
+    return [e.decode() for e in kserve._unpack_bytes(response.raw_output_contents[index], "")]
+
+
+KEY = (("authorization", "Bearer s3cret"),)
+
+
+def test_the_kserve_door_answers_under_the_api_key_with_restful_counts():
+    processor = Processor()
+    with kserve_door(processor, api_key="s3cret") as (rest, stub):
+        assert stub.ServerLive(pb.ServerLiveRequest()).live
+        assert stub.ServerReady(pb.ServerReadyRequest()).ready
+        assert stub.ModelReady(pb.ModelReadyRequest(name="m")).ready
+        assert not stub.ModelReady(pb.ModelReadyRequest(name="other")).ready
+        infer = request(text_input=[b"Q: "], return_num_output_tokens=[True])
+        for call in (lambda: stub.ModelMetadata(pb.ModelMetadataRequest(name="m")),
+                     lambda: stub.ModelInfer(infer),
+                     lambda: list(stub.ModelStreamInfer(iter([infer])))):  # fmt: skip
+            with pytest.raises(grpc.RpcError) as denied:
+                call()
+            assert denied.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(grpc.RpcError) as unknown:
+            stub.ModelConfig(pb.ModelConfigRequest(name="other"), metadata=KEY)
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        assert stub.ModelConfig(pb.ModelConfigRequest(name="m"), metadata=KEY).config.name == "m"
+
+        before = REQUESTS.labels("ModelInfer", "OK")._value.get()
+        answer = stub.ModelInfer(infer, metadata=KEY)
+        assert _text(answer) == ["Q: abc"] and answer.id == "r1"
+        assert [o.name for o in answer.outputs] == ["text_output", "num_output_tokens"]
+        assert REQUESTS.labels("ModelInfer", "OK")._value.get() == before + 1
+        (sent,) = processor.requests
+        assert (sent.model, sent.text, sent.echo) == ("tiny", "Q: ", False)
+        assert rest.get("/metrics").status_code == 200
+
+
+def test_a_stream_answers_each_request_as_it_goes_and_survives_a_bad_one():
+    with kserve_door(Processor()) as (_, stub):
+        requests = [
+            request(text_input=[b"one"], stream=[True]),
+            request(text_input=[b"two"], stream=[True], sampling_parameters=[b'{"n": "x"}']),
+        ]
+        requests[0].id, requests[1].id = "good", "bad"
+        replies = list(stub.ModelStreamInfer(iter(requests)))
+        with pytest.raises(grpc.RpcError) as unary_stream:
+            stub.ModelInfer(request(text_input=[b"one"], stream=[True]))
+        assert unary_stream.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    errors = [r for r in replies if r.error_message]
+    assert len(errors) == 1 and "'n' has the wrong type" in errors[0].error_message
+    assert errors[0].infer_response.id == "bad"
+    good = [r.infer_response for r in replies if not r.error_message]
+    assert [_text(r) for r in good] == [["a"], ["b"], ["c"]]
+    assert [r.parameters["triton_final_response"].bool_param for r in good] == [
+        False, False, True
+    ]  # fmt: skip
+
+
+def test_rest_and_kserve_share_one_bound_on_generations():
+    with kserve_door(Processor(delay=1.5), max_in_flight=1) as (rest, stub):
+        with futures.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(rest.post, "/v1/completions", json={"model": "m", "prompt": "hi"})
+            time.sleep(0.5)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.ModelInfer(request(text_input=[b"hi"]))
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert first.result().status_code == 200
+        assert _text(stub.ModelInfer(request(text_input=[b"hi"]))) == ["hiabc"]
+
+
+def test_a_client_that_goes_away_cancels_its_requests_on_the_processor():
+    processor = Processor(delay=30)
+    with kserve_door(processor) as (_, stub):
+        unary = stub.ModelInfer.future(request(text_input=[b"unary"]))
+        streamed = stub.ModelStreamInfer(iter([request(text_input=[b"streamed"], stream=[True])]))
+        assert wait_for(lambda: len(processor.requests) == 2)
+        unary.cancel()
+        streamed.cancel()
+        assert wait_for(lambda: sorted(processor.cancelled) == ["streamed", "unary"])
