@@ -489,8 +489,9 @@ class KServe:
         self, context: grpc.aio.ServicerContext | None, method: str, request_id: str = ""
     ) -> AsyncIterator[None]:
         """One call: its id (the client's `x-request-id`, else the request's own `id` where
-        it is a sane one), the API key, its count by status; an error ends a unary call
-        with its status, and goes on to a stream's own handling."""
+        it is a sane one; a unary call answers it in its metadata), the API key, its count
+        by status; an error ends a unary call with its status, and goes on to a stream's own
+        handling."""
         if context is not None:
             metadata = dict(context.invocation_metadata() or ())
             request_id = metadata.get(logs.HEADER, "") or request_id
@@ -501,6 +502,8 @@ class KServe:
         start = time.perf_counter()
         try:
             if context is not None:
+                # As REST's response header: the id to find this call in the logs by.
+                await context.send_initial_metadata(((logs.HEADER, request_id),))
                 self.authorize(_authorization(context))
             yield
         except asyncio.CancelledError:

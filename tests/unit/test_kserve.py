@@ -233,7 +233,8 @@ def test_the_kserve_door_answers_under_the_api_key_with_restful_counts():
         assert stub.ModelConfig(pb.ModelConfigRequest(name="m"), metadata=KEY).config.name == "m"
 
         before = REQUESTS.labels("ModelInfer", "OK")._value.get()
-        answer = stub.ModelInfer(infer, metadata=KEY)
+        answer, call = stub.ModelInfer.with_call(infer, metadata=(*KEY, ("x-request-id", "k1")))
+        assert ("x-request-id", "k1") in call.initial_metadata()
         assert _text(answer) == ["Q: abc"] and answer.id == "r1"
         assert [o.name for o in answer.outputs] == ["text_output", "num_output_tokens"]
         assert REQUESTS.labels("ModelInfer", "OK")._value.get() == before + 1
