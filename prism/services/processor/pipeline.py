@@ -196,13 +196,21 @@ class Pipeline:
         first = engine_pb2.GenerateResponse()
         prompt = engine_pb2.PromptUsage()
         finish = engine_pb2.Finish()
-        async for reply in self._generate(MeshRole.PREFILL, request, call, keys):
-            first.token_ids.extend(reply.token_ids)
-            first.logprobs.extend(reply.logprobs)
-            if reply.HasField("first"):
-                prompt = reply.first
-            if reply.HasField("last"):
-                finish = reply.last
+        prefilled = False
+        try:
+            async for reply in self._generate(MeshRole.PREFILL, request, call, keys):
+                first.token_ids.extend(reply.token_ids)
+                first.logprobs.extend(reply.logprobs)
+                if reply.HasField("first"):
+                    prompt = reply.first
+                if reply.HasField("last"):
+                    finish = reply.last
+            prefilled = True
+        finally:
+            if not prefilled and call.address:
+                # Cut short (an abort, a cancel) after prefill may have finished: it then
+                # holds the KV cache for a decode that this request will never send.
+                self._release(call.address, request.request_id)
         prefill_address = call.address
         if not finish.HasField("kv_transfer_params"):
             raise PrismError(

@@ -221,6 +221,7 @@ class EngineServicer:
         self._running[request_id] = False
         first = True
         span: Span | None = None
+        handed_off = completed = False
         try:
             engine_input, layouts = await self.role.render(prompt)
             # Not made current: this generator yields, and may be closed from another
@@ -267,16 +268,23 @@ class EngineServicer:
                         completion.finish_reason or "", common_pb2.FINISH_REASON_STOP
                     )
                     self.role.hand_off(request_id, output, layouts, reply.last)
+                    handed_off = True
                 yield reply
                 if self._running.get(request_id) and not output.finished:
                     # vLLM drops an abort that comes before it knows the request: repeat it.
                     await self.engine.abort(request_id)
+            completed = True
         except (ValueError, VLLMClientError) as exc:
             # vLLM rejects bad prompts (too long, image count) with these.
             raise invalid(str(exc), param=getattr(exc, "parameter", None)) from None
         finally:
             if span is not None:
                 span.end()
+            if handed_off and (not completed or self._running.get(request_id)):
+                # What the next stage would read is held for a caller that gave up on it
+                # (an Abort that came before the hold, or a call cut short): free it now
+                # rather than at the end of the lease.
+                self.role.release(request_id)
             self._running.pop(request_id, None)
 
     def in_flight(self) -> int:
