@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import grpc
 import psutil
 import pytest
-from conftest import CASES
+from conftest import CASES, wait_for
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
@@ -266,6 +266,13 @@ def test_abort_by_request_id(mesh):
     assert replies[-1].finish_reason == common_pb2.FINISH_REASON_ABORT
     assert replies[-1].usage.completion_tokens < 2000
     assert not stub.Abort(inference_pb2.AbortRequest(request_id="contract-public-abort")).aborted
+    # Nothing is held for it: in P/D, not even the KV a prefill finished just before the
+    # abort landed (its lease would keep it for 30 s).
+    assert wait_for(
+        lambda: (
+            not any(mesh.metric(stage, "vllm:kv_cache_usage_perc") for stage in mesh.engine_stages)
+        )
+    ), {stage: mesh.metric(stage, "vllm:kv_cache_usage_perc") for stage in mesh.engine_stages}
 
 
 def test_unknown_model_is_not_found(mesh):
