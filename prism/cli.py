@@ -15,6 +15,7 @@ import sys
 from prism import logs, registry, transfer
 from prism.modes import MODES, EngineRole
 from prism.routing import POLICIES
+from prism.services.worker.sim_engine import SimConfig
 
 
 def _tls_args(parser: argparse.ArgumentParser) -> None:
@@ -125,6 +126,59 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
         "--dtype", default="auto", help="weights dtype (auto: float32 on CPU, else the model's)"
     )
     parser.add_argument("--kv-cache-gib", type=int, default=1, help="KV cache size on CPU (GiB)")
+    parser.add_argument(
+        "--engine",
+        choices=("vllm", "sim"),
+        default="vllm",
+        help="vllm, or sim: a simulated engine without a model (vLLM-like batching and "
+        "prefix cache, timing from the --sim-* flags), for routing, migration and load",
+    )
+    sim = parser.add_argument_group("simulated engine (--engine sim)")
+    defaults = SimConfig()
+    sim.add_argument(
+        "--sim-prefill-tokens-per-s",
+        type=float,
+        default=defaults.prefill_tokens_per_s,
+        help="prompt tokens computed a second",
+    )
+    sim.add_argument(
+        "--sim-decode-step-ms",
+        type=float,
+        default=defaults.decode_step_s * 1000,
+        help="time of each step, besides its prompt tokens",
+    )
+    sim.add_argument(
+        "--sim-block-size", type=int, default=defaults.block_size, help="tokens per KV block"
+    )
+    sim.add_argument(
+        "--sim-kv-blocks", type=int, default=defaults.num_blocks, help="KV cache size in blocks"
+    )
+    sim.add_argument(
+        "--sim-max-num-seqs",
+        type=int,
+        default=defaults.max_num_seqs,
+        help="sequences a step may hold",
+    )
+    sim.add_argument(
+        "--sim-max-num-batched-tokens",
+        type=int,
+        default=defaults.max_num_batched_tokens,
+        help="tokens a step may compute",
+    )
+    sim.add_argument(
+        "--sim-media-tokens",
+        type=int,
+        default=16,
+        help="prompt tokens an image or video file takes",
+    )
+    sim.add_argument("--sim-kv-tokens-per-s", type=float, default=1_000_000.0,
+                     help="decode: prompt tokens of KV read from prefill a second")  # fmt: skip
+
+
+# The simulated engine's flags, as `prism serve` forwards them to its workers.
+SIM_FLAGS = ("sim_prefill_tokens_per_s", "sim_decode_step_ms", "sim_block_size", "sim_kv_blocks",
+             "sim_max_num_seqs", "sim_max_num_batched_tokens", "sim_media_tokens",
+             "sim_kv_tokens_per_s")  # fmt: skip
 
 
 def _fetch_args(parser: argparse.ArgumentParser) -> None:
@@ -290,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     _tls_args(serve)
     registry.add_arguments(serve, sidecar=False)
 
-    worker = sub.add_parser("worker", help="EngineService on a vLLM engine")
+    worker = sub.add_parser("worker", help="EngineService on a vLLM (or simulated) engine")
     _stage_args(worker, 50051)
     _model_args(worker)
     _engine_args(worker)
@@ -419,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
                 media_args=_forward(args, MEDIA_FLAGS),
                 enable_mm_embeds=args.enable_mm_embeds,
                 kv_cache_gib=args.kv_cache_gib,
+                engine=args.engine,
+                engine_args=_forward(args, SIM_FLAGS) if args.engine == "sim" else [],
                 transfer=args.transfer,
                 encoders=args.encoders,
                 workers=args.workers,

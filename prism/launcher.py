@@ -92,6 +92,9 @@ class MeshConfig:
     # Clients may send image embeddings (the processor checks them; engines take them).
     enable_mm_embeds: bool = False
     kv_cache_gib: int = 1
+    # "vllm", or "sim": workers on the simulated engine, with `engine_args` (--sim-* flags).
+    engine: str = "vllm"
+    engine_args: list[str] = field(default_factory=list)
     # How embeddings go from encoders to workers (prism.transfer.KINDS).
     transfer: str = "nixl"
     encoders: int = 1
@@ -154,7 +157,8 @@ def plan(config: MeshConfig) -> list[Stage]:
         common += ["--served-model-name", config.served_model_name]
     if config.max_model_len:
         common += ["--max-model-len", str(config.max_model_len)]
-    engine = ["--dtype", config.dtype, "--kv-cache-gib", str(config.kv_cache_gib)]
+    engine = ["--dtype", config.dtype, "--kv-cache-gib", str(config.kv_cache_gib),
+              "--engine", config.engine, *config.engine_args]  # fmt: skip
     reasoning = ["--reasoning-parser", config.reasoning_parser] if config.reasoning_parser else []
     tools = ["--tool-call-parser", config.tool_call_parser] if config.tool_call_parser else []
     if config.enable_auto_tool_choice:
@@ -188,8 +192,9 @@ def plan(config: MeshConfig) -> list[Stage]:
         flags = ["--role", EngineRole.AGGREGATED] + (["--enable-mm-embeds"] if encoders else embeds)
         by_role = {MeshRole.WORKER: workers("worker", config.workers, flags)}
     engines = [stage for stages in by_role.values() for stage in stages]
-    # One engine alone keeps vLLM's own binding.
-    if len(engines) > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+    # One engine alone keeps vLLM's own binding; simulated ones compute nothing.
+    vllm = config.engine == "vllm"
+    if vllm and len(engines) > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         for stage, cores in zip(engines, _core_slices(len(engines)), strict=True):
             stage.cpus = cores
             stage.env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(cores)))

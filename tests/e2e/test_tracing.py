@@ -167,5 +167,5 @@ def test_one_trace_spans_every_stage_of_e_p_d(models, tmp_path, receiver):
                 lines.append(entry)
     assert {entry["request_id"] for entry in lines} == {"trace-test-1"}
     loggers = sorted(entry["logger"] for entry in lines)
-    assert loggers == ["prism.services.encoder", "prism.services.processor",
-                       "prism.services.worker", "prism.services.worker"]  # fmt: skip
+    worker = "prism.services.worker.servicer"
+    assert loggers == ["prism.services.encoder", "prism.services.processor", worker, worker]

@@ -18,7 +18,7 @@ from vllm.distributed.kv_events import (
     ZmqEventPublisher,
 )
 
-from prism.services.worker import kv_events
+from prism.services.worker import kv_publisher
 from prism.services.worker.kv_events import KvEvents
 from prism.stage.v1 import kv_events_pb2
 
@@ -59,10 +59,10 @@ def test_a_subscriber_gets_a_snapshot_then_changes_and_a_snapshot_when_it_falls_
         assert len((await anext(stream)).stored) == 1
         assert len((await anext(stream)).removed) == 1
         # Past the backlog, the changes give way to one snapshot of all that is held.
-        for i in range(kv_events._BACKLOG + 1):
+        for i in range(kv_publisher._BACKLOG + 1):
             kv.apply([stored(b"x%d" % i, None, 100 + i)])
         snapshot = await anext(stream)
-        assert snapshot.snapshot and len(snapshot.stored) == 1 + kv_events._BACKLOG + 1
+        assert snapshot.snapshot and len(snapshot.stored) == 1 + kv_publisher._BACKLOG + 1
         kv.apply([AllBlocksCleared()])
         cleared = await anext(stream)
         assert cleared.snapshot and not cleared.stored
@@ -111,7 +111,7 @@ def resyncs_total() -> float:
 
 
 def held(kv: KvEvents) -> set[int]:
-    return set(kv._snapshot().stored)
+    return set(kv.snapshot().stored)
 
 
 def test_the_worker_reads_the_engines_events_and_fills_a_gap_from_its_replay(tmp_path: Path):

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from prism import launcher
+from prism import cli, launcher
 from prism.cli import _forwarded_registry_args, build_parser
 from prism.launcher import MeshConfig, plan
 from prism.ports import _ephemeral_ports, free_port
@@ -179,3 +179,22 @@ def test_serve_describes_every_endpoint_and_writes_them_as_json(tmp_path):
     launcher._write_status(str(path), status)
     assert json.loads(path.read_text()) == status
     assert not (tmp_path / "status.json.partial").exists()
+
+
+def test_simulated_engines_get_their_flags_and_no_cores_of_their_own(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    args = build_parser().parse_args(
+        ["serve", "--model", "m", "--mode", "ep/d", "--engine", "sim", "--decode", "2",
+         "--sim-decode-step-ms", "2.5"]
+    )  # fmt: skip
+    forwarded = cli._forward(args, cli.SIM_FLAGS)
+    assert flag(forwarded, "--sim-decode-step-ms") == ["2.5"]
+    config = MeshConfig(mode="ep/d", model="m", decode_workers=2, engine="sim",
+                        engine_args=forwarded)  # fmt: skip
+    engines = [stage for stage in plan(config) if stage.name.startswith(("prefill", "decode"))]
+    assert len(engines) == 3
+    for stage in engines:
+        assert flag(stage.argv, "--engine") == ["sim"]
+        assert not stage.cpus and "VLLM_CPU_OMP_THREADS_BIND" not in stage.env
+        worker = build_parser().parse_args(stage.argv[stage.argv.index("worker") :])
+        assert (worker.engine, worker.sim_decode_step_ms) == ("sim", 2.5)

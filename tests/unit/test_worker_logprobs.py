@@ -2,7 +2,7 @@
 
 from vllm.logprobs import FlatLogprobs
 
-from prism.services.worker import engine_logprobs
+from prism.services.worker.servicer import engine_logprobs
 
 
 def test_raw_and_merged_positions_give_the_same_list():

@@ -9,9 +9,7 @@ reports it cleared, and routing starts again from a true empty cache.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -31,19 +29,17 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from prism import telemetry
 from prism.kv_index import EngineBlocks
 from prism.rpc import Server
-from prism.runtime.service import Service
-from prism.stage.v1 import kv_events_pb2, kv_events_pb2_grpc
+from prism.services.worker.kv_publisher import KvPublisher
+from prism.stage.v1 import kv_events_pb2
 
 log = logging.getLogger(__name__)
 
-# Changes a subscriber may fall behind by before it is sent a snapshot instead.
-_BACKLOG = 1024
 _REPLAY_TIMEOUT_MS = 2000
 # Tiers of KV events that vLLM's prefix cache serves from (None: not said).
 _SERVED_MEDIA = (None, "GPU")
 
 
-class KvEvents:
+class KvEvents(KvPublisher):
     def __init__(self, directory: Path) -> None:
         """`directory`: where the engine's sockets go, the worker's own. Set `engine` once
         it runs with `config()`."""
@@ -52,14 +48,8 @@ class KvEvents:
         self.blocks = EngineBlocks()
         self.engine: AsyncLLM | None = None
         self._next = 0
-        self._subscribers: set[asyncio.Queue[kv_events_pb2.SubscribeResponse | None]] = set()
         self._context = zmq.asyncio.Context()
-        self.service = Service(
-            kv_events_pb2.DESCRIPTOR.services_by_name["KvEventsService"], kv_events_pb2_grpc
-        )
-        self.service.stream("Subscribe", self.subscribe, admit=False)
-        self.service.on_drain(self.close)
-        self._closed = False
+        super().__init__(self.blocks.keys, lambda: self.block_size)
 
     def config(self) -> KVEventsConfig:
         """The engine's side: publish to this worker's sockets."""
@@ -70,47 +60,14 @@ class KvEvents:
             replay_endpoint=self.replay_endpoint,
         )
 
-    async def subscribe(
-        self, request: kv_events_pb2.SubscribeRequest
-    ) -> AsyncIterator[kv_events_pb2.SubscribeResponse]:
-        queue: asyncio.Queue[kv_events_pb2.SubscribeResponse | None] = asyncio.Queue(_BACKLOG)
-        self._subscribers.add(queue)
-        try:
-            change: kv_events_pb2.SubscribeResponse | None = None
-            while not self._closed:
-                # None: the first message, or the subscriber fell behind.
-                yield change or self._snapshot()
-                change = await queue.get()
-        finally:
-            self._subscribers.discard(queue)
-
-    def close(self) -> None:
-        """Ends every subscription: the worker drains."""
-        self._closed = True
-        for queue in self._subscribers:
-            _wake(queue)
-
     @property
     def block_size(self) -> int:
         return self.engine.vllm_config.cache_config.block_size if self.engine else 0
 
-    def _snapshot(self) -> kv_events_pb2.SubscribeResponse:
-        return kv_events_pb2.SubscribeResponse(
-            snapshot=True, stored=self.blocks.keys(), block_size=self.block_size
-        )
-
-    def _send(self, change: kv_events_pb2.SubscribeResponse) -> None:
-        change.block_size = self.block_size
-        for queue in self._subscribers:
-            try:
-                queue.put_nowait(change)
-            except asyncio.QueueFull:
-                _wake(queue)
-
     def apply(self, events: list[KVCacheEvent]) -> None:
         """One batch of the engine's events, sent on to subscribers."""
         for change in changes(self.blocks, events):
-            self._send(change)
+            self.send(change)
         telemetry.KV_BLOCKS_HELD.set(len(self.blocks))
 
     async def read(self, server: Server) -> None:
@@ -162,7 +119,7 @@ class KvEvents:
         )
         telemetry.KV_EVENT_RESYNCS.inc()
         self.blocks.cleared()
-        self._send(self._snapshot())
+        self.send(self.snapshot())
         # Blocks it still holds would otherwise stay unknown until evicted (best effort:
         # vLLM keeps the blocks of running requests).
         if self.engine is not None and not await self.engine.reset_prefix_cache():
@@ -197,10 +154,3 @@ def changes(
             change = kv_events_pb2.SubscribeResponse(snapshot=True)
     sent.append(change)
     return [c for c in sent if c.snapshot or c.stored or c.removed]
-
-
-def _wake(queue: asyncio.Queue[kv_events_pb2.SubscribeResponse | None]) -> None:
-    """Leaves the subscription nothing but a snapshot (or its end) to send next."""
-    while not queue.empty():
-        queue.get_nowait()
-    queue.put_nowait(None)

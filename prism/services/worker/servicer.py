@@ -1,0 +1,383 @@
+"""The worker stage on a vLLM engine: `EngineService` on one `AsyncLLM`, in one role.
+
+The worker takes token ids (never text) and streams token ids back; templating,
+detokenization and stop strings are the processor's. Cancelling a `Generate` call, or
+`Abort`, aborts the request inside vLLM so its KV blocks are freed at once. What differs
+between roles (aggregated, prefill, encode-prefill, decode) is the role's
+(prism.services.worker.roles): the processor carries prefill's hand-off to decode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import grpc
+import torch
+from opentelemetry.trace import Span
+from vllm import SamplingParams, TokensPrompt
+from vllm.exceptions import VLLMClientError
+from vllm.logprobs import FlatLogprobs
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.async_llm import AsyncLLM
+
+from prism import logs, rpc, telemetry
+from prism.media import content_hash, decode_image
+from prism.modes import EngineRole, modes_served
+from prism.rpc import PrismError, invalid
+from prism.runtime.service import Service
+from prism.runtime.stage import Stage
+from prism.services.worker.engine import start_engine
+from prism.services.worker.kv_events import KvEvents
+from prism.services.worker.roles import MODALITIES, Role, embeddings_input, make_role
+from prism.stage.v1 import encoder_pb2, engine_pb2, engine_pb2_grpc
+from prism.tracing import tracer
+from prism.transfer import Transfer, TransferError, open_transfer
+from prism.v1 import common_pb2, errors_pb2
+from prism.video import VideoDecoder
+
+log = logging.getLogger(__name__)
+
+_FINISH = {
+    "stop": common_pb2.FINISH_REASON_STOP,
+    "length": common_pb2.FINISH_REASON_LENGTH,
+    "abort": common_pb2.FINISH_REASON_ABORT,
+}
+# The engine's health: checked this often; after this long without an output a one-token
+# canary proves it still generates, and fails past its timeout.
+_WATCH_S = 2.0
+_CANARY_AFTER_S = 10.0
+_CANARY_TIMEOUT_S = 5.0
+
+
+def _uuids(
+    media: engine_pb2.MediaFiles | encoder_pb2.MediaEmbeddings, uuid: Callable[[Any], str]
+) -> dict[str, list[str]]:
+    """The uuid of each item of `media`, by modality."""
+    groups = zip(MODALITIES, (media.images, media.videos), strict=True)
+    return {modality: [uuid(item) for item in items] for modality, items in groups if items}
+
+
+def engine_logprobs(flat: FlatLogprobs | None, top: int) -> list[engine_pb2.EngineLogprobs]:
+    """Each position of `flat`: its own token, then the `top` most likely by rank.
+
+    vLLM lists the own token and then the top ones, the own token twice when it is among
+    them; but where its output processor merges deltas that the caller had not read yet,
+    they pass through dicts, which keep it once. Both forms give the same list here.
+    """
+    if not flat:
+        return []
+    positions = []
+    for start, end in zip(flat.start_indices, flat.end_indices, strict=True):
+        entries: dict[int, tuple[int, float]] = {}
+        for index in range(start, end):
+            entries.setdefault(
+                flat.token_ids[index], (flat.ranks[index] or 0, flat.logprobs[index])
+            )
+        ranked = sorted((item for item in entries.items() if 0 < item[1][0] <= top),
+                        key=lambda item: item[1][0])  # fmt: skip
+        own = flat.token_ids[start]
+        positions.append(
+            engine_pb2.EngineLogprobs(
+                token_ids=[own, *(token for token, _ in ranked)],
+                logprobs=[flat.logprobs[start], *(value for _, (_, value) in ranked)],
+                rank=flat.ranks[start] or 0,
+            )
+        )
+    return positions
+
+
+class EngineServicer:
+    """The handlers of `EngineService`, served by the stage runtime as `service`."""
+
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        role: Role,
+        transfer: Transfer | None = None,
+        max_in_flight: int = 0,
+        videos: VideoDecoder | None = None,
+    ):
+        self.engine = engine
+        self.role = role
+        self.transfer = transfer
+        self.videos = videos
+        # Running request ids -> whether an Abort came for them.
+        self._running: dict[str, bool] = {}
+        # When the engine last produced an output: traffic proves it generates.
+        self._last_output = time.monotonic()
+        self.service = Service(
+            engine_pb2.DESCRIPTOR.services_by_name["EngineService"],
+            engine_pb2_grpc,
+            rpc.InFlightLimit(max_in_flight),
+        )
+        self.service.stream("Generate", self.generate)
+        self.service.unary("Abort", self.abort)
+
+    def _decode(self, files: engine_pb2.MediaFiles) -> dict[str, list]:
+        """The files' pixels (videos: sampled frames) as the engine takes them."""
+        data: dict[str, list] = {}
+        for index, image in enumerate(files.images):
+            try:
+                data.setdefault("image", []).append(decode_image(image.data))
+            except ValueError as exc:
+                raise invalid(str(exc), param=f"images[{index}]") from None
+        for index, video in enumerate(files.videos):
+            if self.videos is None:
+                raise invalid("this worker takes no videos", f"videos[{index}]")
+            try:
+                data.setdefault("video", []).append(self.videos.decode(video.data))
+            except ValueError as exc:
+                raise invalid(f"video cannot be decoded: {exc}", f"videos[{index}]") from None
+        return data
+
+    async def _fetch(self, embeddings: encoder_pb2.MediaEmbeddings) -> dict[str, object]:
+        if self.transfer is None:
+            raise invalid("this worker takes media, not embeddings", "embeddings")
+        transfer = self.transfer
+
+        def read(handle: encoder_pb2.EmbeddingHandle) -> torch.Tensor:
+            location = handle.embeddings.WhichOneof("location") or "none"
+            with tracer.start_as_current_span(f"{location}.read") as span:
+                start = time.perf_counter()
+                tensor = transfer.fetch(handle.embeddings)
+                seconds = time.perf_counter() - start
+                telemetry.NIXL_READ_SECONDS.labels("embeddings").observe(seconds)
+                span.set_attributes({
+                    "prism.transfer.bytes": tensor.numel() * tensor.element_size(),
+                    "prism.transfer.seconds": seconds,
+                })  # fmt: skip
+                if location == "nixl":
+                    span.set_attribute("prism.nixl.peer", handle.embeddings.nixl.agent_name)
+                return tensor
+
+        groups = [
+            (modality, items)
+            for modality, items in zip(
+                MODALITIES, (embeddings.images, embeddings.videos), strict=True
+            )
+            if items
+        ]
+        try:
+            tensors = await asyncio.gather(*(
+                asyncio.gather(*(asyncio.to_thread(read, h) for h in items)) for _, items in groups
+            ))  # fmt: skip
+        except TransferError as exc:
+            raise PrismError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"embeddings could not be read: {exc}",
+                reason=errors_pb2.ERROR_REASON_EMBEDDINGS_UNAVAILABLE,
+                param="embeddings",
+            ) from None
+        return {
+            modality: embeddings_input(modality, list(group), [h.grid_thw for h in items])
+            for (modality, items), group in zip(groups, tensors, strict=True)
+        }
+
+    def _params(self, request: engine_pb2.GenerateRequest) -> SamplingParams:
+        # Stop strings need text: the processor applies them, the engine never sees them.
+        return self.role.params(
+            request,
+            stop=None,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+            flat_logprobs=True,
+        )
+
+    async def _prompt(self, request: engine_pb2.GenerateRequest) -> TokensPrompt:
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        media = request.WhichOneof("media")
+        # Each item's uuid is its content hash, in every role: vLLM then keys the prefix
+        # cache blocks that hold it by what the processor knows of it (prism.kv_index).
+        if media == "files":
+            prompt["multi_modal_data"] = await asyncio.to_thread(self._decode, request.files)
+            prompt["multi_modal_uuids"] = _uuids(
+                request.files, lambda file: content_hash(file.data)
+            )
+        elif media == "embeddings":
+            prompt["multi_modal_data"] = await self._fetch(request.embeddings)
+            prompt["multi_modal_uuids"] = _uuids(request.embeddings, lambda item: item.content_hash)
+        elif media == "layouts":
+            prompt.update(self.role.placeholders(request.layouts))
+        return prompt
+
+    async def generate(
+        self, request: engine_pb2.GenerateRequest
+    ) -> AsyncIterator[engine_pb2.GenerateResponse]:
+        if not request.request_id:
+            raise invalid("request_id is required", "request_id")
+        if not request.prompt_token_ids:
+            raise invalid("prompt_token_ids is empty", "prompt_token_ids")
+        params = self._params(request)
+        prompt = await self._prompt(request)
+        request_id = request.request_id
+        self._running[request_id] = False
+        first = True
+        span: Span | None = None
+        handed_off = completed = False
+        try:
+            engine_input, layouts = await self.role.render(prompt)
+            # Not made current: this generator yields, and may be closed from another
+            # task, where a context attached here could not be detached.
+            span = tracer.start_span(self.role.span_name)
+            span.set_attributes({
+                "prism.request_id": logs.REQUEST_ID.get(),
+                "prism.engine_request_id": request_id,
+            })  # fmt: skip
+            generated = 0
+            async for output in self.engine.generate(engine_input, params, request_id):
+                self._last_output = time.monotonic()
+                completion = output.outputs[0]
+                generated += len(completion.token_ids)
+                reply = engine_pb2.GenerateResponse(
+                    token_ids=completion.token_ids,
+                    logprobs=engine_logprobs(completion.logprobs, params.logprobs or 0),
+                )
+                if first:
+                    first = False
+                    reply.first.prompt_tokens = len(output.prompt_token_ids or ())
+                    reply.first.cached_tokens = output.num_cached_tokens or 0
+                    if output.prompt_logprobs:
+                        # Its first position, the prompt's first token, has none.
+                        top = params.prompt_logprobs or 0
+                        scored = engine_logprobs(output.prompt_logprobs[1:], top)
+                        reply.first.prompt_logprobs.extend(scored)
+                    span.set_attributes({
+                        "gen_ai.usage.input_tokens": reply.first.prompt_tokens,
+                        "prism.cached_tokens": reply.first.cached_tokens,
+                    })  # fmt: skip
+                    if output.finished:
+                        # The first message is not the last: that one follows, tokenless.
+                        yield reply
+                        reply = engine_pb2.GenerateResponse()
+                if output.finished:
+                    span.set_attribute("gen_ai.usage.output_tokens", generated)
+                    log.info("%s %s: %d prompt tokens, %d generated, %s", self.role.name,
+                             request_id, len(request.prompt_token_ids), generated,
+                             completion.finish_reason)  # fmt: skip
+                    if completion.finish_reason == "error":
+                        raise self.role.failure(request)
+                    reply.last.reason = _FINISH.get(
+                        completion.finish_reason or "", common_pb2.FINISH_REASON_STOP
+                    )
+                    self.role.hand_off(request_id, output, layouts, reply.last)
+                    handed_off = True
+                yield reply
+                if self._running.get(request_id) and not output.finished:
+                    # vLLM drops an abort that comes before it knows the request: repeat it.
+                    await self.engine.abort(request_id)
+            completed = True
+        except (ValueError, VLLMClientError) as exc:
+            # vLLM rejects bad prompts (too long, image count) with these.
+            raise invalid(str(exc), param=getattr(exc, "parameter", None)) from None
+        finally:
+            if span is not None:
+                span.end()
+            if handed_off and (not completed or self._running.get(request_id)):
+                # What the next stage would read is held for a caller that gave up on it
+                # (an Abort that came before the hold, or a call cut short): free it now
+                # rather than at the end of the lease.
+                self.role.release(request_id)
+            self._running.pop(request_id, None)
+
+    def in_flight(self) -> int:
+        return len(self._running)
+
+    async def engine_problem(
+        self, canary_after: float = _CANARY_AFTER_S, timeout: float = _CANARY_TIMEOUT_S
+    ) -> str:
+        """Why the engine cannot generate, or "" when it can: its core must be alive
+        (vLLM's own check) and, after `canary_after` seconds without an output, a
+        one-token request on a one-token prompt must finish within `timeout`. A wedged
+        engine fails the canary; a busy one passes without it."""
+        try:
+            await self.engine.check_health()
+        except Exception as exc:
+            return f"its engine is dead ({exc!r})"
+        if time.monotonic() - self._last_output < canary_after:
+            return ""
+        canary = TokensPrompt(prompt_token_ids=[0])
+        params = SamplingParams(max_tokens=1, detokenize=False)
+        try:
+            async with asyncio.timeout(timeout):
+                async for _ in self.engine.generate(canary, params, f"prism-canary-{uuid4()}"):
+                    pass
+        except TimeoutError:
+            return f"its engine did not generate a token in {timeout:.0f} s"
+        except Exception as exc:
+            return f"its engine failed a request ({exc!r})"
+        self._last_output = time.monotonic()
+        return ""
+
+    async def watch(self, server: rpc.Server, period: float = _WATCH_S) -> None:
+        """Keeps the health status true to whether the engine can generate, as Dynamo's
+        canary checks do: a server that answers while its engine cannot generate would
+        keep taking requests from routing and Consul."""
+        serving = True
+        while True:
+            await asyncio.sleep(period)
+            problem = await self.engine_problem()
+            if bool(problem) == serving:
+                serving = not problem
+                log.warning("worker (%s): %s", self.role.name, f"NOT_SERVING: {problem}"
+                            if problem else "SERVING again")  # fmt: skip
+                await server.set_serving([self.service.name], serving)
+
+    async def abort(
+        self, request: engine_pb2.EngineServiceAbortRequest
+    ) -> engine_pb2.EngineServiceAbortResponse:
+        running = request.request_id in self._running
+        if running:
+            self._running[request.request_id] = True
+            await self.engine.abort(request.request_id)
+        released = self.role.release(request.request_id)
+        return engine_pb2.EngineServiceAbortResponse(aborted=running or released)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="prism-worker-") as directory:
+        await _serve(args, Path(directory))
+
+
+async def _serve(args: argparse.Namespace, directory: Path) -> None:
+    stage = Stage(args, EngineRole(args.role).mesh_role)
+    # Roles that prefill tell what their prefix cache holds; decode is routed by load.
+    kv_events = KvEvents(directory) if args.role != EngineRole.DECODE else None
+    engine = start_engine(args, directory, kv_events.config() if kv_events else None)
+    role = make_role(args.role, engine, args.kv_lease_s)
+    reads_embeddings = args.enable_mm_embeds or role.reads_embeddings
+    transfer = open_transfer(args.transfer, args.pool_mib * 2**20) if reads_embeddings else None
+    videos = VideoDecoder.for_model(args.model, args.video_frames, args.video_fps)
+    servicer = EngineServicer(engine, role, transfer, args.max_in_flight, videos)
+    collectors = [telemetry.transfer_collector(transfer)] if transfer else []
+    collectors.append(
+        telemetry.gauge(
+            "prism_engine_requests_in_flight", "Requests this worker runs", servicer.in_flight
+        )
+    )
+    if args.role != EngineRole.AGGREGATED:
+        log.info("worker (%s) KV side channel on %s:%d", args.role, args.kv_host, args.kv_port)
+    services, tasks = [servicer.service], [servicer.watch]
+    if kv_events is not None:
+        kv_events.engine = engine
+        services.append(kv_events.service)
+        tasks.append(kv_events.read)
+    try:
+        await stage.serve(
+            services,
+            modes_served(args.role, args.enable_mm_embeds),
+            collectors,
+            in_flight=servicer.in_flight,
+            tasks=tasks,
+        )
+    finally:
+        engine.shutdown()
+        if transfer is not None:
+            transfer.close()
