@@ -5,7 +5,7 @@ STUB_DIRS := prism/v1 prism/stage/v1 prism/kserve
 PROTOS := $(foreach dir,$(STUB_DIRS),$(wildcard protos/$(dir)/*.proto))
 
 .PHONY: setup demo test test-unit test-net lint protos check-protos bench bench-transfer bench-modes \
-	bench-routing bench-choices
+	bench-routing bench-choices bench-anchors bench-scale
 
 setup:
 	scripts/setup.sh
@@ -33,6 +33,23 @@ bench:
 	$(PY) bench/serve.py --model models/tiny-llava
 	$(PY) bench/serve.py --model models/tiny-qwen2-vl --load video --modes epd,e/pd,e/p/d \
 		--concurrency 1,8 --requests 128
+
+# Not a test: Prism's modes beside the anchors of their shape, one run, three rounds: NVIDIA
+# Dynamo 1.6.1 (aggregated, P/D, E/PD) from a virtualenv of its own (.anchors/dynamo, set up
+# here once), vLLM's own P/D split (two engines, bench/pd_proxy.py) and `vllm serve`;
+# bench/results/anchors.json and docs/benchmarks.md.
+bench-anchors:
+	scripts/bench_anchors.sh
+	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
+	$(PY) bench/serve.py --model models/tiny-llava --anchors --rounds 3 --requests 128
+
+# Not a test: the front (gateway + processor) before 16 simulated workers at 64, 256 and 1024
+# streams, beside Dynamo's frontend before its mocker with the same timing (needs
+# `make bench-anchors` once); bench/results/scale.json and docs/benchmarks.md.
+bench-scale:
+	scripts/bench_anchors.sh
+	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
+	$(PY) bench/scale.py --model models/tiny-llava
 
 # Not a test: NIXL vs inline protobuf vs memcpy, written to bench/results/transfer.json.
 bench-transfer:

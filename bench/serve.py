@@ -29,6 +29,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
+import functools
 import io
 import json
 import os
@@ -39,6 +41,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,7 +50,7 @@ import numpy as np
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from prism.launcher import Mesh, MeshConfig, http_ok, plan
+from prism.launcher import Mesh, MeshConfig, core_slices, http_ok, plan, prepare_child
 from prism.ports import free_port
 from prism.video import encode_video
 
@@ -57,6 +60,16 @@ ANCHOR = "vllm_serve"
 # the mesh's own cost.
 SAME_ENGINE = "vllm_serve_uni"
 ANCHORS = (ANCHOR, SAME_ENGINE)
+# With --anchors: each Prism mode beside the anchors of its shape (NVIDIA Dynamo's and
+# vLLM's own disaggregation), and the disaggregation tax, each split mode beside EPD on
+# the same cores.
+SHAPES = {"epd": ("dynamo_agg",), "e/pd": ("dynamo_e_pd",), "ep/d": ("dynamo_pd", "vllm_pd")}
+TAX = {"e/p/d": ("epd",), "ep/d": ("epd",)}
+ANCHORS_RESULT = Path("bench/results/anchors.json")
+ANCHORS_SECTION = "benchmarks-anchors.md"
+# bench/scale.py's section.
+SCALE_SECTION = "benchmarks-scale.md"
+DYNAMO_PYTHON = Path(".anchors/dynamo/bin/python")
 RESULTS = {"image": Path("bench/results/latest.json"), "video": Path("bench/results/video.json")}
 # bench/routing.py's section of the benchmarks document, written beside it.
 ROUTING_SECTION = "benchmarks-routing.md"
@@ -216,49 +229,198 @@ def scrape(url: str) -> dict[str, float]:
     }
 
 
+def prompt_sources(url: str) -> dict[str, float]:
+    """A vLLM engine's prompt tokens by where their KV came from (computed, its prefix
+    cache, or read from another engine: "external_kv_transfer")."""
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    sources: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "vllm:prompt_tokens_by_source_total":
+                source = sample.labels["source"]
+                sources[source] = sources.get(source, 0.0) + sample.value
+    return sources
+
+
 @dataclass
 class Server:
     name: str
     base_url: str
+    # The model's name where the server does not serve it as the bench's --model.
+    model: str = ""
     # /metrics of the stage that reads tensors over NIXL, to measure transfer time.
     reader_metrics: str = ""
+    # /metrics of a vLLM decode engine, to tell how much of its prompts' KV it read.
+    decode_metrics: str = ""
     stop: list = field(default_factory=list)
     # The Python process of each stage, to profile.
     pids: dict[str, int] = field(default_factory=dict)
 
 
-def start_vllm(model: str, log: Path, limits: dict, same_engine: bool = False) -> Server:
-    port = free_port()
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING", "HF_HUB_OFFLINE": "1"}
+# vLLM's KV connector for a prefill/decode split, as Prism's engines and Dynamo's use it.
+NIXL = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})
+
+
+def spawn(
+    argv: list[str], log: Path, env: dict[str, str] | None = None, cpus: set[int] | None = None
+) -> subprocess.Popen:
+    """A server process in a group of its own (stopped with all its children), on `cpus`
+    if given, that dies with the bench."""
+    prepare = functools.partial(prepare_child, cpus or set())
+    with open(log, "a") as out:
+        return subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=out,
+                                stderr=subprocess.STDOUT, process_group=0,
+                                preexec_fn=prepare)  # fmt: skip
+
+
+def stop_all(processes: list[subprocess.Popen]) -> None:
+    for process in reversed(processes):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def await_ready(
+    ready: Callable[[], bool], processes: list[subprocess.Popen], what: str, log: Path
+) -> None:
+    deadline = time.monotonic() + 300
+    while not ready():
+        if any(p.poll() is not None for p in processes) or time.monotonic() > deadline:
+            stop_all(processes)
+            raise RuntimeError(f"{what} did not start; see {log}")
+        time.sleep(0.5)
+
+
+def vllm_argv(model: str, port: int, limits: dict) -> list[str]:
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
             "--dtype", "float32", "--enforce-eager", "--seed", "0", "--port", str(port),
             "--host", "127.0.0.1", "--limit-mm-per-prompt", json.dumps(limits),
             "--uvicorn-log-level", "warning"]  # fmt: skip
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+
+
+def start_vllm(model: str, log: Path, limits: dict, same_engine: bool = False) -> Server:
+    port = free_port()
+    argv = vllm_argv(model, port, limits)
+    env = dict(VLLM_ENV)
     if same_engine:
         argv += ["--distributed-executor-backend", "uni"]
         # As many OpenMP threads as vLLM binds on one node (all cores but its scheduler's).
         threads = max(1, len(os.sched_getaffinity(0)) - 1)
         env |= {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": str(threads)}
-    with open(log, "w") as out:
-        # In this session, as Prism's stages are: the kernel shares CPU between sessions.
-        process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                   process_group=0)  # fmt: skip
+    # In this session, as Prism's stages are: the kernel shares CPU between sessions.
+    processes = [spawn(argv, log, env)]
     base_url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while not http_ok(f"{base_url}/health"):
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise RuntimeError(f"vllm serve did not start; see {log}")
-        time.sleep(0.5)
+    await_ready(lambda: http_ok(f"{base_url}/health"), processes, "vllm serve", log)
+    name = SAME_ENGINE if same_engine else ANCHOR
+    return Server(name, base_url, stop=[lambda: stop_all(processes)])
 
-    def stop() -> None:
-        os.killpg(process.pid, 15)
+
+def pinned(cores: set[int]) -> dict[str, str]:
+    """The OpenMP binding of an engine kept to `cores`, as Prism's launcher pins its own."""
+    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, sorted(cores)))}
+
+
+def start_vllm_pd(model: str, logs: Path, limits: dict) -> Server:
+    """Two `vllm serve` engines with the NixlConnector, on the cores Prism's prefill and
+    decode get, behind bench/pd_proxy.py."""
+    processes: list[subprocess.Popen] = []
+    urls = []
+    log = logs / "vllm-pd.log"
+    for cores in core_slices(2):
+        port = free_port()
+        env = VLLM_ENV | pinned(cores) | {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
+        argv = [*vllm_argv(model, port, limits), "--kv-transfer-config", NIXL]
+        processes.append(spawn(argv, log, env, cores))
+        urls.append(f"http://127.0.0.1:{port}")
+    for url in urls:
+        await_ready(lambda url=url: http_ok(f"{url}/health"), processes, "vLLM P/D", log)
+    port = free_port()
+    proxy = [sys.executable, str(Path(__file__).with_name("pd_proxy.py")), "--port", str(port),
+             "--prefill", urls[0], "--decode", urls[1]]  # fmt: skip
+    processes.append(spawn(proxy, log))
+    base_url = f"http://127.0.0.1:{port}"
+    await_ready(lambda: http_ok(f"{base_url}/health"), processes, "vLLM P/D proxy", log)
+    return Server("vllm_pd", base_url, decode_metrics=f"{urls[1]}/metrics",
+                  stop=[lambda: stop_all(processes)])  # fmt: skip
+
+
+DYNAMO_AGG, DYNAMO_PD, DYNAMO_E_PD = "dynamo_agg", "dynamo_pd", "dynamo_e_pd"
+
+
+def dynamo_env(logs: Path) -> dict[str, str]:
+    """Dynamo without etcd or NATS: file discovery in a fresh directory, TCP requests,
+    ZMQ events, all on loopback."""
+    store = Path(tempfile.mkdtemp(prefix="dynamo-kv-", dir=logs))
+    return VLLM_ENV | {
+        "DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(store),
+        "DYN_REQUEST_PLANE": "tcp", "DYN_EVENT_PLANE": "zmq", "DYN_LOG": "warn",
+        "DYN_TCP_RPC_HOST": "127.0.0.1", "DYN_EVENT_PLANE_HOST": "127.0.0.1",
+        "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+    }  # fmt: skip
+
+
+def start_dynamo(shape: str, model: str, logs: Path, limits: dict) -> Server:
+    """NVIDIA Dynamo's frontend and `dynamo.vllm` workers in one of its shapes. Two
+    engines get a core each, as Prism's launcher places its own."""
+    env = dynamo_env(logs)
+    log = logs / f"{shape}.log"
+    python = str(DYNAMO_PYTHON)
+    worker = [python, "-m", "dynamo.vllm", "--model", model, "--enable-multimodal",
+              "--enforce-eager", "--dtype", "float32", "--seed", "0",
+              "--limit-mm-per-prompt", json.dumps(limits)]  # fmt: skip
+    roles = {
+        DYNAMO_AGG: [[]],
+        DYNAMO_PD: [["--disaggregation-mode", "prefill", "--kv-transfer-config", NIXL],
+                    ["--disaggregation-mode", "decode", "--kv-transfer-config", NIXL]],
+        DYNAMO_E_PD: [["--disaggregation-mode", "encode"],
+                      ["--route-to-encoder", "--enable-mm-embeds"]],
+    }[shape]  # fmt: skip
+    processes = []
+    slices = core_slices(len(roles)) if len(roles) > 1 else [set()]
+    for flags, cores in zip(roles, slices, strict=True):
+        placed = env | {"VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
+        if cores:
+            placed |= pinned(cores)
+        processes.append(spawn([*worker, *flags], log, placed, cores))
+    port = free_port()
+    frontend = [python, "-m", "dynamo.frontend", "--http-host", "127.0.0.1",
+                "--http-port", str(port)]  # fmt: skip
+    processes.append(spawn(frontend, log, env))
+    base_url = f"http://127.0.0.1:{port}"
+    await_ready(lambda: bool(served_models(base_url)), processes, shape, log)
+    return Server(shape, base_url, model=served_models(base_url)[0],
+                  stop=[lambda: stop_all(processes)])  # fmt: skip
+
+
+def served_models(base_url: str) -> list[str]:
+    """What /v1/models lists: a Dynamo frontend lists a model once a worker serves it."""
+    try:
+        with urllib.request.urlopen(f"{base_url}/v1/models", timeout=2) as reply:
+            return [entry["id"] for entry in json.load(reply)["data"]]
+    except (OSError, ValueError, KeyError):
+        return []
+
+
+class AnchorFailed(RuntimeError):
+    """An anchor that does not run on this machine: the bench goes on without it."""
+
+
+def anchor(start: Callable[[], Server], name: str) -> Callable[[], Server]:
+    def started() -> Server:
         try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)
+            return start()
+        except RuntimeError as exc:
+            raise AnchorFailed(f"{name}: {exc}") from exc
 
-    return Server(SAME_ENGINE if same_engine else ANCHOR, base_url, stop=[stop])
+    return started
 
 
 def start_prism(mode: str, model: str, log: Path) -> Server:
@@ -294,7 +456,11 @@ def run_server(
     rows = []
     for concurrency, (warm_up, load) in loads.items():
         before = scrape(server.reader_metrics) if server.reader_metrics else {}
+        sources = prompt_sources(server.decode_metrics) if server.decode_metrics else {}
         recorders = profiled(server, profile) if concurrency == max(loads) else []
+        if server.model:
+            warm_up = [body | {"model": server.model} for body in warm_up]
+            load = [body | {"model": server.model} for body in load]
         row = asyncio.run(drive(server.base_url, warm_up, load, concurrency))
         for recorder in recorders:
             recorder.send_signal(signal.SIGINT)
@@ -305,6 +471,12 @@ def run_server(
             name = "prism_nixl_read_seconds_sum"
             read = after.get(name, 0.0) - before.get(name, 0.0)
             row["nixl_read_share"] = read / row["request_seconds_total"]
+        if server.decode_metrics:
+            after = prompt_sources(server.decode_metrics)
+            read = after.get("external_kv_transfer", 0) - sources.get("external_kv_transfer", 0)
+            total = sum(after.values()) - sum(sources.values())
+            # A decode that computed the prompts itself would not be a P/D split.
+            row["decode_kv_read_share"] = read / total if total else 0.0
         row["server"] = server.name
         rows.append(row)
         print(f"{server.name:>10} c={concurrency:<3} {row['requests_per_s']:7.2f} req/s "
@@ -332,24 +504,44 @@ def suffix(concurrency: int, top: int) -> str:
     return "" if concurrency == top else f"_c{concurrency}"
 
 
-def ratios(rows: list[dict]) -> dict[str, float]:
+Pair = tuple[str, str]
+
+
+def anchor_pairs(rows: list[dict]) -> list[Pair]:
+    """Every server beside each `vllm serve` anchor that ran."""
+    servers = list(dict.fromkeys(r["server"] for r in rows))
+    return [(server, anchor) for anchor in ANCHORS if anchor in servers
+            for server in servers if server != anchor]  # fmt: skip
+
+
+def shape_pairs(rows: list[dict]) -> list[Pair]:
+    """Each Prism mode beside the anchors of its shape that ran, and the disaggregation
+    tax: each split mode beside EPD."""
+    servers = {r["server"] for r in rows}
+    pairs = [(mode, anchor) for table in (SHAPES, TAX) for mode, anchors in table.items()
+             for anchor in anchors if {mode, anchor} <= servers]  # fmt: skip
+    return pairs + [(s, ANCHOR) for s in sorted(servers) if s != ANCHOR and ANCHOR in servers]
+
+
+def ratios(rows: list[dict], pairs: list[Pair] | None = None) -> dict[str, float]:
+    """Each server's requests/s and output tokens/s over its anchor's, and its TTFT p50
+    minus the anchor's, at every level both ran (`pairs`: server and anchor; default:
+    every server beside each `vllm serve`)."""
+    by = {(r["server"], r["concurrency"]): r for r in rows}
+    top = max(r["concurrency"] for r in rows)
     out = {}
-    for anchor_name in ANCHORS:
-        anchor = {r["concurrency"]: r for r in rows if r["server"] == anchor_name}
-        if not anchor:
-            continue
-        top = max(anchor)
-        for row in rows:
-            base = anchor.get(row["concurrency"])
-            if row["server"] == anchor_name or base is None:
+    for server, anchor in anchor_pairs(rows) if pairs is None else pairs:
+        for concurrency in sorted({c for _, c in by}):
+            row, base = by.get((server, concurrency)), by.get((anchor, concurrency))
+            if row is None or base is None:
                 continue
-            name = f"{slug(row['server'])}_vs_{anchor_name}"
-            end = suffix(row["concurrency"], top)
+            name = f"{slug(server)}_vs_{slug(anchor)}"
+            end = suffix(concurrency, top)
             out[f"{name}_rps_ratio{end}"] = row["requests_per_s"] / base["requests_per_s"]
             out[f"{name}_tokens_ratio{end}"] = (
                 row["output_tokens_per_s"] / base["output_tokens_per_s"]
             )
-            out[f"{slug(row['server'])}_minus_{anchor_name}_ttft_p50_ms{end}"] = (
+            out[f"{slug(server)}_minus_{slug(anchor)}_ttft_p50_ms{end}"] = (
                 row["ttft_ms_p50"] - base["ttft_ms_p50"]
             )
     return out
@@ -372,9 +564,11 @@ def medians(rounds: list[list[dict]]) -> list[dict]:
     return rows
 
 
-def median_ratios(rounds: list[list[dict]]) -> dict[str, float]:
+def median_ratios(
+    rounds: list[list[dict]], pairs: Callable[[list[dict]], list[Pair]] = anchor_pairs
+) -> dict[str, float]:
     """Each ratio taken within a round, against the anchor run beside it; then the median."""
-    per_round = [ratios(rows) for rows in rounds]
+    per_round = [ratios(rows, pairs(rows)) for rows in rounds]
     return {key: float(np.median([r[key] for r in per_round])) for key in per_round[0]}
 
 
@@ -451,6 +645,66 @@ def setting(result: dict, what: str) -> str:
     )
 
 
+# The goals of docs/benchmarks.md, each checked where it was measured.
+RPS_GOAL, TTFT_GOAL_MS, TAX_GOAL = 1.0, 2.0, 0.8
+
+
+def anchors_section(result: dict) -> str:
+    """Each Prism mode beside the anchors of its shape, and the disaggregation tax."""
+    names = {ANCHOR: "vllm serve", "dynamo_agg": "Dynamo aggregated", "dynamo_pd": "Dynamo P/D",
+             "dynamo_e_pd": "Dynamo E/PD", "vllm_pd": "vLLM P/D (NixlConnector + proxy)",
+             "epd": "Prism EPD"}  # fmt: skip
+    levels = sorted({r["concurrency"] for r in result["rows"]})
+    top = max(levels)
+    lines = [
+        "## Beside NVIDIA Dynamo and vLLM's own P/D", "",
+        setting(result, "one 64x48 image").replace("`make bench`", "`make bench-anchors`"), "",
+        "Anchors: NVIDIA Dynamo 1.6.1 (`dynamo.frontend` and `dynamo.vllm` on vLLM 0.31 for "
+        "the CPU, in .anchors/dynamo: file discovery, TCP requests, ZMQ events; aggregated, "
+        "P/D with the NixlConnector, and E/PD with its encode worker), vLLM's own P/D (two "
+        "`vllm serve` with the NixlConnector behind bench/pd_proxy.py, the protocol of vLLM's "
+        "toy proxy) and `vllm serve`. Engines sit on cores the same way on every side: one "
+        "engine keeps vLLM's own binding; a prefill and a decode get a core each.", "",
+        *table(result), "",
+        "Each Prism mode beside the anchor of its shape (requests/s ratio; TTFT p50 "
+        "difference, ms), and the disaggregation tax (each split mode beside Prism EPD):", "",
+        "| Prism | beside | " + " | ".join(f"req/s c={c}" for c in levels) + " | "
+        + " | ".join(f"TTFT p50 ms c={c}" for c in levels) + " | goal | met |",
+        "|---|---|" + "---:|" * (2 * len(levels)) + "---|---|",
+    ]  # fmt: skip
+    for mode, other in shape_pairs(result["rows"]):
+        if other == ANCHOR and mode not in SHAPES and mode not in TAX:
+            continue
+        name = f"{slug(mode)}_vs_{slug(other)}"
+        rps = [result.get(f"{name}_rps_ratio{suffix(c, top)}") for c in levels]
+        ttft = [result.get(f"{slug(mode)}_minus_{slug(other)}_ttft_p50_ms{suffix(c, top)}")
+                for c in levels]  # fmt: skip
+        if mode in TAX and other in TAX[mode]:
+            goal = f"req/s at c={top} ≥ {TAX_GOAL:.1f}x EPD"
+            met = rps[-1] is not None and rps[-1] >= TAX_GOAL
+        else:
+            goal = (
+                f"req/s at c={top} ≥ {RPS_GOAL:.1f}x; "
+                f"TTFT p50 at c={levels[0]} ≤ +{TTFT_GOAL_MS:g} ms"
+            )
+            met = (rps[-1] or 0) >= RPS_GOAL and (
+                ttft[0] if ttft[0] is not None else 1e9
+            ) <= TTFT_GOAL_MS
+        lines.append(
+            f"| {mode} | {names.get(other, other)} | "
+            + " | ".join("" if v is None else f"{v:.2f}" for v in rps)
+            + " | "
+            + " | ".join("" if v is None else f"{v:+.1f}" for v in ttft)
+            + f" | {goal} | {'yes' if met else '**no**'} |"
+        )
+    if result.get("not_run"):
+        lines += ["", "Not run here: " + "; ".join(result["not_run"]) + "."]
+    notes = Path("docs") / "benchmarks-anchors-notes.md"
+    if notes.exists():
+        lines += ["", notes.read_text()]
+    return "\n".join(lines) + "\n"
+
+
 def write_doc(path: Path, results: dict[str, dict]) -> None:
     """The latest result of each load, images first (with the notes written beside it),
     then the sections of the routing and choices benchmarks (bench/routing.py,
@@ -485,7 +739,7 @@ def write_doc(path: Path, results: dict[str, dict]) -> None:
             ),
             "",
         ]
-    for section in (ROUTING_SECTION, CHOICES_SECTION):
+    for section in (ANCHORS_SECTION, SCALE_SECTION, ROUTING_SECTION, CHOICES_SECTION):
         if (path.parent / section).exists():
             lines += [(path.parent / section).read_text()]
     path.write_text("\n".join(lines))
@@ -507,6 +761,12 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, help="write py-spy flame graphs here")
     parser.add_argument("--rounds", type=int, default=1,
                         help="each server runs once per round, in turn; medians")  # fmt: skip
+    parser.add_argument(
+        "--anchors",
+        action="store_true",
+        help="NVIDIA Dynamo (aggregated, P/D, E/PD) and vLLM's own P/D beside `vllm serve` "
+        "and Prism (set up by `make bench-anchors`); default --out: bench/results/anchors.json",
+    )
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
 
@@ -535,7 +795,16 @@ def main() -> None:
     # The same caps as a Prism mesh's defaults (--max-images 8, --max-videos 4).
     limits = {"image": 8} if args.load == "image" else {"image": 8, "video": 4}
     starters = [lambda: start_vllm(args.model, logs / "vllm-serve.log", limits)]
-    if args.load == "image":
+    if args.anchors:
+        if not DYNAMO_PYTHON.exists():
+            raise SystemExit("the anchors are not installed: run `make bench-anchors`")
+        starters += [
+            anchor(lambda: start_dynamo(DYNAMO_AGG, args.model, logs, limits), DYNAMO_AGG),
+            anchor(lambda: start_dynamo(DYNAMO_PD, args.model, logs, limits), DYNAMO_PD),
+            anchor(lambda: start_dynamo(DYNAMO_E_PD, args.model, logs, limits), DYNAMO_E_PD),
+            anchor(lambda: start_vllm_pd(args.model, logs, limits), "vllm_pd"),
+        ]
+    elif args.load == "image":
         starters.append(
             lambda: start_vllm(args.model, logs / "vllm-serve-uni.log", limits, same_engine=True)
         )
@@ -545,12 +814,21 @@ def main() -> None:
     ]
     rounds: list[list[dict]] = []
     resent: list[list[dict]] = []
+    # Anchors that could not start here, and why.
+    failed: dict[int, str] = {}
     for round_ in range(args.rounds):
         profile = args.profile if round_ == args.rounds - 1 else None
         rows: list[dict] = []
         resends: list[dict] = []
-        for start in starters:
-            server = start()
+        for index, start in enumerate(starters):
+            if index in failed:
+                continue
+            try:
+                server = start()
+            except AnchorFailed as exc:
+                failed[index] = str(exc)
+                print(f"skipped: {exc}", flush=True)
+                continue
             try:
                 rows += run_server(server, loads(round_), profile)
                 if args.load == "video" and args.repeats:
@@ -564,7 +842,11 @@ def main() -> None:
                     stop()
         rounds.append(rows)
         resent.append(resends)
+    # A server that failed after the first round is left out of every round.
+    rounds = [[r for r in rows if r["server"] in {r["server"] for r in rounds[-1]}]
+              for rows in rounds]  # fmt: skip
     rows = medians(rounds)
+    pairs = shape_pairs if args.anchors else anchor_pairs
     result = {
         "load": args.load,
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -575,14 +857,19 @@ def main() -> None:
         "rounds": args.rounds,
         "rows": rows,
         "resent": medians(resent) if resent[0] else [],
-        **median_ratios(rounds),
+        "not_run": sorted(failed.values()),
+        **median_ratios(rounds, pairs),
     }
-    out = args.out or RESULTS[args.load]
+    out = args.out or (ANCHORS_RESULT if args.anchors else RESULTS[args.load])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     shown = {load: json.loads(path.read_text()) for load, path in RESULTS.items() if path.exists()}
-    write_doc(Path(args.doc), shown | {args.load: result})
-    print(json.dumps({k: round(v, 3) for k, v in median_ratios(rounds).items()}, indent=2))
+    if args.anchors:
+        (Path(args.doc).parent / ANCHORS_SECTION).write_text(anchors_section(result))
+    else:
+        shown[args.load] = result
+    write_doc(Path(args.doc), shown)
+    print(json.dumps({k: round(v, 3) for k, v in median_ratios(rounds, pairs).items()}, indent=2))
     print(f"logs in {logs}")
 
 

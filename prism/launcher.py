@@ -31,7 +31,7 @@ from prism.rpc import check_health
 _PR_SET_PDEATHSIG = 1
 
 
-def _prepare_child(cpus: set[int]) -> None:
+def prepare_child(cpus: set[int]) -> None:
     """Runs in the child before exec: dies with the launcher, keeps to its cores."""
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     if cpus:
@@ -46,7 +46,7 @@ def http_ok(url: str, timeout: float = 1.0) -> bool:
         return False
 
 
-def _core_slices(engines: int) -> list[set[int]]:
+def core_slices(engines: int) -> list[set[int]]:
     """The CPU cores of each engine. On the CPU backend, engines whose OpenMP threads
     share cores run many times slower, and an engine holding KV for a decode polls
     without pause: each engine, with all its processes, stays on its own cores. With
@@ -195,7 +195,7 @@ def plan(config: MeshConfig) -> list[Stage]:
     # One engine alone keeps vLLM's own binding; simulated ones compute nothing.
     vllm = config.engine == "vllm"
     if vllm and len(engines) > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-        for stage, cores in zip(engines, _core_slices(len(engines)), strict=True):
+        for stage, cores in zip(engines, core_slices(len(engines)), strict=True):
             stage.cpus = cores
             stage.env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(cores)))
     by_role[MeshRole.ENCODER] = encoders
@@ -294,7 +294,7 @@ class Mesh:
             # (autogroups), whatever their niceness, and the engine is to run nicer
             # than every stage that feeds it.
             process_group=0,
-            preexec_fn=functools.partial(_prepare_child, stage.cpus),
+            preexec_fn=functools.partial(prepare_child, stage.cpus),
         )
 
     def _wait_healthy(self, pending: list[Stage], timeout: float) -> None:

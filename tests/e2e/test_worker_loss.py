@@ -31,7 +31,8 @@ def in_flight(mesh, stage: str) -> float:
 
 
 def test_a_worker_killed_mid_stream_hands_the_request_to_another(models, tmp_path):
-    mesh = start_mesh("llava", "epd", models["llava"], tmp_path, workers=2)
+    # Simulated engines: what moves the request is the mesh's, not the model's.
+    mesh = start_mesh("llava", "epd", models["llava"], tmp_path, workers=2, engine="sim")
     try:
         chunks: list[str] = []
         with httpx.stream("POST", f"{mesh.base_url}/chat/completions",

@@ -1,0 +1,408 @@
+"""The front at scale: Prism's gateway and processor before N simulated workers, beside
+NVIDIA Dynamo's frontend before `dynamo.mocker` with the same timing.
+
+    .venv/bin/python bench/scale.py --model models/tiny-llava [--workers 16]
+        [--streams 64,256,1024] [--requests 2048] [--max-tokens 32] [--rounds 1]
+        [--out bench/results/scale.json] [--doc docs/benchmarks.md] [--profile DIR]
+
+Every engine is simulated (Prism: `prism worker --engine sim`; Dynamo: its mocker, given
+the same step times as a profile), so that what is measured is the front: HTTP, chat
+templating and tokenization, each request's image loaded and validated, routing, and
+the token stream back. At each level of concurrent streams, a bounded count of streaming
+chat requests (one new image each, after a warm-up of one request per stream): requests/s;
+time to first token beyond the simulated prefill (TTFT minus one step with the request's
+prompt), p50 and p99; inter-token latency p99; CPU seconds per 1000 requests of each
+front process. With `--profile`, py-spy records each Prism front process at the highest
+level and writes a flame graph per process there. Not a test: results go to `--out` and
+a section of `--doc`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+import psutil
+
+sys.path.insert(0, str(Path(__file__).parent))
+from serve import (
+    DYNAMO_PYTHON,
+    await_ready,
+    chat,
+    dynamo_env,
+    image_url,
+    percentile,
+    served_models,
+    spawn,
+    stop_all,
+)
+
+from prism.launcher import Mesh, MeshConfig, plan
+from prism.ports import free_port
+
+SECTION = "benchmarks-scale.md"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The simulated engines' timing, one for both sides."""
+
+    decode_step_ms: float = 5.0
+    prefill_tokens_per_s: float = 20_000.0
+    block_size: int = 16
+    kv_blocks: int = 8192
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+
+    def prefill_ms(self, prompt_tokens: int) -> float:
+        """One step with the prompt: what its first token takes in an idle engine."""
+        return self.decode_step_ms + 1000 * prompt_tokens / self.prefill_tokens_per_s
+
+    def sim_flags(self) -> list[str]:
+        return ["--sim-decode-step-ms", str(self.decode_step_ms),
+                "--sim-prefill-tokens-per-s", str(self.prefill_tokens_per_s),
+                "--sim-block-size", str(self.block_size),
+                "--sim-kv-blocks", str(self.kv_blocks),
+                "--sim-max-num-seqs", str(self.max_num_seqs),
+                "--sim-max-num-batched-tokens", str(self.max_num_batched_tokens)]  # fmt: skip
+
+    def mocker_profile(self, path: Path, max_len: int = 16384) -> Path:
+        """The same timing as dynamo.mocker's profile (its NPZ form): a prompt of `isl`
+        tokens takes one step and its tokens; a decode step takes the step, whatever the
+        KV it holds."""
+        isl = np.arange(0, max_len + 1, 16, dtype=float)
+        grid = np.linspace(0, 1_000_000, 8)
+        np.savez(
+            path,
+            prefill_isl=isl,
+            prefill_ttft_ms=np.array([self.prefill_ms(int(n)) for n in isl]),
+            decode_active_kv_tokens=grid,
+            decode_context_length=np.linspace(1, max_len, 8),
+            decode_itl=np.full((len(grid), 8), self.decode_step_ms),
+        )
+        return path
+
+
+@dataclass
+class Front:
+    name: str
+    base_url: str
+    model: str
+    # The processes of the front (not the simulated engines), by name.
+    pids: dict[str, int] = field(default_factory=dict)
+    stop: list[Callable[[], None]] = field(default_factory=list)
+
+
+def start_prism(model: str, workers: int, timing: Timing, log: Path) -> Front:
+    port = free_port()
+    config = MeshConfig(mode="epd", model=model, http_port=port, workers=workers, engine="sim",
+                        engine_args=timing.sim_flags(), log_level="warning",
+                        max_in_flight=0)  # fmt: skip
+    mesh = Mesh(plan(config))
+    with open(log, "w") as out:
+        mesh.start(timeout=300, log=out)
+    pids = {s.name: s.process.pid for s in mesh.stages if s.name in ("gateway", "processor")}
+    return Front("prism", f"http://127.0.0.1:{port}", model, pids, [mesh.stop])
+
+
+def start_dynamo(model: str, workers: int, timing: Timing, logs: Path) -> Front:
+    """Dynamo's frontend and `workers` mocker engines (in one process, as its
+    --num-workers runs them)."""
+    if not DYNAMO_PYTHON.exists():
+        raise SystemExit("Dynamo is not installed: run `make bench-anchors` first")
+    env = dynamo_env(logs)
+    profile = timing.mocker_profile(logs / "mocker-profile.npz")
+    log = logs / "dynamo-scale.log"
+    port = free_port()
+    frontend = [str(DYNAMO_PYTHON), "-m", "dynamo.frontend", "--http-host", "127.0.0.1",
+                "--http-port", str(port), "--router-mode", "round-robin"]  # fmt: skip
+    mocker = [str(DYNAMO_PYTHON), "-m", "dynamo.mocker", "--model-path", model,
+              "--num-workers", str(workers), "--planner-profile-data", str(profile),
+              "--block-size", str(timing.block_size),
+              "--num-gpu-blocks-override", str(timing.kv_blocks),
+              "--max-num-seqs", str(timing.max_num_seqs),
+              "--max-num-batched-tokens", str(timing.max_num_batched_tokens),
+              "--enable-prefix-caching"]  # fmt: skip
+    processes = [spawn(mocker, log, env), spawn(frontend, log, env)]
+    base_url = f"http://127.0.0.1:{port}"
+    await_ready(lambda: bool(served_models(base_url)), processes, "Dynamo", log)
+    return Front("dynamo", base_url, served_models(base_url)[0], {"frontend": processes[1].pid},
+                 [lambda: stop_all(processes)])  # fmt: skip
+
+
+@dataclass
+class Sample:
+    ttft_ms: float
+    gaps_ms: list[float]
+    prompt_tokens: int
+    tokens: int
+
+
+async def one(session: aiohttp.ClientSession, url: str, body: dict) -> Sample:
+    started = time.perf_counter()
+    first = last = None
+    gaps: list[float] = []
+    prompt = tokens = 0
+    async with session.post(url, json=body) as reply:
+        reply.raise_for_status()
+        async for raw in reply.content:
+            if not raw.startswith(b"data: {"):
+                continue
+            event = json.loads(raw[6:])
+            if usage := event.get("usage"):
+                prompt, tokens = usage["prompt_tokens"], usage["completion_tokens"]
+            if event["choices"] and event["choices"][0]["delta"].get("content"):
+                now = time.perf_counter()
+                if first is None:
+                    first = now
+                else:
+                    gaps.append(1000 * (now - last))
+                last = now
+    return Sample(1000 * ((first or started) - started), gaps, prompt, tokens)
+
+
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    out = {}
+    for name, pid in pids.items():
+        times = psutil.Process(pid).cpu_times()
+        out[name] = times.user + times.system
+    return out
+
+
+async def drive(front: Front, streams: int, warm_up: list[dict], load: list[dict]) -> dict:
+    url = f"{front.base_url}/v1/chat/completions"
+    connector = aiohttp.TCPConnector(limit=streams)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=900)
+    ) as session:
+        await asyncio.gather(*(one(session, url, body | {"model": front.model})
+                               for body in warm_up))  # fmt: skip
+        queue = [body | {"model": front.model} for body in load]
+        samples: list[Sample] = []
+        failures = 0
+
+        async def stream() -> None:
+            nonlocal failures
+            while queue:
+                try:
+                    samples.append(await one(session, url, queue.pop()))
+                except aiohttp.ClientError:
+                    failures += 1
+
+        before = cpu_seconds(front.pids)
+        started = time.perf_counter()
+        await asyncio.gather(*(stream() for _ in range(streams)))
+        elapsed = time.perf_counter() - started
+        after = cpu_seconds(front.pids)
+    return {"samples": samples, "seconds": elapsed, "failures": failures,
+            "cpu": {name: after[name] - before[name] for name in after}}  # fmt: skip
+
+
+def summarize(front: Front, streams: int, run: dict, timing: Timing) -> dict:
+    samples: list[Sample] = run["samples"]
+    ttfts = [s.ttft_ms for s in samples]
+    added = [s.ttft_ms - timing.prefill_ms(s.prompt_tokens) for s in samples]
+    gaps = [g for s in samples for g in s.gaps_ms]
+    done = max(len(samples), 1)
+    return {
+        "front": front.name,
+        "streams": streams,
+        "requests": len(samples),
+        "failures": run["failures"],
+        "seconds": run["seconds"],
+        "requests_per_s": len(samples) / run["seconds"],
+        "output_tokens_per_s": sum(s.tokens for s in samples) / run["seconds"],
+        "ttft_ms_p50": percentile(ttfts, 50),
+        "ttft_ms_p99": percentile(ttfts, 99),
+        "ttft_added_ms_p50": percentile(added, 50),
+        "ttft_added_ms_p99": percentile(added, 99),
+        "itl_ms_p99": percentile(gaps, 99),
+        "prompt_tokens": float(np.median([s.prompt_tokens for s in samples])),
+        "cpu_s_per_1000": {name: 1000 * s / done for name, s in run["cpu"].items()},
+    }
+
+
+def loads(model: str, levels: list[int], requests: int, max_tokens: int, round_: int) -> dict:
+    """Each level's warm-up and load, every request with an image of its own."""
+
+    def bodies(first: int, count: int) -> list[dict]:
+        return [
+            chat(model, [{"type": "image_url", "image_url": {"url": image_url(seed)}},
+                         {"type": "text", "text": f"Question {seed}: what is in this image?"}],
+                 max_tokens)
+            for seed in range(first, first + count)
+        ]  # fmt: skip
+
+    out = {}
+    for index, streams in enumerate(levels):
+        first = 50_000_000 + round_ * 1_000_000 + index * 100_000
+        out[streams] = (bodies(first, streams), bodies(first + streams, requests))
+    return out
+
+
+def profiled(front: Front, profile: Path | None) -> list[subprocess.Popen]:
+    if profile is None:
+        return []
+    profile.mkdir(parents=True, exist_ok=True)
+    spy = Path(sys.executable).with_name("py-spy")
+    return [
+        subprocess.Popen([str(spy), "record", "--pid", str(pid), "--rate", "100",
+                          "--nonblocking", "--output", str(profile / f"scale-{name}.svg")],
+                         stderr=subprocess.DEVNULL)
+        for name, pid in front.pids.items()
+    ]  # fmt: skip
+
+
+def run_front(front: Front, levels: dict, timing: Timing, profile: Path | None) -> list[dict]:
+    rows = []
+    for streams, (warm_up, load) in levels.items():
+        recorders = profiled(front, profile) if streams == max(levels) else []
+        run = asyncio.run(drive(front, streams, warm_up, load))
+        for recorder in recorders:
+            recorder.send_signal(2)
+        for recorder in recorders:
+            recorder.wait(timeout=120)
+        row = summarize(front, streams, run, timing)
+        rows.append(row)
+        cpu = " ".join(f"{k} {v:.1f}" for k, v in row["cpu_s_per_1000"].items())
+        print(f"{front.name:>7} streams={streams:<5} {row['requests_per_s']:7.1f} req/s  "
+              f"TTFT+ p50 {row['ttft_added_ms_p50']:7.1f} p99 {row['ttft_added_ms_p99']:7.1f} ms  "
+              f"ITL p99 {row['itl_ms_p99']:7.1f} ms  CPU s/1000 req: {cpu}  "
+              f"failures {row['failures']}", flush=True)  # fmt: skip
+    return rows
+
+
+def medians(rounds: list[list[dict]]) -> list[dict]:
+    rows = []
+    for first in rounds[0]:
+        same = [r for rows in rounds for r in rows
+                if (r["front"], r["streams"]) == (first["front"], first["streams"])]  # fmt: skip
+        row = {}
+        for key, value in first.items():
+            if isinstance(value, float):
+                row[key] = float(np.median([r[key] for r in same]))
+            elif isinstance(value, dict):
+                row[key] = {k: float(np.median([r[key][k] for r in same])) for k in value}
+            else:
+                row[key] = value
+        row["requests_per_s_by_round"] = [r["requests_per_s"] for r in same]
+        rows.append(row)
+    return rows
+
+
+def comparisons(rows: list[dict]) -> dict[str, float]:
+    """Prism's front against Dynamo's at each level: req/s ratio, TTFT p99 ratio."""
+    out = {}
+    by = {(r["front"], r["streams"]): r for r in rows}
+    for (front, streams), row in by.items():
+        other = by.get(("dynamo", streams))
+        if front != "prism" or other is None:
+            continue
+        out[f"prism_vs_dynamo_rps_ratio_s{streams}"] = (
+            row["requests_per_s"] / other["requests_per_s"]
+        )
+        out[f"prism_vs_dynamo_ttft_p99_ratio_s{streams}"] = (
+            row["ttft_ms_p99"] / other["ttft_ms_p99"]
+        )
+    return out
+
+
+def section(result: dict) -> str:
+    timing = result["timing"]
+    lines = [
+        "## The front at scale: simulated engines", "",
+        f"Written by `make bench-scale` on {result['when']} ({result['machine']}). "
+        f"{result['workers']} simulated engines behind each front (Prism: gateway + processor "
+        f"+ `prism worker --engine sim`; Dynamo 1.6.1: `dynamo.frontend` + `dynamo.mocker "
+        f"--num-workers {result['workers']}` with the same timing as its profile): a step "
+        f"takes {timing['decode_step_ms']} ms plus its prompt tokens at "
+        f"{timing['prefill_tokens_per_s']:.0f} tokens/s, blocks of {timing['block_size']} "
+        f"tokens, {timing['max_num_seqs']} sequences a step. Model {result['model']} "
+        "(its tokenizer and chat template; no weights used). "
+        f"{result['requests']} streaming chat requests per level, one new 64x48 PNG each, "
+        f"{result['max_tokens']} tokens each; rounds: {result['rounds']} (medians). "
+        "TTFT+ is the time to first token beyond one simulated step with the prompt: what "
+        "the front and the engines' queues add. CPU: seconds of each front process per "
+        "1000 requests.", "",
+        "| front | streams | req/s | TTFT+ p50 ms | TTFT+ p99 ms | TTFT p99 ms | ITL p99 ms "
+        "| CPU s / 1000 req | failures |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]  # fmt: skip
+    for r in result["rows"]:
+        cpu = ", ".join(f"{k} {v:.1f}" for k, v in r["cpu_s_per_1000"].items())
+        lines.append(
+            f"| {r['front']} | {r['streams']} | {r['requests_per_s']:.1f} | "
+            f"{r['ttft_added_ms_p50']:.1f} | {r['ttft_added_ms_p99']:.1f} | "
+            f"{r['ttft_ms_p99']:.1f} | {r['itl_ms_p99']:.1f} | {cpu} | {r['failures']} |"
+        )
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--streams", default="64,256,1024")
+    parser.add_argument("--requests", type=int, default=2048, help="per level")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--fronts", default="prism,dynamo")
+    parser.add_argument("--out", type=Path, default=Path("bench/results/scale.json"))
+    parser.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))
+    parser.add_argument("--profile", type=Path, help="write py-spy flame graphs here")
+    args = parser.parse_args()
+    levels = [int(s) for s in args.streams.split(",")]
+    timing = Timing()
+    logs = Path(tempfile.mkdtemp(prefix="prism-scale-"))
+    starters = {
+        "prism": lambda: start_prism(args.model, args.workers, timing, logs / "prism.log"),
+        "dynamo": lambda: start_dynamo(args.model, args.workers, timing, logs),
+    }
+    rounds = []
+    for round_ in range(args.rounds):
+        rows: list[dict] = []
+        level_loads = loads(args.model, levels, args.requests, args.max_tokens, round_)
+        for name in args.fronts.split(","):
+            front = starters[name]()
+            try:
+                profile = args.profile if round_ == args.rounds - 1 and name == "prism" else None
+                rows += run_front(front, level_loads, timing, profile)
+            finally:
+                for stop in front.stop:
+                    stop()
+        rounds.append(rows)
+    rows = medians(rounds)
+    result = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "model": args.model,
+        "workers": args.workers,
+        "requests": args.requests,
+        "max_tokens": args.max_tokens,
+        "rounds": args.rounds,
+        "timing": timing.__dict__,
+        "rows": rows,
+        **comparisons(rows),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    (args.doc.parent / SECTION).write_text(section(result))
+    print(json.dumps(comparisons(rows), indent=2))
+    print(f"logs in {logs}")
+
+
+if __name__ == "__main__":
+    main()
