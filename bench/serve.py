@@ -47,6 +47,7 @@ from pathlib import Path
 
 import aiohttp
 import numpy as np
+import psutil
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -147,6 +148,10 @@ def repeats(model: str, seeds: range, max_tokens: int, load: str) -> list[list[d
     ]
 
 
+class ServerFailed(RuntimeError):
+    """A server answered a request with an error: its run stops, and the bench goes on."""
+
+
 @dataclass
 class Sample:
     ttft: float
@@ -161,7 +166,8 @@ async def one(session: aiohttp.ClientSession, url: str, body: dict) -> Sample:
     gaps: list[float] = []
     tokens = 0
     async with session.post(url, json=body) as reply:
-        reply.raise_for_status()
+        if reply.status != 200:
+            raise ServerFailed(f"{url}: HTTP {reply.status}: {(await reply.text())[:500]}")
         async for raw in reply.content:
             line = raw.decode().strip()
             if not line.startswith("data: {"):
@@ -278,6 +284,12 @@ def spawn(
 
 
 def stop_all(processes: list[subprocess.Popen]) -> None:
+    """Stops `processes` and every process they started, wherever its group: none may
+    outlive its server and answer on a port the next server is given."""
+    tree = []
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            tree += psutil.Process(process.pid).children(recursive=True)
     for process in reversed(processes):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGTERM)
@@ -288,6 +300,10 @@ def stop_all(processes: list[subprocess.Popen]) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+    _, alive = psutil.wait_procs(tree, timeout=10)
+    for survivor in alive:
+        with contextlib.suppress(psutil.Error):
+            survivor.kill()
 
 
 def await_ready(
@@ -842,14 +858,17 @@ def main() -> None:
                     first, again = row["ttft_ms_p50_first"], row["ttft_ms_p50_repeat"]
                     print(f"{server.name:>10} resent: TTFT p50 {first:.1f} ms first, "
                           f"{again:.1f} ms again", flush=True)  # fmt: skip
+            except ServerFailed as exc:
+                failed[index] = f"{server.name} failed: {exc}"
+                print(failed[index], flush=True)
             finally:
                 for stop in server.stop:
                     stop()
         rounds.append(rows)
         resent.append(resends)
-    # A server that failed after the first round is left out of every round.
-    rounds = [[r for r in rows if r["server"] in {r["server"] for r in rounds[-1]}]
-              for rows in rounds]  # fmt: skip
+    # A server that failed in any round is left out of every round.
+    everywhere = set.intersection(*({r["server"] for r in rows} for rows in rounds))
+    rounds = [[r for r in rows if r["server"] in everywhere] for rows in rounds]
     rows = medians(rounds)
     pairs = shape_pairs if args.anchors else anchor_pairs
     result = {
