@@ -39,6 +39,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).parent))
 from serve import (
     DYNAMO_PYTHON,
+    RESULTS,
     await_ready,
     chat,
     dynamo_env,
@@ -47,6 +48,7 @@ from serve import (
     served_models,
     spawn,
     stop_all,
+    write_doc,
 )
 
 from prism.launcher import Mesh, MeshConfig, plan
@@ -347,6 +349,20 @@ def section(result: dict) -> str:
             f"{r['ttft_added_ms_p50']:.1f} | {r['ttft_added_ms_p99']:.1f} | "
             f"{r['ttft_ms_p99']:.1f} | {r['itl_ms_p99']:.1f} | {cpu} | {r['failures']} |"
         )
+    top = max(r["streams"] for r in result["rows"])
+    rps = result.get(f"prism_vs_dynamo_rps_ratio_s{top}")
+    ttft = result.get(f"prism_vs_dynamo_ttft_p99_ratio_s{top}")
+    if rps is not None and ttft is not None:
+        met = rps >= 1.0 and ttft <= 1.2
+        lines += [
+            "",
+            f"Goal at {top} streams: Prism's front sustains at least Dynamo's frontend's "
+            f"requests/s with TTFT p99 within 20 % of it. Measured: {rps:.2f}x its requests/s, "
+            f"TTFT p99 {ttft:.2f}x its: {'met' if met else '**not met**'}.",
+        ]
+    notes = Path("docs") / "benchmarks-scale-notes.md"
+    if notes.exists():
+        lines += ["", notes.read_text()]
     lines.append("")
     return "\n".join(lines)
 
@@ -400,6 +416,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     (args.doc.parent / SECTION).write_text(section(result))
+    shown = {load: json.loads(path.read_text()) for load, path in RESULTS.items() if path.exists()}
+    write_doc(args.doc, shown)
     print(json.dumps(comparisons(rows), indent=2))
     print(f"logs in {logs}")
 

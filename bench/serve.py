@@ -452,7 +452,9 @@ def start_prism(mode: str, model: str, log: Path) -> Server:
     reader = {"e/pd": "worker", "e/p/d": "prefill"}.get(mode, "")
     metrics = mesh.stage(reader).metrics_url if reader else ""
     pids = {stage.name: stage.process.pid for stage in mesh.stages if stage.process}
-    return Server(mode, f"http://127.0.0.1:{port}", metrics, stop=[mesh.stop], pids=pids)
+    return Server(
+        mode, f"http://127.0.0.1:{port}", reader_metrics=metrics, stop=[mesh.stop], pids=pids
+    )
 
 
 def profiled(server: Server, profile: Path | None) -> list[subprocess.Popen]:
