@@ -309,12 +309,16 @@ def stop_all(processes: list[subprocess.Popen]) -> None:
 def await_ready(
     ready: Callable[[], bool], processes: list[subprocess.Popen], what: str, log: Path
 ) -> None:
+    """Waits for `ready`; on failure or interruption (Ctrl-C), stops `processes` whole."""
     deadline = time.monotonic() + 300
-    while not ready():
-        if any(p.poll() is not None for p in processes) or time.monotonic() > deadline:
-            stop_all(processes)
-            raise RuntimeError(f"{what} did not start; see {log}")
-        time.sleep(0.5)
+    try:
+        while not ready():
+            if any(p.poll() is not None for p in processes) or time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not start; see {log}")
+            time.sleep(0.5)
+    except BaseException:
+        stop_all(processes)
+        raise
 
 
 def vllm_argv(model: str, port: int, limits: dict) -> list[str]:
