@@ -476,6 +476,21 @@ def profiled(server: Server, profile: Path | None) -> list[subprocess.Popen]:
     return recorders
 
 
+def tree_cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds each process and its children have used so far."""
+    out = {}
+    for name, pid in pids.items():
+        total = 0.0
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(pid)
+            for process in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    times = process.cpu_times()
+                    total += times.user + times.system
+        out[name] = total
+    return out
+
+
 def run_server(
     server: Server, loads: dict[int, tuple[list, list]], profile: Path | None = None
 ) -> list[dict]:
@@ -487,7 +502,15 @@ def run_server(
         if server.model:
             warm_up = [body | {"model": server.model} for body in warm_up]
             load = [body | {"model": server.model} for body in load]
+        cpu = tree_cpu_seconds(server.pids)
         row = asyncio.run(drive(server.base_url, warm_up, load, concurrency))
+        if server.pids:
+            # Each stage's CPU (its engine's processes included), warm-up and load.
+            spent = tree_cpu_seconds(server.pids)
+            row["cpu_ms_per_request"] = {
+                stage: 1000 * (spent[stage] - cpu[stage]) / (len(warm_up) + len(load))
+                for stage in spent
+            }
         for recorder in recorders:
             recorder.send_signal(signal.SIGINT)
         for recorder in recorders:
@@ -794,8 +817,22 @@ def main() -> None:
         help="NVIDIA Dynamo (aggregated, P/D, E/PD) and vLLM's own P/D beside `vllm serve` "
         "and Prism (set up by `make bench-anchors`); default --out: bench/results/anchors.json",
     )
+    parser.add_argument("--doc-only", action="store_true",
+                        help="rewrite --doc from the results files, running nothing")  # fmt: skip
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
+    if args.doc_only:
+        if ANCHORS_RESULT.exists():
+            anchors = json.loads(ANCHORS_RESULT.read_text())
+            (Path(args.doc).parent / ANCHORS_SECTION).write_text(anchors_section(anchors))
+        import scale  # bench/scale.py, beside this file
+
+        if scale.RESULT.exists():
+            result = json.loads(scale.RESULT.read_text())
+            (Path(args.doc).parent / SCALE_SECTION).write_text(scale.section(result))
+        shown = {load: json.loads(p.read_text()) for load, p in RESULTS.items() if p.exists()}
+        write_doc(Path(args.doc), shown)
+        return
 
     def loads(round_: int) -> dict[int, tuple[list, list]]:
         # Every level of every round gets requests of its own, and so does its warm-up:

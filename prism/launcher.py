@@ -106,7 +106,8 @@ class MeshConfig:
     kv_overlap_weight: float = 1.0
     # Hosts or networks that image URLs may reach although not public (processor, encoder).
     fetch_allow: list[str] = field(default_factory=list)
-    # The processor's bound on requests in flight (every stage has one; see --max-in-flight).
+    # The front's bound on requests in flight, the gateway's and the processor's (every
+    # stage has one; see --max-in-flight).
     max_in_flight: int = 256
     # Gateway: seconds a generation may take (0: no limit), and the API key clients must send.
     request_timeout: float = 0
@@ -226,6 +227,7 @@ def plan(config: MeshConfig) -> list[Stage]:
         base_url,
         [*prism, "gateway", "--host", config.host, "--port", str(config.http_port),
          "--request-timeout", str(config.request_timeout), *kserve,
+         "--max-in-flight", str(config.max_in_flight),
          *config.registry_args, *config.tls_args, *peers({"processor": [processor]})],
         functools.partial(_gateway_healthy, base_url, kserve_address),
         metrics_url=f"{base_url}/metrics",

@@ -152,6 +152,9 @@ def test_the_public_grpc_api_and_kserve_are_where_serve_is_told():
     assert processor.address == "127.0.0.1:50050"
     assert flag(gateway.argv, "--peer") == ["processor=127.0.0.1:50050"]
     assert flag(gateway.argv, "--kserve-grpc-port") == ["8001"]
+    # The front door is bounded as the processor is.
+    assert flag(gateway.argv, "--max-in-flight") == flag(processor.argv, "--max-in-flight")
+    assert flag(gateway.argv, "--max-in-flight") == ["256"]
     assert flag(by_name["worker-0"].argv, "--host") == ["127.0.0.1"]
     # Port 0: a free one; no KServe unless asked.
     default = {stage.name: stage for stage in plan(MeshConfig(mode="epd", model="m"))}
