@@ -40,10 +40,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 from serve import (
     DYNAMO_PYTHON,
     RESULTS,
+    Sample,
+    ServerFailed,
     await_ready,
     chat,
     dynamo_env,
     image_url,
+    one,
     percentile,
     served_models,
     spawn,
@@ -148,37 +151,6 @@ def start_dynamo(model: str, workers: int, timing: Timing, logs: Path) -> Front:
                  [processes[0].pid], [lambda: stop_all(processes)])  # fmt: skip
 
 
-@dataclass
-class Sample:
-    ttft_ms: float
-    gaps_ms: list[float]
-    prompt_tokens: int
-    tokens: int
-
-
-async def one(session: aiohttp.ClientSession, url: str, body: dict) -> Sample:
-    started = time.perf_counter()
-    first = last = None
-    gaps: list[float] = []
-    prompt = tokens = 0
-    async with session.post(url, json=body) as reply:
-        reply.raise_for_status()
-        async for raw in reply.content:
-            if not raw.startswith(b"data: {"):
-                continue
-            event = json.loads(raw[6:])
-            if usage := event.get("usage"):
-                prompt, tokens = usage["prompt_tokens"], usage["completion_tokens"]
-            if event["choices"] and event["choices"][0]["delta"].get("content"):
-                now = time.perf_counter()
-                if first is None:
-                    first = now
-                else:
-                    gaps.append(1000 * (now - last))
-                last = now
-    return Sample(1000 * ((first or started) - started), gaps, prompt, tokens)
-
-
 def cpu_seconds(front: Front) -> dict[str, float]:
     """CPU seconds so far of each front process, and of all the engines together."""
     out = {}
@@ -209,7 +181,7 @@ async def drive(front: Front, streams: int, warm_up: list[dict], load: list[dict
             while queue:
                 try:
                     samples.append(await one(session, url, queue.pop()))
-                except aiohttp.ClientError:
+                except (aiohttp.ClientError, ServerFailed):
                     failures += 1
 
         before = cpu_seconds(front)
@@ -223,9 +195,9 @@ async def drive(front: Front, streams: int, warm_up: list[dict], load: list[dict
 
 def summarize(front: Front, streams: int, run: dict, timing: Timing) -> dict:
     samples: list[Sample] = run["samples"]
-    ttfts = [s.ttft_ms for s in samples]
-    added = [s.ttft_ms - timing.prefill_ms(s.prompt_tokens) for s in samples]
-    gaps = [g for s in samples for g in s.gaps_ms]
+    ttfts = [1000 * s.ttft for s in samples]
+    added = [1000 * s.ttft - timing.prefill_ms(s.prompt_tokens) for s in samples]
+    gaps = [1000 * g for s in samples for g in s.gaps]
     done = max(len(samples), 1)
     return {
         "front": front.name,

@@ -158,13 +158,14 @@ class Sample:
     gaps: list[float]
     tokens: int
     total: float
+    prompt_tokens: int = 0
 
 
 async def one(session: aiohttp.ClientSession, url: str, body: dict) -> Sample:
     started = time.perf_counter()
     first = last = None
     gaps: list[float] = []
-    tokens = 0
+    tokens = prompt = 0
     async with session.post(url, json=body) as reply:
         if reply.status != 200:
             raise ServerFailed(f"{url}: HTTP {reply.status}: {(await reply.text())[:500]}")
@@ -173,8 +174,8 @@ async def one(session: aiohttp.ClientSession, url: str, body: dict) -> Sample:
             if not line.startswith("data: {"):
                 continue
             event = json.loads(line[len("data: ") :])
-            if event.get("usage"):
-                tokens = event["usage"]["completion_tokens"]
+            if usage := event.get("usage"):
+                tokens, prompt = usage["completion_tokens"], usage["prompt_tokens"]
             if event["choices"] and event["choices"][0]["delta"].get("content"):
                 now = time.perf_counter()
                 if first is None:
@@ -182,7 +183,8 @@ async def one(session: aiohttp.ClientSession, url: str, body: dict) -> Sample:
                 else:
                     gaps.append(now - last)
                 last = now
-    return Sample((first or started) - started, gaps, tokens, time.perf_counter() - started)
+    ttft = (first or started) - started
+    return Sample(ttft, gaps, tokens, time.perf_counter() - started, prompt)
 
 
 async def drive(base_url: str, warm_up: list[dict], load: list[dict], concurrency: int) -> dict:
