@@ -7,6 +7,23 @@ from __future__ import annotations
 
 import argparse
 
+from prism import rpc
+from prism.runtime.service import Service, StreamHandler, UnaryHandler
+from prism.stage.v1 import engine_pb2, engine_pb2_grpc
+
+
+def engine_service(generate: StreamHandler, abort: UnaryHandler, max_in_flight: int) -> Service:
+    """`EngineService` served from its handlers, whatever the engine, bounded by
+    `max_in_flight` requests at once."""
+    service = Service(
+        engine_pb2.DESCRIPTOR.services_by_name["EngineService"],
+        engine_pb2_grpc,
+        rpc.InFlightLimit(max_in_flight),
+    )
+    service.stream("Generate", generate)
+    service.unary("Abort", abort)
+    return service
+
 
 async def serve(args: argparse.Namespace) -> None:
     if args.engine == "sim":

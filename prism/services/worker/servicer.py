@@ -32,12 +32,12 @@ from prism import logs, rpc, telemetry
 from prism.media import content_hash, decode_image
 from prism.modes import EngineRole, modes_served
 from prism.rpc import PrismError, invalid
-from prism.runtime.service import Service
 from prism.runtime.stage import Stage
+from prism.services.worker import engine_service
 from prism.services.worker.engine import start_engine
 from prism.services.worker.kv_events import KvEvents
 from prism.services.worker.roles import MODALITIES, Role, embeddings_input, make_role
-from prism.stage.v1 import encoder_pb2, engine_pb2, engine_pb2_grpc
+from prism.stage.v1 import encoder_pb2, engine_pb2
 from prism.tracing import tracer
 from prism.transfer import Transfer, TransferError, open_transfer
 from prism.v1 import common_pb2, errors_pb2
@@ -113,13 +113,7 @@ class EngineServicer:
         self._running: dict[str, bool] = {}
         # When the engine last produced an output: traffic proves it generates.
         self._last_output = time.monotonic()
-        self.service = Service(
-            engine_pb2.DESCRIPTOR.services_by_name["EngineService"],
-            engine_pb2_grpc,
-            rpc.InFlightLimit(max_in_flight),
-        )
-        self.service.stream("Generate", self.generate)
-        self.service.unary("Abort", self.abort)
+        self.service = engine_service(self.generate, self.abort, max_in_flight)
 
     def _decode(self, files: engine_pb2.MediaFiles) -> dict[str, list]:
         """The files' pixels (videos: sampled frames) as the engine takes them."""

@@ -26,8 +26,8 @@ from prism.kv_index import lay_out, prompt_keys
 from prism.media import content_hash
 from prism.modes import EngineRole, modes_served
 from prism.rpc import PrismError, invalid
-from prism.runtime.service import Service
 from prism.runtime.stage import Stage
+from prism.services.worker import engine_service
 from prism.services.worker.kv_publisher import KvPublisher
 from prism.services.worker.sim_engine import Seq, SimConfig, SimEngine
 from prism.stage.v1 import engine_pb2, engine_pb2_grpc
@@ -95,13 +95,7 @@ class SimServicer:
         self._running: dict[str, Seq] = {}
         self._leases: dict[str, asyncio.TimerHandle] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
-        self.service = Service(
-            engine_pb2.DESCRIPTOR.services_by_name["EngineService"],
-            engine_pb2_grpc,
-            rpc.InFlightLimit(max_in_flight),
-        )
-        self.service.stream("Generate", self.generate)
-        self.service.unary("Abort", self.abort)
+        self.service = engine_service(self.generate, self.abort, max_in_flight)
 
     def _media(self, request: engine_pb2.GenerateRequest) -> dict[str, list[tuple[str, int]]]:
         """Each item of the prompt, by modality: its identity and its tokens."""
