@@ -188,6 +188,8 @@ def test_a_cancelled_call_frees_its_blocks():
 @pytest.mark.parametrize(
     "change, param",
     [
+        (lambda r: r.ClearField("request_id"), "request_id"),
+        (lambda r: r.ClearField("prompt_token_ids"), "prompt_token_ids"),
         (lambda r: r.prompt_token_ids.append(IMAGE), "prompt_token_ids"),
         (lambda r: setattr(r.sampling, "logprobs", 2), "logprobs"),
         (lambda r: r.kv_transfer_params.SetInParent(), "kv_transfer_params"),

@@ -8,8 +8,17 @@ from __future__ import annotations
 import argparse
 
 from prism import rpc
+from prism.rpc import invalid
 from prism.runtime.service import Service, StreamHandler, UnaryHandler
 from prism.stage.v1 import engine_pb2, engine_pb2_grpc
+
+
+def check_request(request: engine_pb2.GenerateRequest) -> None:
+    """What every engine asks of a request before anything else."""
+    if not request.request_id:
+        raise invalid("request_id is required", "request_id")
+    if not request.prompt_token_ids:
+        raise invalid("prompt_token_ids is empty", "prompt_token_ids")
 
 
 def engine_service(generate: StreamHandler, abort: UnaryHandler, max_in_flight: int) -> Service:

@@ -33,7 +33,7 @@ from prism.media import content_hash, decode_image
 from prism.modes import EngineRole, modes_served
 from prism.rpc import PrismError, invalid
 from prism.runtime.stage import Stage
-from prism.services.worker import engine_service
+from prism.services.worker import check_request, engine_service
 from prism.services.worker.engine import start_engine
 from prism.services.worker.kv_events import KvEvents
 from prism.services.worker.roles import MODALITIES, Role, embeddings_input, make_role
@@ -205,10 +205,7 @@ class EngineServicer:
     async def generate(
         self, request: engine_pb2.GenerateRequest
     ) -> AsyncIterator[engine_pb2.GenerateResponse]:
-        if not request.request_id:
-            raise invalid("request_id is required", "request_id")
-        if not request.prompt_token_ids:
-            raise invalid("prompt_token_ids is empty", "prompt_token_ids")
+        check_request(request)
         params = self._params(request)
         prompt = await self._prompt(request)
         request_id = request.request_id

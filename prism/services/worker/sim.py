@@ -27,7 +27,7 @@ from prism.media import content_hash
 from prism.modes import EngineRole, modes_served
 from prism.rpc import PrismError, invalid
 from prism.runtime.stage import Stage
-from prism.services.worker import engine_service
+from prism.services.worker import check_request, engine_service
 from prism.services.worker.kv_publisher import KvPublisher
 from prism.services.worker.sim_engine import Seq, SimConfig, SimEngine
 from prism.stage.v1 import engine_pb2, engine_pb2_grpc
@@ -188,10 +188,7 @@ class SimServicer:
     async def generate(
         self, request: engine_pb2.GenerateRequest
     ) -> AsyncIterator[engine_pb2.GenerateResponse]:
-        if not request.request_id:
-            raise invalid("request_id is required", "request_id")
-        if not request.prompt_token_ids:
-            raise invalid("prompt_token_ids is empty", "prompt_token_ids")
+        check_request(request)
         decode = self.role == EngineRole.DECODE
         if decode != request.HasField("kv_transfer_params"):
             need = "needs" if decode else "takes no"
