@@ -17,6 +17,7 @@ caller gets a `grpc.aio.AioRpcError` of the same code.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -149,7 +150,8 @@ class Call:
         self._client = client
         self._id = call_id
         # Replies, then one last item: the `end` event, or the error to raise.
-        self._queue: asyncio.Queue = asyncio.Queue()
+        self._items: collections.deque = collections.deque()
+        self._waiter: asyncio.Future | None = None
         self._ended = False
         self._read_to_end = False
         self._deadline: asyncio.TimerHandle | None = None
@@ -160,19 +162,53 @@ class Call:
     async def __anext__(self) -> Any:
         if self._read_to_end:
             raise StopAsyncIteration
-        item = await self._queue.get()
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        item = self._items.popleft()
         if isinstance(item, BaseException):
             self._read_to_end = True
             raise item
         if item.WhichOneof("event") == "reply":
-            return item.reply
+            reply = item.reply
+            merge = self._client._merge
+            # A reader that fell behind takes what piled up as one reply: each step of the
+            # layers above then runs once for all of it (as vLLM's output collector merges
+            # the deltas its consumer has not taken yet).
+            while merge is not None and (more := self._peek()) is not None:
+                if not merge(reply, more):
+                    break
+                self._items.popleft()
+            return reply
         self._read_to_end = True
         if item.end.code == grpc.StatusCode.OK.value[0]:
             raise StopAsyncIteration
         raise _rpc_error(item.end)
 
+    def ready(self) -> Any | None:
+        """The next reply if it is here already, else None (also where what comes next
+        is the call's end, which reading on with `async for` gives)."""
+        reply = self._peek()
+        if reply is not None:
+            self._items.popleft()
+        return reply
+
+    def _peek(self) -> Any | None:
+        item = self._items[0] if self._items else None
+        if item is None or isinstance(item, BaseException) or item.WhichOneof("event") != "reply":
+            return None
+        return item.reply
+
+    def _put(self, item: Any) -> None:
+        self._items.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
     def _deliver(self, event: Any) -> None:
-        self._queue.put_nowait(event)
+        self._put(event)
         if event.WhichOneof("event") == "end":
             self._end()
 
@@ -187,7 +223,7 @@ class Call:
         if tell_server:
             self._client._send(self._client._request_type(call_id=self._id, cancel={}))
         if last is not None:
-            self._queue.put_nowait(last)
+            self._put(last)
         return True
 
     def _expire(self) -> None:
@@ -232,9 +268,17 @@ class Client:
     and again after a stream ends. A stream that breaks fails every call on it with the
     stream's own error (UNAVAILABLE when the peer goes away)."""
 
-    def __init__(self, open_stream: Callable[[AsyncIterator], Any], request_type: type):
+    def __init__(
+        self,
+        open_stream: Callable[[AsyncIterator], Any],
+        request_type: type,
+        merge: Callable[[Any, Any], bool] | None = None,
+    ):
+        """`merge(a, b)`: adds reply `b` to reply `a` where one message can say both
+        (True), else leaves `a` as it is (False); without it each reply comes alone."""
         self._open_stream = open_stream
         self._request_type = request_type
+        self._merge = merge
         self._ids = itertools.count(1)
         self._calls: dict[int, Call] = {}
         self._outgoing: asyncio.Queue | None = None

@@ -6,7 +6,9 @@ The processor calls its workers and encoders through one, the gateway its proces
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -24,10 +26,27 @@ class Batched:
     stub: type
     method: str
     request_type: type
+    # How two replies become one, for a caller that reads them late (multiplex.Client).
+    merge: Callable[[Any, Any], bool] | None = None
+
+
+def merge_generated(into: engine_pb2.GenerateResponse, more: engine_pb2.GenerateResponse) -> bool:
+    """Adds `more`'s tokens to `into`, unless both mark a position (the first, the last):
+    what the prompt was and how the request ended stay messages of their own."""
+    if into.WhichOneof("position") and more.WhichOneof("position"):
+        return False
+    into.token_ids.extend(more.token_ids)
+    into.logprobs.extend(more.logprobs)
+    if more.HasField("last"):
+        into.last.CopyFrom(more.last)
+    return True
 
 
 GENERATE = Batched(
-    engine_pb2_grpc.EngineServiceStub, "GenerateBatch", engine_pb2.GenerateBatchRequest
+    engine_pb2_grpc.EngineServiceStub,
+    "GenerateBatch",
+    engine_pb2.GenerateBatchRequest,
+    merge_generated,
 )
 CHAT = Batched(inference_pb2_grpc.InferenceServiceStub, "ChatBatch", inference_pb2.ChatBatchRequest)
 COMPLETE = Batched(
@@ -53,7 +72,9 @@ class Peers:
         key = (address, method)
         if key not in self._batched:
             stub = method.stub(self.channel(address))
-            self._batched[key] = multiplex.Client(getattr(stub, method.method), method.request_type)
+            self._batched[key] = multiplex.Client(
+                getattr(stub, method.method), method.request_type, method.merge
+            )
         return self._batched[key]
 
     async def probe(self, address: str) -> bool:

@@ -9,6 +9,7 @@ import pytest
 
 from prism import rpc
 from prism.rpc import PrismError, multiplex
+from prism.runtime.clients import merge_generated
 from prism.runtime.service import Service
 from prism.stage.v1 import engine_pb2, engine_pb2_grpc
 
@@ -60,7 +61,7 @@ class Recorded:
 
 
 @contextlib.asynccontextmanager
-async def engine():
+async def engine(merge=None):
     servicer = Engine()
     server = await rpc.start_server(
         "127.0.0.1:0",
@@ -72,6 +73,7 @@ async def engine():
     client = multiplex.Client(
         lambda requests: Recorded(stub.GenerateBatch(requests), servicer.sent),
         engine_pb2.GenerateBatchRequest,
+        merge,
     )
     try:
         yield servicer, client, server
@@ -109,6 +111,42 @@ def test_calls_ready_together_travel_in_one_message():
             events = sum(len(b.events) for b in servicer.sent)
             assert events == 16 and len(servicer.sent) < events
             assert {e.call_id for e in servicer.sent[0].events} == {1, 2, 3, 4}
+
+    asyncio.run(main())
+
+
+async def delivered(call: multiplex.Call) -> None:
+    for _ in range(200):
+        if call.done():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the call's replies did not all arrive")
+
+
+def test_a_reader_that_falls_behind_takes_what_piled_up_as_one_reply():
+    async def main() -> None:
+        async with engine(merge_generated) as (servicer, client, _):
+            servicer.go.set()
+            late = client.call(request("late", 5))
+            await delivered(late)
+            assert [list(reply.token_ids) async for reply in late] == [[0, 1, 2, 3, 4]]
+            # One that keeps up gets each reply as it was sent.
+            kept_up = [list(reply.token_ids) async for reply in client.call(request("k", 3))]
+            assert sum(kept_up, []) == [0, 1, 2]
+
+    asyncio.run(main())
+
+
+def test_without_merge_each_reply_comes_alone_and_ready_takes_them_without_waiting():
+    async def main() -> None:
+        async with engine() as (servicer, client, _):
+            servicer.go.set()
+            call = client.call(request("r", 3))
+            await delivered(call)
+            assert [list(call.ready().token_ids) for _ in range(3)] == [[0], [1], [2]]
+            # Then the end, which only reading on gives.
+            assert call.ready() is None
+            assert [reply async for reply in call] == []
 
     asyncio.run(main())
 
@@ -259,3 +297,18 @@ def test_a_call_id_in_use_is_refused_on_the_raw_stream():
     invalid = grpc.StatusCode.INVALID_ARGUMENT.value[0]
     # The refusal ends nothing but itself; the stream ends once the running call is gone.
     assert asyncio.run(main()) == [(7, "end", invalid)]
+
+
+def test_merged_replies_keep_the_first_and_the_last_message_their_own():
+    first = engine_pb2.GenerateResponse(token_ids=[1], first=engine_pb2.PromptUsage(prompt_tokens=9))
+    plain = engine_pb2.GenerateResponse(token_ids=[2], logprobs=[engine_pb2.EngineLogprobs(rank=3)])
+    last = engine_pb2.GenerateResponse(token_ids=[3], last=engine_pb2.Finish(reason=1))
+    assert merge_generated(first, plain)
+    assert (list(first.token_ids), first.first.prompt_tokens) == ([1, 2], 9)
+    assert [p.rank for p in first.logprobs] == [3]
+    # The prompt's message and the end's both say where they stand: not one message.
+    assert not merge_generated(first, last)
+    assert list(first.token_ids) == [1, 2]
+    middle = engine_pb2.GenerateResponse(token_ids=[2])
+    assert merge_generated(middle, last)
+    assert (list(middle.token_ids), middle.last.reason) == ([2, 3], 1)
