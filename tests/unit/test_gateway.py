@@ -2,6 +2,8 @@
 
 import asyncio
 import contextlib
+import json
+import threading
 import time
 from concurrent import futures
 
@@ -115,3 +117,63 @@ def test_request_timeout_is_504():
             reply = c.post("/v1/chat/completions", json=CHAT)
             assert reply.status_code == 504
             assert reply.json()["error"]["code"] == "deadline_exceeded"
+
+
+class BurstProcessor:
+    """Answers each Chat with three messages at once, then holds the stream open until
+    the call is cancelled, which it records."""
+
+    def __init__(self):
+        self.cancelled = threading.Event()
+        self.service = Service(
+            inference_pb2.DESCRIPTOR.services_by_name["InferenceService"],
+            inference_pb2_grpc,
+        )
+        self.service.stream("Chat", self.replies)
+
+    async def replies(self, request):
+        for text in ("a", "b", "c"):
+            yield inference_pb2.ChatResponse(text=text, token_ids=[1])
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        yield inference_pb2.ChatResponse()  # unreachable: the client goes away first
+
+
+def test_ready_events_go_out_in_one_write_and_a_client_that_leaves_cancels_its_call():
+    processor = BurstProcessor()
+    with serving(processor.service.add_to_server, ["prism.v1.InferenceService"]) as address:
+        app = create_app(Router(StaticRegistry({"processor": [address]})))
+        writes: list[bytes] = []
+        left = asyncio.Event()
+
+        async def main() -> None:
+            body = json.dumps({**CHAT, "stream": True}).encode()
+            incoming = [{"type": "http.request", "body": body, "more_body": False}]
+
+            async def receive() -> dict:
+                if incoming:
+                    return incoming.pop()
+                await left.wait()
+                return {"type": "http.disconnect"}
+
+            async def send(message: dict) -> None:
+                if message["type"] == "http.response.body" and message["body"]:
+                    writes.append(message["body"])
+                    left.set()  # the client leaves once it has read the first write
+
+            scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
+                     "headers": [(b"content-type", b"application/json")], "query_string": b"",
+                     "http_version": "1.1", "scheme": "http", "root_path": "",
+                     "server": ("127.0.0.1", 80), "client": ("127.0.0.1", 1234)}  # fmt: skip
+            async with app.router.lifespan_context(app):
+                # Returns, quietly, once the client is gone.
+                await asyncio.wait_for(app(scope, receive, send), 10)
+
+        asyncio.run(main())
+        assert len(writes) == 1
+        events = [json.loads(e[len(b"data: ") :]) for e in writes[0].split(b"\n\n") if e]
+        assert [e["choices"][0]["delta"]["content"] for e in events] == ["a", "b", "c"]
+        assert processor.cancelled.wait(10)
