@@ -212,6 +212,8 @@ def summarize(front: Front, streams: int, run: dict, timing: Timing) -> dict:
         "ttft_added_ms_p50": percentile(added, 50),
         "ttft_added_ms_p99": percentile(added, 99),
         "itl_ms_p99": percentile(gaps, 99),
+        # Under load a front may send several tokens in one event.
+        "events_per_request": float(np.mean([len(s.gaps) + 1 for s in samples])),
         "prompt_tokens": float(np.median([s.prompt_tokens for s in samples])),
         "cpu_s_per_1000": {name: 1000 * s / done for name, s in run["cpu"].items()},
     }
@@ -262,7 +264,7 @@ def run_front(front: Front, levels: dict, timing: Timing, profile: Path | None) 
         cpu = " ".join(f"{k} {v:.1f}" for k, v in row["cpu_s_per_1000"].items())
         print(f"{front.name:>7} streams={streams:<5} {row['requests_per_s']:7.1f} req/s  "
               f"TTFT+ p50 {row['ttft_added_ms_p50']:7.1f} p99 {row['ttft_added_ms_p99']:7.1f} ms  "
-              f"ITL p99 {row['itl_ms_p99']:7.1f} ms  CPU s/1000 req: {cpu}  "
+              f"ITL p99 {row['itl_ms_p99']:7.1f} ms  events {row['events_per_request']:4.1f}  CPU s/1000 req: {cpu}  "
               f"failures {row['failures']}", flush=True)  # fmt: skip
     return rows
 
