@@ -264,7 +264,8 @@ def run_front(front: Front, levels: dict, timing: Timing, profile: Path | None) 
         cpu = " ".join(f"{k} {v:.1f}" for k, v in row["cpu_s_per_1000"].items())
         print(f"{front.name:>7} streams={streams:<5} {row['requests_per_s']:7.1f} req/s  "
               f"TTFT+ p50 {row['ttft_added_ms_p50']:7.1f} p99 {row['ttft_added_ms_p99']:7.1f} ms  "
-              f"ITL p99 {row['itl_ms_p99']:7.1f} ms  events {row['events_per_request']:4.1f}  CPU s/1000 req: {cpu}  "
+              f"ITL p99 {row['itl_ms_p99']:7.1f} ms  events {row['events_per_request']:4.1f}  "
+              f"CPU s/1000 req: {cpu}  "
               f"failures {row['failures']}", flush=True)  # fmt: skip
     return rows
 
