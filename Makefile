@@ -49,7 +49,7 @@ bench-anchors:
 bench-scale:
 	scripts/bench_anchors.sh
 	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
-	$(PY) bench/scale.py --model models/tiny-llava
+	$(PY) bench/scale.py --model models/tiny-llava --rounds 3
 
 # Not a test: NIXL vs inline protobuf vs memcpy, written to bench/results/transfer.json.
 bench-transfer:

@@ -323,15 +323,16 @@ def section(result: dict) -> str:
         "the front and the engines' queues add. CPU: seconds of each front process per "
         "1000 requests, and of all the simulated engines together.", "",
         "| front | streams | req/s | TTFT+ p50 ms | TTFT+ p99 ms | TTFT p99 ms | ITL p99 ms "
-        "| CPU s / 1000 req | failures |",
-        "|---|---:|---:|---:|---:|---:|---:|---|---:|",
+        "| SSE events / request | CPU s / 1000 req | failures |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]  # fmt: skip
     for r in result["rows"]:
         cpu = ", ".join(f"{k} {v:.1f}" for k, v in r["cpu_s_per_1000"].items())
         lines.append(
             f"| {r['front']} | {r['streams']} | {r['requests_per_s']:.1f} | "
             f"{r['ttft_added_ms_p50']:.1f} | {r['ttft_added_ms_p99']:.1f} | "
-            f"{r['ttft_ms_p99']:.1f} | {r['itl_ms_p99']:.1f} | {cpu} | {r['failures']} |"
+            f"{r['ttft_ms_p99']:.1f} | {r['itl_ms_p99']:.1f} | "
+            f"{r.get('events_per_request', float('nan')):.1f} | {cpu} | {r['failures']} |"
         )
     top = max(r["streams"] for r in result["rows"])
     rps = result.get(f"prism_vs_dynamo_rps_ratio_s{top}")
