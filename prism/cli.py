@@ -459,6 +459,13 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         kube.add_argument(flag, action="append", default=[], metavar="STAGE=N", help=what)
     kube.add_argument(
+        "--discovery",
+        default="consul",
+        choices=["consul", "kubernetes"],
+        help="how stages find each other: Consul, or the API server's EndpointSlices of "
+        "each stage's headless Service (no Consul needed)",
+    )
+    kube.add_argument(
         "--consul",
         default="consul-server.consul:8500",
         help="Consul's HTTP API, where every stage registers (consul-k8s)",

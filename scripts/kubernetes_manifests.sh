@@ -28,6 +28,8 @@ write epd.yaml --mode epd "${tiny[@]}"
 write e-pd.yaml --mode e/pd "${tiny[@]}"
 write e-p-d.yaml --mode e/p/d "${tiny[@]}"
 write ep-d.yaml --mode ep/d "${tiny[@]}"
+# The same without Consul: stages find each other through the API server.
+write e-p-d-no-consul.yaml --mode e/p/d --discovery kubernetes "${tiny[@]}"
 # E/P/D on GPUs: a real checkpoint on a volume, a GPU for each engine, decode autoscaled.
 write e-p-d-gpu.yaml --mode e/p/d --image prism:gpu --model /models/llava-1.5-7b-hf \
   --model-pvc prism-models --gpus encoder=1 --gpus prefill=1 --gpus decode=1 \

@@ -4,7 +4,9 @@ is started are said once.
 
 Each stage becomes a Deployment and a Service: the gateway's a ClusterIP Service (the
 door), every other a headless one (its pods, for discovery). Stages find each other
-through Consul, as in compose.yaml: each pod registers its own IP. Probes: readiness on
+through Consul, as in compose.yaml (each pod registers its own IP), or, with no Consul,
+through the API server: the ready pods of each headless Service, which a service account
+of the mesh may list and watch (prism.registry.kubernetes). Probes: readiness on
 the stage's `grpc.health.v1` (Kubernetes' own gRPC probe; the gateway's `/health`),
 liveness and start-up on its port being open, since a stage that is alive may rightly
 report NOT_SERVING (a processor without workers yet, a stage draining). On SIGTERM a
@@ -53,6 +55,8 @@ class Settings:
     gpus: dict[str, int] = field(default_factory=dict)
     # Stage → the most replicas a HorizontalPodAutoscaler may run (on CPU use).
     autoscale: dict[str, int] = field(default_factory=dict)
+    # consul: every stage registers with Consul at `consul`; kubernetes: the API server.
+    discovery: str = "consul"
     consul: str = "consul-server.consul:8500"
     shutdown_grace_s: int = 30
     # MeshConfig fields beyond mode and model (routing, transfer, parsers, ...).
@@ -188,6 +192,8 @@ def _pod(kind: str, args: list[str], settings: Settings) -> dict[str, Any]:
         "terminationGracePeriodSeconds": settings.shutdown_grace_s + EXIT_MARGIN_S,
         "containers": [container],
     }
+    if settings.discovery == "kubernetes":
+        spec["serviceAccountName"] = settings.name
     if init:
         spec["initContainers"] = init
     if volumes:
@@ -248,12 +254,46 @@ def _objects(kind: str, args: list[str], settings: Settings) -> list[dict[str, A
     return objects
 
 
+def _discovery_access(settings: Settings) -> list[dict[str, Any]]:
+    """The mesh's service account, which may read the EndpointSlices of its namespace."""
+    meta = {
+        "name": settings.name,
+        "labels": {"app.kubernetes.io/name": "prism", "app.kubernetes.io/instance": settings.name},
+    }
+    if settings.namespace:
+        meta["namespace"] = settings.namespace
+    rule = {
+        "apiGroups": ["discovery.k8s.io"],
+        "resources": ["endpointslices"],
+        "verbs": ["get", "list", "watch"],
+    }
+    subject = {"kind": "ServiceAccount", "name": settings.name}
+    if settings.namespace:
+        subject["namespace"] = settings.namespace
+    rbac = "rbac.authorization.k8s.io"
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": meta, "rules": [rule]},
+        {"apiVersion": f"{rbac}/v1", "kind": "RoleBinding", "metadata": meta,
+         "roleRef": {"apiGroup": rbac, "kind": "Role", "name": settings.name},
+         "subjects": [subject]},
+    ]  # fmt: skip
+
+
+def _registry(settings: Settings) -> list[str]:
+    if settings.discovery == "kubernetes":
+        return ["--registry", f"kubernetes:///{settings.name}"]
+    if settings.discovery == "consul":
+        return ["--registry", f"consul://{settings.consul}"]
+    raise ValueError(f"discovery is consul or kubernetes, not {settings.discovery!r}")
+
+
 def stages(settings: Settings) -> dict[str, list[str]]:
     """Each stage of the mode, in start order, and its container's arguments."""
     config = MeshConfig(
         mode=settings.mode,
         model=settings.model,
-        registry_args=["--registry", f"consul://{settings.consul}"],
+        registry_args=_registry(settings),
         **settings.mesh,
     )
     out: dict[str, list[str]] = {}
@@ -274,7 +314,10 @@ def manifests(settings: Settings) -> list[dict[str, Any]]:
                 f"--{what}: mode {settings.mode} has no stage {', '.join(unknown)} "
                 f"(its stages: {', '.join(planned)})"
             )
-    return [obj for kind, args in planned.items() for obj in _objects(kind, args, settings)]
+    access = _discovery_access(settings) if settings.discovery == "kubernetes" else []
+    return access + [
+        obj for kind, args in planned.items() for obj in _objects(kind, args, settings)
+    ]
 
 
 def _pairs(values: list[str], flag: str) -> dict[str, int]:
@@ -300,6 +343,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         replicas=_pairs(args.replicas, "--replicas"),
         gpus=_pairs(args.gpus, "--gpus"),
         autoscale=_pairs(args.autoscale, "--autoscale"),
+        discovery=args.discovery,
         consul=args.consul,
         shutdown_grace_s=args.shutdown_grace_s,
         mesh={"engine": "vllm", "routing": args.routing},

@@ -127,3 +127,25 @@ def test_the_model_comes_from_a_claim_or_is_built_in_each_pod():
 def test_the_yaml_is_one_stream_without_anchors():
     text = kubernetes.render(manifests(settings("e/p/d")))
     assert "&id" not in text and text.count("\n---\n") == len(manifests(settings("e/p/d"))) - 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_without_consul_each_stage_finds_its_peers_services_through_the_api_server(mode):
+    objects = manifests(settings(mode, discovery="kubernetes"))
+    services = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Service"}
+    for stage, deployment in deployments(objects).items():
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == "prism"
+        args = container(deployment)["args"]
+        assert build_parser().parse_args(args).registry == "kubernetes:///prism"
+        # The registry reads a stage's address off its Service's first port.
+        (port, *_) = services[f"prism-{stage}"]["spec"]["ports"]
+        assert port["port"] == int(flag(args, "--port"))
+    (role,) = [o for o in objects if o["kind"] == "Role"]
+    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                              "verbs": ["get", "list", "watch"]}]  # fmt: skip
+    (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "prism"}]
+    # Consul needs none of it.
+    consul = manifests(settings(mode))
+    assert not [o for o in consul if o["kind"] in ("ServiceAccount", "Role", "RoleBinding")]
