@@ -5,7 +5,7 @@ STUB_DIRS := prism/v1 prism/stage/v1 prism/kserve
 PROTOS := $(foreach dir,$(STUB_DIRS),$(wildcard protos/$(dir)/*.proto))
 
 .PHONY: setup demo test test-unit test-net lint protos check-protos bench bench-transfer bench-modes \
-	bench-routing bench-choices bench-anchors bench-scale
+	bench-routing bench-choices bench-anchors bench-scale manifests
 
 setup:
 	scripts/setup.sh
@@ -80,6 +80,11 @@ lint:
 	.venv/bin/buf breaking --against "$$(git rev-parse --git-common-dir)#branch=main" --path protos/prism/v1
 	.venv/bin/check-jsonschema --builtin-schema vendor.compose-spec compose.yaml
 	$(MAKE) check-protos
+	scripts/kubernetes_manifests.sh --check
+
+# deploy/kubernetes/: every mode's manifests, from `prism deploy kubernetes`.
+manifests:
+	scripts/kubernetes_manifests.sh
 
 # Stubs are generated with grpc_tools (the protoc that matches the grpcio runtime).
 protos:

@@ -436,6 +436,43 @@ def build_parser() -> argparse.ArgumentParser:
         "--size", default="tiny", choices=["tiny", "small"],
         help="small: a larger language model, for benchmarks where prefill should cost",
     )  # fmt: skip
+
+    deploy = sub.add_parser("deploy", help="deployment manifests of a mesh")
+    deploy_sub = deploy.add_subparsers(dest="deploy_command", required=True)
+    kube = deploy_sub.add_parser(
+        "kubernetes", help="a Deployment, Service and PodDisruptionBudget per stage of a mode"
+    )
+    kube.add_argument("--mode", default="e/p/d", choices=MODES)
+    kube.add_argument("--model", required=True, help="the model's path (in the pod) or hub id")
+    kube.add_argument("--name", default="prism", help="prefix of every object's name")
+    kube.add_argument("--namespace", default="")
+    kube.add_argument("--image", default="prism:latest")
+    kube.add_argument("--model-pvc", default="", help="a PersistentVolumeClaim mounted at /models")
+    kube.add_argument(
+        "--tiny-model", default="", choices=["", "llava", "qwen2-vl"],
+        help="each pod builds this tiny model at --model (under /models) before it starts",
+    )  # fmt: skip
+    for flag, what in (
+        ("--replicas", "replicas of STAGE (default 1)"),
+        ("--gpus", "nvidia.com/gpu per pod of STAGE"),
+        ("--autoscale", "a HorizontalPodAutoscaler on STAGE, up to N replicas"),
+    ):
+        kube.add_argument(flag, action="append", default=[], metavar="STAGE=N", help=what)
+    kube.add_argument(
+        "--discovery",
+        default="consul",
+        choices=["consul", "kubernetes"],
+        help="how stages find each other: Consul, or the API server's EndpointSlices of "
+        "each stage's headless Service (no Consul needed)",
+    )
+    kube.add_argument(
+        "--consul",
+        default="consul-server.consul:8500",
+        help="Consul's HTTP API, where every stage registers (consul-k8s)",
+    )
+    kube.add_argument("--shutdown-grace-s", type=int, default=30)
+    _routing_arg(kube)
+    kube.add_argument("--out", default="-", help="file to write (default: stdout)")
     return parser
 
 
@@ -515,6 +552,16 @@ def main(argv: list[str] | None = None) -> int:
         from prism.gateway import app
 
         app.serve(args)
+        return 0
+    if args.command == "deploy":
+        from prism.deploy import kubernetes
+
+        text = kubernetes.render(kubernetes.manifests(kubernetes.settings_from(args)))
+        if args.out == "-":
+            sys.stdout.write(text)
+        else:
+            with open(args.out, "w") as out:
+                out.write(text)
         return 0
     if args.command == "model":
         from pathlib import Path

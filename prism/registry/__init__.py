@@ -3,7 +3,8 @@
 `--registry static` (the single-machine default): the launcher knows every address and
 hands them over as `--peer ROLE=ADDRESS` pairs. `--registry consul://HOST:PORT`: every
 service registers itself with a Consul agent and discovers its peers there
-(`prism.registry.consul`). Both implement `Registry`.
+(`prism.registry.consul`). `--registry kubernetes:///PREFIX`: peers are the ready pods of
+each stage's headless Service (`prism.registry.kubernetes`). All implement `Registry`.
 """
 
 from __future__ import annotations
@@ -88,7 +89,9 @@ def add_arguments(parser: argparse.ArgumentParser, peers: str = "", sidecar: boo
     parser.add_argument(
         "--registry",
         default="static",
-        help="static (peers from --peer) or consul://HOST:PORT (register and discover there)",
+        help="static (peers from --peer), consul://HOST:PORT (register and discover there), "
+        "or kubernetes:///PREFIX (the ready pods of the Services PREFIX-ROLE; "
+        "kubernetes+http://HOST:PORT/PREFIX through kubectl proxy)",
     )
     if peers:
         parser.add_argument(
@@ -160,8 +163,15 @@ def open_registry(args: argparse.Namespace) -> Registry:
     if args.registry == "static":
         return StaticRegistry.from_pairs(getattr(args, "peer", []))
     url = urlsplit(args.registry)
+    if url.scheme in ("kubernetes", "kubernetes+http"):
+        from prism.registry.kubernetes import KubernetesRegistry
+
+        return KubernetesRegistry.from_url(url)
     if url.scheme != "consul" or not url.hostname:
-        raise ValueError(f"--registry must be static or consul://HOST:PORT, got {args.registry!r}")
+        raise ValueError(
+            "--registry must be static, consul://HOST:PORT, kubernetes:///PREFIX or "
+            f"kubernetes+http://HOST:PORT/PREFIX, got {args.registry!r}"
+        )
     from prism.registry.consul import ConsulRegistry
 
     upstreams = {}

@@ -39,8 +39,9 @@ def test_every_command_is_a_valid_prism_invocation(name):
         assert args.host == "0.0.0.0"
 
 
-def test_gateway_is_published_on_8000_and_consul_runs_the_official_image():
-    assert SERVICES["gateway"]["ports"] == ["8000:8000"]
+def test_only_the_gateway_is_public_and_consul_answers_on_this_host_only():
+    published = {name: s["ports"] for name, s in SERVICES.items() if "ports" in s}
+    assert published == {"gateway": ["0.0.0.0:8000:8000"], "consul": ["127.0.0.1:8500:8500"]}
     assert parse("gateway").port == 8000
     assert SERVICES["consul"]["image"].startswith("hashicorp/consul:")
     assert "-dev" in SERVICES["consul"]["command"]

@@ -1,0 +1,1 @@
+"""Deployment manifests of a mesh."""

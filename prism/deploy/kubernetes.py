@@ -1,0 +1,361 @@
+"""`prism deploy kubernetes`: the Kubernetes manifests of a mesh, from the plan that
+`prism serve` starts (prism.launcher.plan), so that which stages a mode has and how each
+is started are said once.
+
+Each stage becomes a Deployment and a Service: the gateway's a ClusterIP Service (the
+door), every other a headless one (its pods, for discovery). Stages find each other
+through Consul, as in compose.yaml (each pod registers its own IP), or, with no Consul,
+through the API server: the ready pods of each headless Service, which a service account
+of the mesh may list and watch (prism.registry.kubernetes). Probes: readiness on
+the stage's `grpc.health.v1` (Kubernetes' own gRPC probe; the gateway's `/health`),
+liveness and start-up on its port being open, since a stage that is alive may rightly
+report NOT_SERVING (a processor without workers yet, a stage draining). On SIGTERM a
+stage drains for `--shutdown-grace-s`; the pod's grace period leaves room for that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from prism.launcher import MeshConfig, plan
+from prism.modes import mode as mode_of
+
+# Container ports: the stages' own defaults (prism worker --help, ...), one per stage.
+PORTS = {"gateway": 8000, "processor": 50050, "encoder": 50052}
+ENGINE_PORT = 50051
+METRICS_PORT = 9100
+KV_PORT = 5600
+MODELS = "/models"
+# Engines: vLLM's CPU backend shares tensors between its processes through /dev/shm.
+SHM = "2Gi"
+# Seconds past the stage's own drain for the process to exit before SIGKILL.
+EXIT_MARGIN_S = 15
+
+_ENGINES = ("worker", "prefill", "decode")
+_REWRITTEN = {"--host", "--port", "--metrics-port", "--kv-port", "--kv-host", "--peer"}
+
+
+@dataclass
+class Settings:
+    """What a deployment chooses beyond the mode's plan."""
+
+    mode: str
+    model: str
+    name: str = "prism"
+    namespace: str = ""
+    image: str = "prism:latest"
+    # The model from a PersistentVolumeClaim mounted at /models, or a tiny model each pod
+    # builds for itself (seeded: every pod builds the same), or else in the image.
+    model_pvc: str = ""
+    tiny_model: str = ""
+    replicas: dict[str, int] = field(default_factory=dict)
+    gpus: dict[str, int] = field(default_factory=dict)
+    # Stage → the most replicas a HorizontalPodAutoscaler may run (on CPU use).
+    autoscale: dict[str, int] = field(default_factory=dict)
+    # consul: every stage registers with Consul at `consul`; kubernetes: the API server.
+    discovery: str = "consul"
+    consul: str = "consul-server.consul:8500"
+    shutdown_grace_s: int = 30
+    # MeshConfig fields beyond mode and model (routing, transfer, parsers, ...).
+    mesh: dict[str, Any] = field(default_factory=dict)
+
+
+def _stage_kind(name: str) -> str:
+    """`prefill-0` → `prefill`: a Deployment per stage, whatever its replicas."""
+    return re.sub(r"-\d+$", "", name)
+
+
+def _port(kind: str) -> int:
+    return PORTS.get(kind, ENGINE_PORT)
+
+
+def _container_args(kind: str, argv: list[str], settings: Settings) -> list[str]:
+    """The plan's command line as the image's entrypoint (`prism`) takes it: bound to the
+    pod's interfaces on fixed ports, reached at the pod's IP, peers found through Consul."""
+    # Plain strings: the plan's roles are str enums, whose str() would name the member.
+    args = [str.__str__(arg) for arg in argv[argv.index("prism.cli") + 1 :]]
+    kept: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in _REWRITTEN:
+            skip = True
+        else:
+            kept.append(arg)
+    kept += ["--host", "0.0.0.0", "--port", str(_port(kind)), "--advertise-host", "$(POD_IP)",
+             "--shutdown-grace-s", str(settings.shutdown_grace_s)]  # fmt: skip
+    if kind != "gateway":
+        kept += ["--metrics-port", str(METRICS_PORT)]
+    if "--kv-port" in args:
+        kept += ["--kv-host", "$(POD_IP)", "--kv-port", str(KV_PORT)]
+    return kept
+
+
+def _probes(kind: str) -> dict[str, Any]:
+    port = _port(kind)
+    if kind == "gateway":
+        ready: dict[str, Any] = {"httpGet": {"path": "/health", "port": port}}
+    else:
+        ready = {"grpc": {"port": port}}
+    open_port = {"tcpSocket": {"port": port}}
+    return {
+        "readinessProbe": {**ready, "periodSeconds": 5, "failureThreshold": 2},
+        "livenessProbe": {**open_port, "periodSeconds": 10, "failureThreshold": 3},
+        # An engine loads its model before it listens: up to 10 minutes.
+        "startupProbe": {**open_port, "periodSeconds": 5, "failureThreshold": 120},
+    }
+
+
+def _resources(kind: str, settings: Settings) -> dict[str, Any]:
+    engine = kind in _ENGINES or kind == "encoder"
+    requests = {"cpu": "2", "memory": "8Gi"} if engine else {"cpu": "1", "memory": "2Gi"}
+    resources: dict[str, Any] = {"requests": requests}
+    if gpus := settings.gpus.get(kind, 0):
+        # Kubernetes takes extended resources as limits (requests default to them).
+        resources["limits"] = {"nvidia.com/gpu": gpus}
+    return resources
+
+
+def _labels(kind: str, settings: Settings) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "prism",
+        "app.kubernetes.io/instance": settings.name,
+        "app.kubernetes.io/component": kind,
+    }
+
+
+def _meta(name: str, kind: str, settings: Settings) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "labels": _labels(kind, settings)}
+    if settings.namespace:
+        meta["namespace"] = settings.namespace
+    return meta
+
+
+def _pod(kind: str, args: list[str], settings: Settings) -> dict[str, Any]:
+    port = _port(kind)
+    ports = [{"name": "http" if kind == "gateway" else "grpc", "containerPort": port}]
+    if kind != "gateway":
+        ports.append({"name": "metrics", "containerPort": METRICS_PORT})
+    if "--kv-port" in args:
+        ports.append({"name": "kv", "containerPort": KV_PORT})
+    env: list[dict[str, Any]] = [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
+    if kind in _ENGINES or kind == "encoder":
+        # NIXL pod to pod: UCX's TCP transport works on every network; GPU pods let UCX
+        # pick its GPU transports too.
+        transports = "all" if settings.gpus.get(kind) else "tcp,self"
+        env.append({"name": "UCX_TLS", "value": transports})
+    mounts: list[dict[str, Any]] = []
+    volumes: list[dict[str, Any]] = []
+    init: list[dict[str, Any]] = []
+    if kind != "gateway" and (settings.model_pvc or settings.tiny_model):
+        mounts.append({"name": "models", "mountPath": MODELS, "readOnly": True})
+        if settings.model_pvc:
+            claim = {"claimName": settings.model_pvc, "readOnly": True}
+            volumes.append({"name": "models", "persistentVolumeClaim": claim})
+        else:
+            volumes.append({"name": "models", "emptyDir": {}})
+            init.append({
+                "name": "model",
+                "image": settings.image,
+                "args": ["model", "build", "--family", settings.tiny_model,
+                         "--out", settings.model],
+                "volumeMounts": [{"name": "models", "mountPath": MODELS}],
+            })  # fmt: skip
+    if kind in _ENGINES:
+        mounts.append({"name": "shm", "mountPath": "/dev/shm"})
+        volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM}})
+    container: dict[str, Any] = {
+        "name": kind,
+        "image": settings.image,
+        "args": args,
+        "ports": ports,
+        "env": env,
+        **_probes(kind),
+        "resources": _resources(kind, settings),
+    }
+    if mounts:
+        container["volumeMounts"] = mounts
+    annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(port if kind == "gateway" else METRICS_PORT),
+        "prometheus.io/path": "/metrics",
+        # Stages reach each other directly, pod to pod: consul-k8s injects no sidecar.
+        "consul.hashicorp.com/connect-inject": "false",
+    }
+    spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": settings.shutdown_grace_s + EXIT_MARGIN_S,
+        "containers": [container],
+    }
+    if settings.discovery == "kubernetes":
+        spec["serviceAccountName"] = settings.name
+    if init:
+        spec["initContainers"] = init
+    if volumes:
+        spec["volumes"] = volumes
+    return {"metadata": {"labels": _labels(kind, settings), "annotations": annotations},
+            "spec": spec}  # fmt: skip
+
+
+def _objects(kind: str, args: list[str], settings: Settings) -> list[dict[str, Any]]:
+    name = f"{settings.name}-{kind}"
+    selector = {"matchLabels": _labels(kind, settings)}
+    replicas = settings.replicas.get(kind, 1)
+    port = _port(kind)
+    service_port = {"name": "http" if kind == "gateway" else "grpc", "port": port,
+                    "targetPort": port}  # fmt: skip
+    service_spec: dict[str, Any] = {"selector": _labels(kind, settings), "ports": [service_port]}
+    if kind != "gateway":
+        # Headless: its DNS name and EndpointSlices list the pods themselves.
+        service_spec["clusterIP"] = "None"
+    objects = [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": _meta(name, kind, settings),
+            "spec": {
+                "replicas": replicas,
+                "selector": selector,
+                "template": _pod(kind, args, settings),
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _meta(name, kind, settings),
+            "spec": service_spec,
+        },
+        {
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": _meta(name, kind, settings),
+            "spec": {"maxUnavailable": 1, "selector": selector},
+        },
+    ]
+    if kind in settings.autoscale:
+        objects.append({
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": _meta(name, kind, settings),
+            "spec": {
+                "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+                "minReplicas": replicas,
+                "maxReplicas": settings.autoscale[kind],
+                "metrics": [{"type": "Resource", "resource": {
+                    "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80},
+                }}],
+            },
+        })  # fmt: skip
+    return objects
+
+
+def _discovery_access(settings: Settings) -> list[dict[str, Any]]:
+    """The mesh's service account, which may read the EndpointSlices of its namespace."""
+    meta = {
+        "name": settings.name,
+        "labels": {"app.kubernetes.io/name": "prism", "app.kubernetes.io/instance": settings.name},
+    }
+    if settings.namespace:
+        meta["namespace"] = settings.namespace
+    rule = {
+        "apiGroups": ["discovery.k8s.io"],
+        "resources": ["endpointslices"],
+        "verbs": ["get", "list", "watch"],
+    }
+    subject = {"kind": "ServiceAccount", "name": settings.name}
+    if settings.namespace:
+        subject["namespace"] = settings.namespace
+    rbac = "rbac.authorization.k8s.io"
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": meta, "rules": [rule]},
+        {"apiVersion": f"{rbac}/v1", "kind": "RoleBinding", "metadata": meta,
+         "roleRef": {"apiGroup": rbac, "kind": "Role", "name": settings.name},
+         "subjects": [subject]},
+    ]  # fmt: skip
+
+
+def _registry(settings: Settings) -> list[str]:
+    if settings.discovery == "kubernetes":
+        return ["--registry", f"kubernetes:///{settings.name}"]
+    if settings.discovery == "consul":
+        return ["--registry", f"consul://{settings.consul}"]
+    raise ValueError(f"discovery is consul or kubernetes, not {settings.discovery!r}")
+
+
+def stages(settings: Settings) -> dict[str, list[str]]:
+    """Each stage of the mode, in start order, and its container's arguments."""
+    config = MeshConfig(
+        mode=settings.mode,
+        model=settings.model,
+        registry_args=_registry(settings),
+        **settings.mesh,
+    )
+    out: dict[str, list[str]] = {}
+    for stage in plan(config):
+        kind = _stage_kind(stage.name)
+        out.setdefault(kind, _container_args(kind, stage.argv, settings))
+    return out
+
+
+def manifests(settings: Settings) -> list[dict[str, Any]]:
+    """The mesh's Kubernetes objects."""
+    planned = stages(settings)
+    for what, given in (("replicas", settings.replicas), ("gpus", settings.gpus),
+                        ("autoscale", settings.autoscale)):  # fmt: skip
+        unknown = sorted(set(given) - set(planned))
+        if unknown:
+            raise ValueError(
+                f"--{what}: mode {settings.mode} has no stage {', '.join(unknown)} "
+                f"(its stages: {', '.join(planned)})"
+            )
+    access = _discovery_access(settings) if settings.discovery == "kubernetes" else []
+    return access + [
+        obj for kind, args in planned.items() for obj in _objects(kind, args, settings)
+    ]
+
+
+def _pairs(values: list[str], flag: str) -> dict[str, int]:
+    out = {}
+    for value in values:
+        role, sep, count = value.partition("=")
+        if not sep or not count.isdigit():
+            raise SystemExit(f"{flag} takes STAGE=N, got {value!r}")
+        out[role] = int(count)
+    return out
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    mode_of(args.mode)  # an unknown mode fails here, naming the known ones
+    return Settings(
+        mode=args.mode,
+        model=args.model,
+        name=args.name,
+        namespace=args.namespace,
+        image=args.image,
+        model_pvc=args.model_pvc,
+        tiny_model=args.tiny_model,
+        replicas=_pairs(args.replicas, "--replicas"),
+        gpus=_pairs(args.gpus, "--gpus"),
+        autoscale=_pairs(args.autoscale, "--autoscale"),
+        discovery=args.discovery,
+        consul=args.consul,
+        shutdown_grace_s=args.shutdown_grace_s,
+        mesh={"engine": "vllm", "routing": args.routing},
+    )
+
+
+def render(objects: list[dict[str, Any]]) -> str:
+    """The objects as one YAML stream, each written out in full (no anchors)."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data: Any) -> bool:
+            return True
+
+    return yaml.dump_all(objects, Dumper=Dumper, sort_keys=False, default_flow_style=False)
