@@ -461,8 +461,9 @@ def build_parser() -> argparse.ArgumentParser:
     kube.add_argument(
         "--discovery",
         default="consul",
-        choices=["consul", "kubernetes"],
-        help="how stages find each other: Consul, or the API server's EndpointSlices of "
+        choices=["consul", "connect", "kubernetes"],
+        help="how stages find each other: Consul; Consul Connect (consul-k8s injects an "
+        "Envoy sidecar, which carries the gRPC hops); or the API server's EndpointSlices of "
         "each stage's headless Service (no Consul needed)",
     )
     kube.add_argument(

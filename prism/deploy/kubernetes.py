@@ -16,6 +16,7 @@ stage drains for `--shutdown-grace-s`; the pod's grace period leaves room for th
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,9 @@ SHM = "2Gi"
 EXIT_MARGIN_S = 15
 
 _ENGINES = ("worker", "prefill", "decode")
+# With Consul Connect sidecars: the local port of each role's upstream listener.
+UPSTREAMS = {"processor": 21001, "encoder": 21002, "worker": 21003, "prefill": 21004,
+             "decode": 21005}  # fmt: skip
 _REWRITTEN = {"--host", "--port", "--metrics-port", "--kv-port", "--kv-host", "--peer"}
 
 
@@ -55,7 +59,9 @@ class Settings:
     gpus: dict[str, int] = field(default_factory=dict)
     # Stage → the most replicas a HorizontalPodAutoscaler may run (on CPU use).
     autoscale: dict[str, int] = field(default_factory=dict)
-    # consul: every stage registers with Consul at `consul`; kubernetes: the API server.
+    # consul: every stage registers with Consul at `consul`; kubernetes: the API server;
+    # connect: consul-k8s registers the pods and injects an Envoy sidecar into each, and
+    # a stage calls each role through its sidecar's upstream listener.
     discovery: str = "consul"
     consul: str = "consul-server.consul:8500"
     shutdown_grace_s: int = 30
@@ -86,6 +92,9 @@ def _container_args(kind: str, argv: list[str], settings: Settings) -> list[str]
             skip = True
         else:
             kept.append(arg)
+    # Only the static registry has peers (one per replica): here, each role's upstream.
+    for role in dict.fromkeys(_peer_roles(args)):
+        kept += ["--peer", f"{role}=127.0.0.1:{UPSTREAMS[role]}"]
     kept += ["--host", "0.0.0.0", "--port", str(_port(kind)), "--advertise-host", "$(POD_IP)",
              "--shutdown-grace-s", str(settings.shutdown_grace_s)]  # fmt: skip
     if kind != "gateway":
@@ -93,6 +102,11 @@ def _container_args(kind: str, argv: list[str], settings: Settings) -> list[str]
     if "--kv-port" in args:
         kept += ["--kv-host", "$(POD_IP)", "--kv-port", str(KV_PORT)]
     return kept
+
+
+def _peer_roles(args: list[str]) -> list[str]:
+    """The roles of the `--peer ROLE=ADDRESS` pairs in `args`."""
+    return [value.partition("=")[0] for arg, value in itertools.pairwise(args) if arg == "--peer"]
 
 
 def _probes(kind: str) -> dict[str, Any]:
@@ -185,9 +199,22 @@ def _pod(kind: str, args: list[str], settings: Settings) -> dict[str, Any]:
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(port if kind == "gateway" else METRICS_PORT),
         "prometheus.io/path": "/metrics",
-        # Stages reach each other directly, pod to pod: consul-k8s injects no sidecar.
-        "consul.hashicorp.com/connect-inject": "false",
     }
+    if settings.discovery == "connect":
+        annotations |= {
+            "consul.hashicorp.com/connect-inject": "true",
+            "consul.hashicorp.com/connect-service-port": ports[0]["name"],
+            # Only the gRPC hops ride the sidecar: NIXL (UCX) and the KV side channel go
+            # pod to pod, which the transparent proxy would capture.
+            "consul.hashicorp.com/transparent-proxy": "false",
+        }
+        if roles := _peer_roles(args):
+            annotations["consul.hashicorp.com/connect-service-upstreams"] = ",".join(
+                f"{settings.name}-{role}:{UPSTREAMS[role]}" for role in roles
+            )
+    else:
+        # Stages reach each other directly, pod to pod: consul-k8s injects no sidecar.
+        annotations["consul.hashicorp.com/connect-inject"] = "false"
     spec: dict[str, Any] = {
         "terminationGracePeriodSeconds": settings.shutdown_grace_s + EXIT_MARGIN_S,
         "containers": [container],
@@ -285,7 +312,9 @@ def _registry(settings: Settings) -> list[str]:
         return ["--registry", f"kubernetes:///{settings.name}"]
     if settings.discovery == "consul":
         return ["--registry", f"consul://{settings.consul}"]
-    raise ValueError(f"discovery is consul or kubernetes, not {settings.discovery!r}")
+    if settings.discovery == "connect":
+        return []  # the static registry: each role at its sidecar upstream
+    raise ValueError(f"discovery is consul, connect or kubernetes, not {settings.discovery!r}")
 
 
 def stages(settings: Settings) -> dict[str, list[str]]:

@@ -149,3 +149,23 @@ def test_without_consul_each_stage_finds_its_peers_services_through_the_api_serv
     # Consul needs none of it.
     consul = manifests(settings(mode))
     assert not [o for o in consul if o["kind"] in ("ServiceAccount", "Role", "RoleBinding")]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_with_connect_sidecars_carry_every_grpc_hop_and_nixl_goes_pod_to_pod(mode):
+    by_stage = deployments(manifests(settings(mode, discovery="connect")))
+    callers = {"processor": STAGES[mode] - {"processor", "gateway"}, "gateway": {"processor"}}
+    for stage, deployment in by_stage.items():
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["consul.hashicorp.com/connect-inject"] == "true"
+        assert annotations["consul.hashicorp.com/transparent-proxy"] == "false"
+        args = container(deployment)["args"]
+        parsed = build_parser().parse_args(args)
+        # Each role it calls, once, at its sidecar's upstream listener; nothing registers.
+        peers = dict(p.split("=") for p in getattr(parsed, "peer", []))
+        assert parsed.registry == "static"
+        assert set(peers) == callers.get(stage, set())
+        assert all(address.startswith("127.0.0.1:") for address in peers.values())
+        upstreams = annotations.get("consul.hashicorp.com/connect-service-upstreams", "")
+        expected = {f"prism-{role}:{address.split(':')[1]}" for role, address in peers.items()}
+        assert set(filter(None, upstreams.split(","))) == expected
