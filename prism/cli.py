@@ -557,7 +557,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "deploy":
         from prism.deploy import kubernetes
 
-        text = kubernetes.render(kubernetes.manifests(kubernetes.settings_from(args)))
+        try:
+            text = kubernetes.render(kubernetes.manifests(kubernetes.settings_from(args)))
+        except ValueError as exc:
+            raise SystemExit(f"prism deploy kubernetes: {exc}") from None
         if args.out == "-":
             sys.stdout.write(text)
         else:

@@ -4,9 +4,10 @@ is started are said once.
 
 Each stage becomes a Deployment and a Service: the gateway's a ClusterIP Service (the
 door), every other a headless one (its pods, for discovery). Stages find each other
-through Consul, as in compose.yaml (each pod registers its own IP), or, with no Consul,
-through the API server: the ready pods of each headless Service, which a service account
-of the mesh may list and watch (prism.registry.kubernetes). Probes: readiness on
+through Consul, as in compose.yaml (each pod registers its own IP); through the Envoy
+sidecars consul-k8s injects (Connect); or, with no Consul, through the API server: the
+ready pods of each headless Service, which a service account of the mesh may list and
+watch (prism.registry.kubernetes). Probes: readiness on
 the stage's `grpc.health.v1` (Kubernetes' own gRPC probe; the gateway's `/health`),
 liveness and start-up on its port being open, since a stage that is alive may rightly
 report NOT_SERVING (a processor without workers yet, a stage draining). On SIGTERM a
@@ -22,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prism.launcher import MeshConfig, plan
-from prism.modes import mode as mode_of
 
 # Container ports: the stages' own defaults (prism worker --help, ...), one per stage.
 PORTS = {"gateway": 8000, "processor": 50050, "encoder": 50052}
@@ -360,7 +360,6 @@ def _pairs(values: list[str], flag: str) -> dict[str, int]:
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
-    mode_of(args.mode)  # an unknown mode fails here, naming the known ones
     return Settings(
         mode=args.mode,
         model=args.model,
@@ -375,7 +374,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         discovery=args.discovery,
         consul=args.consul,
         shutdown_grace_s=args.shutdown_grace_s,
-        mesh={"engine": "vllm", "routing": args.routing},
+        mesh={"routing": args.routing, "kv_overlap_weight": args.kv_overlap_weight},
     )
 
 
