@@ -151,13 +151,17 @@ class Service:
         ) as span:
             try:
                 with self.limit.admit() if method.admit else contextlib.nullcontext():
-                    async for reply in method.replies(request):
-                        if timer is not None:
-                            timer.reply(reply)
-                            _describe_usage(span, reply)
-                        sent = emit(reply)
-                        if sent is not None:
-                            await sent
+                    # Closed when the call ends, also where a cancel lands outside the
+                    # handler (a plain call's write): what it holds is freed now, not when
+                    # it is collected.
+                    async with contextlib.aclosing(method.replies(request)) as replies:
+                        async for reply in replies:
+                            if timer is not None:
+                                timer.reply(reply)
+                                _describe_usage(span, reply)
+                            sent = emit(reply)
+                            if sent is not None:
+                                await sent
                 return None
             except asyncio.CancelledError:
                 status = grpc.StatusCode.CANCELLED

@@ -3,6 +3,7 @@ prefill to decode, failures end with a clear status, and no KV blocks are left b
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -153,3 +154,27 @@ def test_client_disconnect_leaves_no_kv_blocks(pd):
     next(stream)
     stream.cancel()
     assert wait_for(lambda: kv_idle(pd, "prefill") and kv_idle(pd, "decode"))
+
+
+def test_prefills_cut_short_at_any_moment_leave_no_kv_blocks(pd):
+    """Prefills cancelled and then aborted, as the processor ends a request that gave up,
+    from before the engine starts the prompt to after the worker sent its KV parameters:
+    some land in the moment the engine has finished the prompt, holding its KV for a
+    decode, while the worker has not read that output yet. Every hold is freed at once,
+    not when its lease ends."""
+    started = time.monotonic()
+    prefill(pd, "pd-timed")
+    took = time.monotonic() - started
+    stub(pd, "prefill").Abort(engine_pb2.EngineServiceAbortRequest(request_id="pd-timed"))
+    assert wait_for(lambda: kv_idle(pd, "prefill")), pd.log_problems()
+    for index in range(40):
+        request_id = f"pd-cut-{index}"
+        request = engine_pb2.GenerateRequest(
+            request_id=request_id, prompt_token_ids=PROMPT, sampling=greedy(8)
+        )
+        call = stub(pd, "prefill").Generate(request, timeout=60)
+        time.sleep(took * index / 40)
+        call.cancel()
+        stub(pd, "prefill").Abort(engine_pb2.EngineServiceAbortRequest(request_id=request_id))
+    # Well within the connector's 30 s lease.
+    assert wait_for(lambda: kv_idle(pd, "prefill"), timeout=10), pd.log_problems()

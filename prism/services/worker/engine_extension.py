@@ -76,17 +76,38 @@ torch.distributed.new_group = _with_gloo_slack(torch.distributed.new_group)
 Release = Literal["released", "pending", "gone"]
 
 
+def is_engine_id(engine_id: str, request_id: str) -> bool:
+    """Whether vLLM runs `request_id` as `engine_id`: vLLM adds a dash and 8 random
+    characters to each request's id (`InputProcessor.assign_request_id`), unless told not
+    to."""
+    return engine_id == request_id or (
+        len(engine_id) == len(request_id) + 9 and engine_id.startswith(f"{request_id}-")
+    )
+
+
 class EngineExtension:
     def prism_release_kv(self, request_id: str) -> Release:
-        """Ends the lease on `request_id`'s blocks: "released"; "pending" if the connector
-        has not yet learned that the request finished; "gone" if it holds nothing for it
-        any more (a decode read the blocks, or the lease ended)."""
+        """Ends the lease on the blocks of every run of `request_id`: "released";
+        "pending" if the connector has not yet learned how one ended; "gone" if it holds
+        nothing for it any more (a decode read the blocks, the lease ended, or it never
+        held any)."""
         from vllm.distributed.kv_transfer import get_kv_transfer_group
 
         connector = get_kv_transfer_group().connector_worker
-        if request_id in connector._reqs_to_send:
-            connector._reqs_to_send[request_id] = 0.0
-            return "released"
-        # The connector tracks a request from the step that schedules it until its
-        # blocks are read or expire.
-        return "pending" if request_id in connector._reqs_to_process else "gone"
+        return release_kv(connector._reqs_to_process, connector._reqs_to_send, request_id)
+
+
+def release_kv(processing: set[str], leases: dict[str, float], request_id: str) -> Release:
+    """`prism_release_kv` on the connector's requests: those it tracks from the step that
+    schedules them until their blocks are read, expire, or are freed with an abort
+    (`processing`), and the lease of each that finished holding blocks (`leases`)."""
+    released = pending = False
+    for engine_id in processing:
+        if not is_engine_id(engine_id, request_id):
+            continue
+        if engine_id in leases:
+            leases[engine_id] = 0.0
+            released = True
+        else:
+            pending = True
+    return "pending" if pending else "released" if released else "gone"

@@ -118,6 +118,10 @@ class Role:
         """Starts freeing what the role holds for `request_id`; False if nothing."""
         return False
 
+    def abandon(self, request_id: str) -> None:
+        """Starts freeing what the engine may hold for `request_id`, whose call was cut
+        short before its hand-off."""
+
 
 class Aggregated(Role):
     name = EngineRole.AGGREGATED
@@ -135,8 +139,8 @@ class Prefill(Role):
     def __init__(self, engine: AsyncLLM, kv_lease_s: float = 30.0) -> None:
         super().__init__(engine)
         self.kv_lease_s = kv_lease_s
-        # Request id -> (engine request id, end of lease) while its KV cache waits.
-        self._held: dict[str, tuple[str, float]] = {}
+        # Request id -> end of lease, while its KV cache waits.
+        self._held: dict[str, float] = {}
         self._releases: set[asyncio.Task] = set()
 
     def params(self, request: engine_pb2.GenerateRequest, **common: Any) -> SamplingParams:
@@ -170,28 +174,35 @@ class Prefill(Role):
         if layouts.images or layouts.videos:
             finish.layouts.CopyFrom(layouts)
         now = time.monotonic()
-        for stale in [k for k, (_, until) in self._held.items() if until <= now]:
+        for stale in [k for k, until in self._held.items() if until <= now]:
             del self._held[stale]
-        engine_request_id = output.kv_transfer_params["remote_request_id"]
-        self._held[request_id] = (engine_request_id, now + self.kv_lease_s)
+        self._held[request_id] = now + self.kv_lease_s
 
     def release(self, request_id: str) -> bool:
-        held = self._held.pop(request_id, None)
-        if held is None:
+        until = self._held.pop(request_id, None)
+        if until is None:
             return False
-        task = asyncio.create_task(self._end_lease(*held))
-        self._releases.add(task)
-        task.add_done_callback(self._releases.discard)
+        self._end_lease(request_id, until)
         return True
 
-    async def _end_lease(self, engine_request_id: str, until: float) -> None:
+    def abandon(self, request_id: str) -> None:
+        # The engine may have finished the prompt, and so hold its KV under a lease, in the
+        # moment before the call was cut short: that output was never read, and the hold
+        # is known to the engine alone.
+        self._held.pop(request_id, None)
+        self._end_lease(request_id, time.monotonic() + self.kv_lease_s)
+
+    def _end_lease(self, request_id: str, until: float) -> None:
+        task = asyncio.create_task(self._release_kv(request_id, until))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _release_kv(self, request_id: str, until: float) -> None:
         # The connector learns of a finished request at the engine's next step, which a
         # busy machine may delay: keep trying, less often, until the lease would end anyway.
         pause = 0.02
         while time.monotonic() < until:
-            (release,) = await self.engine.collective_rpc(
-                "prism_release_kv", args=(engine_request_id,)
-            )
+            (release,) = await self.engine.collective_rpc("prism_release_kv", args=(request_id,))
             if release != "pending":
                 return
             await asyncio.sleep(pause)

@@ -276,6 +276,8 @@ class EngineServicer:
                 # (an Abort that came before the hold, or a call cut short): free it now
                 # rather than at the end of the lease.
                 self.role.release(request_id)
+            elif not completed:
+                self.role.abandon(request_id)
             self._running.pop(request_id, None)
 
     def in_flight(self) -> int:

@@ -1,0 +1,138 @@
+"""A prefill worker frees the KV its engine holds for a decode that will not come: after an
+Abort, and when its call is cut short in the moment after the engine finished the prompt,
+before the worker read that output (no processes: a stand-in for vLLM's engine and its
+NIXL connector's lease book)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from prism.services.worker.engine_extension import is_engine_id, release_kv
+from prism.services.worker.roles import Prefill
+from prism.services.worker.servicer import EngineServicer
+from prism.stage.v1 import engine_pb2
+from prism.v1 import common_pb2
+
+
+def test_a_request_is_known_by_the_id_vllm_runs_it_under():
+    assert is_engine_id("req-1-0a1b2c3d", "req-1")
+    assert is_engine_id("req-1", "req-1")  # vLLM told not to add its suffix
+    assert not is_engine_id("req-1-0a1b2c3d", "req")
+    assert not is_engine_id("req-10-0a1b2c3d", "req-1")
+    assert not is_engine_id("req-1-migrated-1-0a1b2c3d", "req-1")
+
+
+def test_release_ends_the_lease_of_every_run_and_waits_for_one_still_running():
+    processing = {"a-00000001", "a-00000002", "b-00000003"}
+    leases = {"a-00000001": 99.0, "b-00000003": 99.0}
+    # One run of `a` holds blocks, the other is still running: its end is not known yet.
+    assert release_kv(processing, leases, "a") == "pending"
+    assert leases == {"a-00000001": 0.0, "b-00000003": 99.0}
+    processing.discard("a-00000002")
+    assert release_kv(processing, leases, "a") == "released"
+    assert release_kv(processing, leases, "c") == "gone"
+
+
+class Engine:
+    """vLLM's `AsyncLLM` as a prefill worker uses it: a request's blocks are leased when it
+    finishes, and `prism_release_kv` ends the lease."""
+
+    def __init__(self) -> None:
+        self.processing: set[str] = set()
+        self.leases: dict[str, float] = {}
+        self.finished = asyncio.Event()
+        # Whether the worker reads the finished output, or is cut short before it does.
+        self.deliver = True
+
+    async def generate(self, prompt, params, request_id: str):
+        engine_id = f"{request_id}-0a1b2c3d"
+        self.processing.add(engine_id)
+        await asyncio.sleep(0)
+        self.leases[engine_id] = 30.0
+        self.finished.set()
+        if not self.deliver:
+            await asyncio.Event().wait()
+        output = SimpleNamespace(
+            token_ids=[7], logprobs=None, finish_reason="length", text="",
+        )  # fmt: skip
+        yield SimpleNamespace(
+            outputs=[output], prompt_token_ids=prompt["prompt_token_ids"], num_cached_tokens=0,
+            prompt_logprobs=None, finished=True,
+            kv_transfer_params={"do_remote_prefill": True, "remote_request_id": engine_id},
+        )  # fmt: skip
+
+    async def abort(self, request_id: str) -> None:
+        """A request that has finished is no longer the engine's to abort."""
+
+    async def collective_rpc(self, method: str, args: tuple) -> list:
+        assert method == "prism_release_kv"
+        return [release_kv(self.processing, self.leases, *args)]
+
+
+def request(request_id: str) -> engine_pb2.GenerateRequest:
+    sampling = common_pb2.SamplingParams(max_tokens=16, temperature=0)
+    return engine_pb2.GenerateRequest(
+        request_id=request_id, prompt_token_ids=[5, 6, 7], sampling=sampling
+    )
+
+
+def prefill() -> tuple[Engine, Prefill, EngineServicer]:
+    engine = Engine()
+    role = Prefill(engine, kv_lease_s=30)
+    return engine, role, EngineServicer(engine, role)
+
+
+async def released(role: Prefill) -> None:
+    while role._releases:
+        await asyncio.gather(*role._releases)
+
+
+def test_a_call_cut_short_after_the_engine_finished_frees_its_kv():
+    async def main() -> None:
+        engine, role, servicer = prefill()
+        engine.deliver = False
+
+        async def read() -> None:
+            async for _ in servicer.generate(request("r1")):
+                pass
+
+        call = asyncio.create_task(read())
+        await engine.finished.wait()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        await released(role)
+        assert engine.leases == {"r1-0a1b2c3d": 0.0}
+
+    asyncio.run(main())
+
+
+def test_an_abort_frees_the_kv_held_for_decode():
+    async def main() -> None:
+        engine, role, servicer = prefill()
+        replies = [reply async for reply in servicer.generate(request("r2"))]
+        assert replies[-1].last.kv_transfer_params.remote_request_id == "r2-0a1b2c3d"
+        assert engine.leases == {"r2-0a1b2c3d": 30.0}
+        abort = await servicer.abort(engine_pb2.EngineServiceAbortRequest(request_id="r2"))
+        assert abort.aborted
+        await released(role)
+        assert engine.leases == {"r2-0a1b2c3d": 0.0}
+        # Once freed, it is not held any more.
+        again = await servicer.abort(engine_pb2.EngineServiceAbortRequest(request_id="r2"))
+        assert not again.aborted
+
+    asyncio.run(main())
+
+
+def test_a_completed_call_keeps_its_kv_for_decode():
+    async def main() -> None:
+        engine, role, servicer = prefill()
+        async for _ in servicer.generate(request("r3")):
+            pass
+        await released(role)
+        assert engine.leases == {"r3-0a1b2c3d": 30.0}
+
+    asyncio.run(main())
