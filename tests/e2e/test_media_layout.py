@@ -1,0 +1,57 @@
+"""The processor lays a prompt's images out as vLLM does: for each tiny family, the token
+ids and item spans `lay_out` makes of a templated chat match those vLLM's own multimodal
+processor makes of it, each item named by the content hash workers give vLLM as its uuid.
+
+Not a unit test: vLLM inspects a model's architecture in a subprocess (once per machine,
+then from its cache)."""
+
+from __future__ import annotations
+
+import io
+
+import PIL.Image
+import pytest
+from conftest import FAMILIES
+from transformers import AutoTokenizer
+from vllm.config import ModelConfig
+from vllm.multimodal import MULTIMODAL_REGISTRY
+
+from prism.kv_index import MediaSpan, lay_out
+from prism.media import MediaPolicy, PromptMedia, check_image, content_hash
+from prism.services.processor.inputs import ModelInputs
+
+
+def png(size: tuple[int, int], shade: int) -> bytes:
+    out = io.BytesIO()
+    PIL.Image.new("RGB", size, (shade, 0, 0)).save(out, format="PNG")
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_images_lie_where_vllm_puts_them(models, family):
+    model = str(models[family])
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    conversation = [{"role": "user", "content": [
+        {"type": "text", "text": "Compare"}, {"type": "image"}, {"type": "text", "text": "and"},
+        {"type": "image"},
+    ]}]  # fmt: skip
+    text = tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+    prompt = tokenizer.encode(text, add_special_tokens=False)
+    # Sizes that give the grid families different counts.
+    images = [check_image(png(size, i), MediaPolicy(), "image") for i, size in
+              enumerate([(64, 48), (200, 300)])]  # fmt: skip
+    inputs = ModelInputs.of(model, enable_mm_embeds=False, count_tokens=True)
+
+    tokens, spans = lay_out(prompt, inputs.placeholders, inputs.media_items(PromptMedia(images)))
+
+    processor = MULTIMODAL_REGISTRY.create_processor(ModelConfig(model=model))
+    pixels = [PIL.Image.open(io.BytesIO(image.data)) for image in images]
+    uuids = [content_hash(image.data) for image in images]
+    vllm = processor(prompt, processor.info.parse_mm_data({"image": pixels}), {"image": uuids})
+    assert tokens == vllm["prompt_token_ids"]
+    assert spans == [
+        MediaSpan(identifier, place.offset, place.length)
+        for identifier, place in zip(vllm["mm_hashes"]["image"], vllm["mm_placeholders"]["image"],
+                                     strict=True)
+    ]  # fmt: skip
+    assert len({span.length for span in spans}) == (2 if family == "qwen2-vl" else 1)
