@@ -396,6 +396,30 @@ def build_parser() -> argparse.ArgumentParser:
     _transfer_arg(encoder)
     encoder.add_argument("--cache-mib", type=int, default=256, help="embedding cache (MiB)")
     encoder.add_argument(
+        "--device",
+        default="auto",
+        help="where the vision path runs and its embeddings are published: cpu, cuda, "
+        "cuda:N (auto: the accelerator when there is one)",
+    )
+    encoder.add_argument(
+        "--dtype",
+        default="auto",
+        help="the vision path's dtype (auto: float32 on CPU, as the CPU engine; else the "
+        "checkpoint's 16-bit dtype)",
+    )
+    encoder.add_argument(
+        "--batch-size",
+        type=int,
+        default=32,
+        help="most items (images, or videos) of concurrent requests encoded in one pass",
+    )
+    encoder.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=2.0,
+        help="how long an item waits for others to share its forward pass",
+    )
+    encoder.add_argument(
         "--lease-s", type=float, default=30.0, help="free unread embeddings after this long"
     )
     _fetch_args(encoder)

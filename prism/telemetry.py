@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, Info, start_http_server
 from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -75,6 +75,13 @@ def cache_collector(prefix: str, what: str, stats: CacheStats) -> StatsCollector
 # status: the HTTP code) and the processor (endpoint: the RPC, status: the gRPC code).
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
             30.0, 60.0, 120.0)  # fmt: skip
+# The encoder's forward passes (the histogram's count) and the items each one encoded.
+ENCODER_BATCH_ITEMS = Histogram(
+    "prism_encoder_batch_items",
+    "Items encoded by one vision forward pass, by modality",
+    ["modality"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+)
 REQUESTS = Counter("prism_requests", "Requests answered, by final status", ["endpoint", "status"])
 IN_FLIGHT = Gauge("prism_requests_in_flight", "Requests being answered", ["endpoint"])
 WAITING = Gauge(
@@ -178,3 +185,8 @@ class RequestTimer:
 def gauge(name: str, help_text: str, read: Callable[[], float]) -> StatsCollector:
     """A gauge read at scrape time."""
     return StatsCollector(lambda: {name: ("gauge", help_text, read())})
+
+
+def info(name: str, help_text: str, labels: dict[str, str]) -> None:
+    """An info metric (`NAME_info{labels} 1`) of this process's settings."""
+    Info(name, help_text).info(labels)

@@ -1,9 +1,10 @@
 """Tensors from the process that makes them (the owner: the encoder) to the one that uses
 them (the reader: a worker), behind one interface with one implementation per way.
 
-- `nixl` (prism.transfer.nixl): the tensor stays in the owner's memory, registered with
-  NIXL; the descriptor says where, and the reader pulls the bytes (UCX: shared memory or
-  CMA on one host, TCP or RDMA across hosts). The owner frees it on the reader's
+- `nixl` (prism.transfer.nixl): the tensor stays in the owner's memory (host, or the GPU's
+  where there is one), registered with NIXL; the descriptor says where, and the reader
+  pulls the bytes (UCX: shared memory or CMA on one host, TCP or RDMA across hosts, CUDA
+  IPC or GPUDirect between GPUs). The owner frees it on the reader's
   notification or when its lease ends.
 - `inline` (prism.transfer.inline): the bytes travel inside the descriptor, in the gRPC
   message. No NIXL, no lease, one copy more: for machines where NIXL cannot run.
@@ -77,8 +78,11 @@ class Transfer(Protocol):
     def stats(self) -> TransferStats: ...
 
 
-def open_transfer(kind: str, pool_bytes: int, lease_s: float = 30.0) -> Transfer:
-    """The transfer `--transfer` names. NIXL is imported only when asked for."""
+def open_transfer(
+    kind: str, pool_bytes: int, lease_s: float = 30.0, device: torch.device | str = "cpu"
+) -> Transfer:
+    """The transfer `--transfer` names, its NIXL pool on `device` (host memory for "cpu").
+    NIXL is imported only when asked for."""
     if kind == "inline":
         from prism.transfer.inline import InlineTransfer
 
@@ -86,5 +90,5 @@ def open_transfer(kind: str, pool_bytes: int, lease_s: float = 30.0) -> Transfer
     if kind == "nixl":
         from prism.transfer.nixl import NixlTransfer
 
-        return NixlTransfer(pool_bytes=pool_bytes, lease_s=lease_s)
+        return NixlTransfer(pool_bytes=pool_bytes, lease_s=lease_s, device=device)
     raise ValueError(f"unknown transfer {kind!r}; choose from {', '.join(KINDS)}")

@@ -4,7 +4,12 @@ The owner copies a tensor into a slice of one memory pool that its NIXL agent re
 start-up, and hands out a `TensorDescriptor`: its agent name and metadata, the slice's
 address and length, dtype, shape, a notification tag and a lease. The reader loads the
 owner's metadata (once per owner), READs the bytes into a slice of its own registered pool,
-sending the tag as the notification, and copies them out into a fresh tensor. The
+sending the tag as the notification, and copies them out into a fresh tensor.
+
+A pool lives in host memory (NIXL's DRAM) or, given a CUDA device, in that device's memory
+(VRAM, with the device's id in every region): an encoder on a GPU publishes straight from
+device memory, and a worker on a GPU reads into device memory, so that embeddings go GPU to
+GPU (UCX: CUDA IPC on one host, GPUDirect RDMA across hosts) and never through the host. The
 notification tells the owner it may free the slice (`poll`); a lease frees it if nobody
 reads. One descriptor is meant for exactly one read.
 
@@ -125,9 +130,13 @@ def _new_nixl_agent(name: str) -> Any:
         raise TransferError(f"cannot start NIXL agent {name!r} with UCX: {exc!r}") from exc
 
 
+# NIXL's names of the memory types a descriptor may carry.
+_MEMORY_TYPES = {tensor_pb2.MEMORY_TYPE_DRAM: "DRAM", tensor_pb2.MEMORY_TYPE_VRAM: "VRAM"}
+
+
 def _parse(
     descriptor: tensor_pb2.TensorDescriptor,
-) -> tuple[torch.dtype, list[int], list[tuple[int, int, int]]]:
+) -> tuple[torch.dtype, list[int], list[tuple[int, int, int]], str]:
     """Checks a NIXL descriptor from the wire before any memory is touched."""
     location = descriptor.nixl
     what = f"descriptor {location.notification_tag!r} from agent {location.agent_name!r}"
@@ -135,10 +144,9 @@ def _parse(
         raise TransferError(f"{what}: agent name and metadata are required")
     if not location.notification_tag:
         raise TransferError(f"{what}: a notification tag is required")
-    if location.memory_type != tensor_pb2.MEMORY_TYPE_DRAM:
-        raise TransferError(
-            f"{what}: only DRAM is supported, got memory type {location.memory_type}"
-        )
+    memory = _MEMORY_TYPES.get(location.memory_type)
+    if memory is None:
+        raise TransferError(f"{what}: memory type {location.memory_type} is not DRAM or VRAM")
     dtype = DTYPES.get(descriptor.dtype)
     if dtype is None:
         raise TransferError(f"{what}: unknown dtype {descriptor.dtype!r}")
@@ -156,7 +164,7 @@ def _parse(
     expiry = location.lease_expiry_unix_ms
     if expiry and expiry <= time.time() * 1000:
         raise TransferError(f"{what}: its lease expired at {expiry} ms; the owner freed it")
-    return dtype, shape, regions
+    return dtype, shape, regions, memory
 
 
 class NixlTransfer:
@@ -173,16 +181,26 @@ class NixlTransfer:
         name: str | None = None,
         pool_bytes: int = DEFAULT_POOL_BYTES,
         lease_s: float = 30.0,
+        device: torch.device | str = "cpu",
     ) -> None:
         if lease_s <= 0:
             raise ValueError(f"lease_s must be positive, got {lease_s}")
         self.name = name or f"prism-{uuid.uuid4().hex}"
         self.lease_s = lease_s
         self._allocator = PoolAllocator(pool_bytes)
-        # torch's CPU allocator aligns it to 64 bytes. close() drops it: a tensor freed by a
-        # non-main thread (say, with a gRPC servicer) during interpreter exit aborts Python.
-        self._pool: torch.Tensor | None = torch.empty(self._allocator.size, dtype=torch.uint8)
+        device = torch.device(device)
+        if device.type not in ("cpu", "cuda"):
+            raise TransferError(f"a NIXL pool lives in host or CUDA memory, not on {device}")
+        # torch's allocators align it to 64 bytes or more. close() drops it: a tensor freed
+        # by a non-main thread (say, with a gRPC servicer) during interpreter exit aborts
+        # Python.
+        self._pool: torch.Tensor | None = torch.empty(
+            self._allocator.size, dtype=torch.uint8, device=device
+        )
         self._pool_address = self._pool.data_ptr()
+        self.device = self._pool.device
+        self._memory = "VRAM" if self.device.type == "cuda" else "DRAM"
+        self._device_id = self.device.index or 0
         self._agent = _new_nixl_agent(self.name)
         try:
             self._registration = self._agent.register_memory(self._pool)
@@ -252,6 +270,9 @@ class NixlTransfer:
         try:
             view = pool[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape)
             view.copy_(tensor.detach())
+            if self._memory == "VRAM":
+                # A peer may read as soon as it has the descriptor.
+                torch.cuda.current_stream(self.device).synchronize()
         except BaseException:
             self._unpublish(tag)
             raise
@@ -265,10 +286,14 @@ class NixlTransfer:
         location = tensor_pb2.NixlLocation(
             agent_name=self.name,
             agent_metadata=self._metadata,
-            memory_type=tensor_pb2.MEMORY_TYPE_DRAM,
+            memory_type=(
+                tensor_pb2.MEMORY_TYPE_VRAM
+                if self._memory == "VRAM"
+                else tensor_pb2.MEMORY_TYPE_DRAM
+            ),
             regions=[
                 tensor_pb2.MemoryRegion(
-                    address=self._pool_address + offset, length=nbytes, device_id=0
+                    address=self._pool_address + offset, length=nbytes, device_id=self._device_id
                 )
             ],
             notification_tag=tag,
@@ -308,7 +333,8 @@ class NixlTransfer:
     def fetch(
         self, descriptor: tensor_pb2.TensorDescriptor, timeout_s: float = 10.0
     ) -> torch.Tensor:
-        """Reads the described tensor from its owner into a new tensor (blocking).
+        """Reads the described tensor from its owner into a new tensor on this agent's pool
+        device (blocking).
 
         Raises TransferError, within about `timeout_s`, when the descriptor is malformed or
         expired, the owner is gone, NIXL reports an error, or the read does not complete.
@@ -316,11 +342,11 @@ class NixlTransfer:
         if descriptor.WhichOneof("location") == "inline_data":
             return fetch_inline(descriptor, self._stats, self._lock)
         deadline = time.monotonic() + timeout_s
-        dtype, shape, regions = _parse(descriptor)
+        dtype, shape, regions, memory = _parse(descriptor)
         nbytes = sum(length for _, length, _ in regions)
         offset, pool = self._take_space(nbytes, deadline, descriptor.nixl.notification_tag)
         try:
-            seconds = self._read_into(offset, descriptor, regions, deadline, timeout_s)
+            seconds = self._read_into(offset, descriptor, regions, memory, deadline, timeout_s)
             tensor = pool[offset : offset + nbytes].view(dtype).view(shape).clone()
         except _StuckTransfer:
             log.error("leaking %d pool bytes at offset %d: NIXL kept a failed read", nbytes, offset)
@@ -453,14 +479,16 @@ class NixlTransfer:
         offset: int,
         descriptor: tensor_pb2.TensorDescriptor,
         regions: list[tuple[int, int, int]],
+        memory: str,
         deadline: float,
         timeout_s: float,
     ) -> float:
-        """READs the regions into the pool at `offset`; returns the seconds the read took."""
+        """READs the regions (in the owner's `memory`) into the pool at `offset`; returns the
+        seconds the read took."""
         name = self._connect(descriptor)
         local, address = [], self._pool_address + offset
         for _, length, _ in regions:
-            local.append((address, length, 0))
+            local.append((address, length, self._device_id))
             address += length
         tag = descriptor.nixl.notification_tag
         doing = f"reading {tag!r} from agent {name!r}"
@@ -469,8 +497,8 @@ class NixlTransfer:
             doing,
             lambda a: a.initialize_xfer(
                 "READ",
-                a.get_xfer_descs(local, "DRAM"),
-                a.get_xfer_descs(regions, "DRAM"),
+                a.get_xfer_descs(local, self._memory),
+                a.get_xfer_descs(regions, memory),
                 name,
                 tag.encode(),
             ),

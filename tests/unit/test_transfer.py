@@ -152,7 +152,7 @@ def test_threads_made_under_timer_slack_get_it_and_their_maker_keeps_its_own():
     [
         (lambda d: d.shape.append(2), "bytes but its regions hold"),
         (lambda d: setattr(d, "dtype", "complex32"), "unknown dtype"),
-        (lambda d: setattr(d.nixl, "memory_type", tensor_pb2.MEMORY_TYPE_VRAM), "only DRAM"),
+        (lambda d: setattr(d.nixl, "memory_type", 0), "not DRAM or VRAM"),
         (lambda d: d.nixl.ClearField("regions"), "memory regions"),
         (lambda d: setattr(d.nixl, "lease_expiry_unix_ms", 1), "lease expired"),
         (lambda d: setattr(d.nixl, "notification_tag", ""), "notification tag"),

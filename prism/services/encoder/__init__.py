@@ -1,7 +1,9 @@
-"""The encoder stage: `EncoderService` runs the vision tower and projector in torch.
+"""The encoder stage: `EncoderService` runs the vision tower and projector in torch, on the
+accelerator when there is one (prism.services.encoder.vision).
 
-Embeddings are computed once per image or video (an LRU cache keyed by the model, the
-bytes and, for a video, how its frames are sampled skips repeats) and published through
+Items of concurrent requests are encoded together, and an item in flight or met before
+is encoded once (prism.services.encoder.batching; an LRU cache keyed by the model, the
+bytes and, for a video, how its frames are sampled). Embeddings are published through
 the stage's transfer (prism.transfer): with NIXL, copied into memory registered at
 start-up and answered as descriptors that the worker pulls from, a slice freed when the
 reader's notification arrives or when its lease runs out unread; inline, answered with
@@ -13,104 +15,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import threading
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
-
-import torch
-from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
 from prism import logs, rpc, telemetry
 from prism.cache import ByteLru
-from prism.media import MediaLoader, content_hash, decode_image, media_policy
+from prism.media import MediaLoader, content_hash, media_policy
 from prism.modes import modes_served
 from prism.rpc import invalid
 from prism.runtime.service import Service
 from prism.runtime.stage import Stage
+from prism.services.encoder.batching import Batcher
+from prism.services.encoder.vision import Embedding, VisionEncoder
 from prism.stage.v1 import encoder_pb2, encoder_pb2_grpc
 from prism.tracing import tracer
 from prism.transfer import Transfer, open_transfer
 from prism.video import VideoDecoder
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Embedding:
-    """One item's embeddings and what the LLM needs besides them to place its tokens."""
-
-    tensor: torch.Tensor
-    grid_thw: tuple[int, ...] = ()
-
-    @property
-    def nbytes(self) -> int:
-        return self.tensor.numel() * self.tensor.element_size()
-
-
-class VisionEncoder:
-    """The family's own HF image and video processors and vision path (tower + projector).
-    Videos are sampled by `videos` (as vLLM samples them for the model), where the model
-    takes video at all."""
-
-    def __init__(
-        self, model: str, dtype: torch.dtype = torch.float32, videos: VideoDecoder | None = None
-    ):
-        self.config = AutoConfig.from_pretrained(model)
-        processor = AutoProcessor.from_pretrained(model)
-        self.image_processor = processor.image_processor
-        self.video_processor = getattr(processor, "video_processor", None)
-        self.videos = videos
-        full = AutoModelForImageTextToText.from_pretrained(model, dtype=dtype)
-        full.eval()
-        self.model = full.model
-        # The language model is never run here; drop its weights.
-        self.model.language_model = None
-        del full
-        # torch runs one batch at a time on all cores; concurrent batches only contend.
-        self._lock = threading.Lock()
-
-    def _feature_kwargs(self) -> dict:
-        if self.config.model_type == "llava":
-            return {
-                "vision_feature_layer": self.config.vision_feature_layer,
-                "vision_feature_select_strategy": self.config.vision_feature_select_strategy,
-            }
-        return {}
-
-    def encode(self, images: Sequence[bytes]) -> list[Embedding]:
-        pixels = [decode_image(data) for data in images]
-        inputs = self.image_processor(images=pixels, return_tensors="pt")
-        grid = inputs.get("image_grid_thw")
-        kwargs = self._feature_kwargs()
-        if grid is not None:
-            kwargs["image_grid_thw"] = grid
-        with self._lock, torch.inference_mode():
-            output = self.model.get_image_features(pixel_values=inputs["pixel_values"], **kwargs)
-        return _embeddings(output.pooler_output, grid)
-
-    def encode_videos(self, videos: Sequence[bytes]) -> list[Embedding]:
-        if self.video_processor is None or self.videos is None:
-            raise invalid("this model does not accept video", "videos")
-        clips = [self.videos.decode(data)[0] for data in videos]
-        inputs = self.video_processor(videos=clips, return_tensors="pt")
-        grid = inputs["video_grid_thw"]
-        with self._lock, torch.inference_mode():
-            output = self.model.get_video_features(
-                pixel_values_videos=inputs["pixel_values_videos"], video_grid_thw=grid
-            )
-        return _embeddings(output.pooler_output, grid)
-
-
-def _embeddings(features: Sequence[torch.Tensor], grid: torch.Tensor | None) -> list[Embedding]:
-    """One batch's features, split per item, with each item's grid."""
-    return [
-        Embedding(
-            feature.contiguous(),
-            tuple(int(v) for v in grid[i].tolist()) if grid is not None else (),
-        )
-        for i, feature in enumerate(features)
-    ]
 
 
 class EncoderServicer:
@@ -124,6 +45,8 @@ class EncoderServicer:
         cache: ByteLru[Embedding],
         lease_s: float,
         max_in_flight: int = 0,
+        batch_size: int = 32,
+        batch_wait_s: float = 0.002,
     ):
         self.vision = vision
         self.agent = agent
@@ -137,6 +60,16 @@ class EncoderServicer:
             self.limit,
         )
         self.service.unary("Encode", self.encode, admit=True)
+        self.batchers = {
+            modality: Batcher(
+                encode,
+                batch_size,
+                batch_wait_s,
+                on_batch=telemetry.ENCODER_BATCH_ITEMS.labels(modality).observe,
+                on_result=self.cache.put,
+            )
+            for modality, encode in (("image", vision.encode), ("video", vision.encode_videos))
+        }
 
     def content_hash(self, modality: str, data: bytes) -> str:
         """The embedding cache key: what the item is and, for a video, how its frames are
@@ -145,27 +78,33 @@ class EncoderServicer:
             return content_hash(data, f"video {sorted(self.vision.videos.kwargs.items())}")
         return content_hash(data)
 
-    def _encode_and_publish(
-        self, request_id: str, modality: str, items: list[bytes]
-    ) -> list[encoder_pb2.EmbeddingHandle]:
-        keys = [self.content_hash(modality, data) for data in items]
+    async def _embed(self, modality: str, items: list[bytes]) -> list[tuple[str, Embedding, bool]]:
+        """Each item's cache key, embeddings, and whether the cache had them."""
+        keys = await asyncio.to_thread(lambda: [self.content_hash(modality, d) for d in items])
         found = [self.cache.get(key) for key in keys]
         missing = [i for i, embedding in enumerate(found) if embedding is None]
         if missing:
-            # One batch for every item of the request that the cache did not have.
+            # The request's share of the batches its items join.
             with tracer.start_as_current_span("vision.encode") as span:
                 span.set_attributes({
                     "prism.request_id": logs.REQUEST_ID.get(), "prism.modality": modality,
                     "prism.items": len(missing),
                 })  # fmt: skip
-                encode = self.vision.encode if modality == "image" else self.vision.encode_videos
-                fresh = encode([items[i] for i in missing])
+                batcher = self.batchers[modality]
+                fresh = await asyncio.gather(*(batcher.submit(keys[i], items[i]) for i in missing))
             for i, embedding in zip(missing, fresh, strict=True):
                 found[i] = embedding
-                self.cache.put(keys[i], embedding)
+        return [
+            (key, embedding, i not in missing)
+            for i, (key, embedding) in enumerate(zip(keys, found, strict=True))
+            if embedding is not None
+        ]
+
+    def _publish(
+        self, request_id: str, modality: str, embedded: list[tuple[str, Embedding, bool]]
+    ) -> list[encoder_pb2.EmbeddingHandle]:
         handles = []
-        for i, (key, embedding) in enumerate(zip(keys, found, strict=True)):
-            assert embedding is not None
+        for i, (key, embedding, cached) in enumerate(embedded):
             # Unique per publication: NIXL matches notifications by prefix.
             tag = f"{request_id}/{modality}/{i}/{uuid.uuid4().hex}"
             descriptor = self.agent.publish(embedding.tensor, tag, lease_s=self.lease_s)
@@ -174,7 +113,7 @@ class EncoderServicer:
                     embeddings=descriptor,
                     content_hash=key,
                     grid_thw=embedding.grid_thw,
-                    cached=i not in missing,
+                    cached=cached,
                 )
             )
         return handles
@@ -202,10 +141,8 @@ class EncoderServicer:
             ("video", videos, response.embeddings.videos),
         ):
             if loaded:
-                data = [item.data for item in loaded]
-                out.extend(
-                    await asyncio.to_thread(self._encode_and_publish, request_id, modality, data)
-                )
+                embedded = await self._embed(modality, [item.data for item in loaded])
+                out.extend(await asyncio.to_thread(self._publish, request_id, modality, embedded))
         handles = [*response.embeddings.images, *response.embeddings.videos]
         log.info("encoded %d images and %d videos for %s (%d from the cache)", len(images),
                  len(videos), request_id, sum(h.cached for h in handles))  # fmt: skip
@@ -230,11 +167,23 @@ async def _release_read_embeddings(
 async def serve(args: argparse.Namespace) -> None:
     stage = Stage(args, "encoder")
     videos = VideoDecoder.for_model(args.model, args.video_frames, args.video_fps)
-    vision = await asyncio.to_thread(VisionEncoder, args.model, videos=videos)
-    agent = open_transfer(args.transfer, args.pool_mib * 2**20, args.lease_s)
+    vision = await asyncio.to_thread(
+        VisionEncoder, args.model, args.device, args.dtype, videos=videos
+    )
+    log.info("vision path on %s in %s", vision.device, vision.dtype)
+    agent = open_transfer(args.transfer, args.pool_mib * 2**20, args.lease_s, device=vision.device)
     loader = MediaLoader(media_policy(args))
     cache: ByteLru[Embedding] = ByteLru(args.cache_mib * 2**20, size=lambda e: e.nbytes)
-    servicer = EncoderServicer(vision, agent, loader, cache, args.lease_s, args.max_in_flight)
+    servicer = EncoderServicer(
+        vision,
+        agent,
+        loader,
+        cache,
+        args.lease_s,
+        args.max_in_flight,
+        batch_size=args.batch_size,
+        batch_wait_s=args.batch_wait_ms / 1000,
+    )
     collectors = [
         telemetry.transfer_collector(agent),
         telemetry.cache_collector("prism_embedding_cache", "Embedding", cache.stats),
