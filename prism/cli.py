@@ -292,6 +292,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--mode", default="epd", choices=MODES)
     serve.add_argument("--encoders", type=int, default=1, help="encoder replicas (e/pd, e/p/d)")
     serve.add_argument(
+        "--gpus",
+        action="append",
+        default=[],
+        metavar="GPUS",
+        help="GPUs for the encoders and engines: auto (every GPU shown; the default), none, "
+        "a list (0,1,2: an engine per GPU while there are enough, else shared with memory "
+        "fractions), or once per role, ROLE=GPUS (--gpus encoder=0 --gpus prefill=1 "
+        "--gpus decode=2,3)",
+    )
+    serve.add_argument(
         "--workers", type=int, default=1, help="aggregated worker replicas (epd, e/pd)"
     )
     serve.add_argument(
@@ -501,14 +511,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _vllm_flags(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, flags: list[str]
+) -> list[str]:
+    """`flags`, checked by vLLM's own parser before anything starts."""
+    if not flags:
+        return []
+    if args.engine != "vllm":
+        parser.error(f"vLLM engine arguments need --engine vllm: {' '.join(flags)}")
+    from prism.services.worker.engine import vllm_flags
+
+    try:
+        given = vllm_flags(flags)
+    except ValueError as exc:
+        parser.error(str(exc))
+    args.engine_gpus = int(given.get("tensor_parallel_size", 1)) * int(  # type: ignore[call-overload]
+        given.get("pipeline_parallel_size", 1)  # type: ignore[call-overload]
+    )
+    return flags
+
+
 def _exit_on_sigterm(signum: int, frame: object) -> None:
     # Until a stage installs its graceful handler (e.g. while vLLM starts), SIGTERM must
     # unwind Python so that vLLM's finalizers stop the engine processes it spawned.
     raise SystemExit(128 + signum)
 
 
+# Commands that pass the flags they do not know to vLLM's engines, as `vllm serve` reads them.
+_VLLM_FLAG_COMMANDS = ("serve", "worker")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.command not in _VLLM_FLAG_COMMANDS:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command in _VLLM_FLAG_COMMANDS:
+        args.engine_gpus = 1
+        args.vllm_flags = _vllm_flags(parser, args, unknown)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     logs.configure(args.log_level, args.log_format)
     if getattr(args, "tls_cert", ""):
@@ -537,6 +577,9 @@ def main(argv: list[str] | None = None) -> int:
                 kv_cache_gib=args.kv_cache_gib,
                 engine=args.engine,
                 engine_args=_forward(args, SIM_FLAGS) if args.engine == "sim" else [],
+                vllm_flags=args.vllm_flags,
+                gpus=args.gpus or ["auto"],
+                engine_gpus=args.engine_gpus,
                 transfer=args.transfer,
                 encoders=args.encoders,
                 workers=args.workers,

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
+from prism import gpus
 from prism.modes import EngineRole, MeshRole, mode
 from prism.ports import free_port
 from prism.rpc import check_health
@@ -69,6 +70,8 @@ class Stage:
     env: dict[str, str] = field(default_factory=dict)
     # CPU cores the stage's processes may run on (all when empty).
     cpus: set[int] = field(default_factory=set)
+    # The GPUs it runs on (none: the CPU) and, for a vLLM engine, its share of their memory.
+    placement: gpus.Placement = field(default_factory=lambda: gpus.Placement(()))
     process: subprocess.Popen | None = None
 
 
@@ -95,6 +98,11 @@ class MeshConfig:
     # "vllm", or "sim": workers on the simulated engine, with `engine_args` (--sim-* flags).
     engine: str = "vllm"
     engine_args: list[str] = field(default_factory=list)
+    # vLLM engine arguments for every worker, as `vllm serve` takes them.
+    vllm_flags: list[str] = field(default_factory=list)
+    # --gpus as given (prism.gpus), and the GPUs each vLLM engine spans (tensor parallel).
+    gpus: list[str] = field(default_factory=lambda: ["auto"])
+    engine_gpus: int = 1
     # How embeddings go from encoders to workers (prism.transfer.KINDS).
     transfer: str = "nixl"
     encoders: int = 1
@@ -147,6 +155,29 @@ def _gateway_healthy(base_url: str, kserve_address: str) -> bool:
     return not kserve_address or check_health(kserve_address, "inference.GRPCInferenceService")
 
 
+def _place_on_gpus(config: MeshConfig, by_role: dict[str, list[Stage]]) -> None:
+    """Holds each encoder and engine to the GPUs `--gpus` plans for it."""
+    units = [
+        gpus.Unit(stage.name, role, config.engine_gpus if role != MeshRole.ENCODER else 0)
+        for role, stages in by_role.items()
+        for stage in stages
+    ]
+    available = gpus.parse(config.gpus, set(by_role)) if config.engine == "vllm" else []
+    placements = gpus.place(units, available)
+    if not any(placement.gpus for placement in placements.values()):
+        return
+    user_fraction = any(flag.startswith("--gpu-memory-utilization") for flag in config.vllm_flags)
+    for stage in (stage for stages in by_role.values() for stage in stages):
+        stage.placement = placements[stage.name]
+        # Cores are the CPU backend's to share out; GPU engines keep all of them.
+        stage.cpus = set()
+        stage.env.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+        stage.env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, stage.placement.gpus))
+        fraction = stage.placement.memory_fraction
+        if fraction is not None and not user_fraction:
+            stage.argv += ["--gpu-memory-utilization", str(fraction)]
+
+
 def plan(config: MeshConfig) -> list[Stage]:
     """The stages of a mode, in start order, with their ports and peers."""
     deployed = mode(config.mode)
@@ -159,7 +190,7 @@ def plan(config: MeshConfig) -> list[Stage]:
     if config.max_model_len:
         common += ["--max-model-len", str(config.max_model_len)]
     engine = ["--dtype", config.dtype, "--kv-cache-gib", str(config.kv_cache_gib),
-              "--engine", config.engine, *config.engine_args]  # fmt: skip
+              "--engine", config.engine, *config.engine_args, *config.vllm_flags]  # fmt: skip
     reasoning = ["--reasoning-parser", config.reasoning_parser] if config.reasoning_parser else []
     tools = ["--tool-call-parser", config.tool_call_parser] if config.tool_call_parser else []
     if config.enable_auto_tool_choice:
@@ -200,6 +231,7 @@ def plan(config: MeshConfig) -> list[Stage]:
             stage.cpus = cores
             stage.env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(cores)))
     by_role[MeshRole.ENCODER] = encoders
+    _place_on_gpus(config, by_role)
 
     def peers(by_role: dict[str, list[Stage]]) -> list[str]:
         # A dynamic registry tells each stage where its peers are.
@@ -398,7 +430,9 @@ def endpoints(config: MeshConfig, mesh: Mesh) -> dict:
         "pid": os.getpid(),
         "stages": [
             {"name": stage.name, "role": stage.name.rpartition("-")[0] or stage.name,
-             "address": stage.address, "metrics": stage.metrics_url}
+             "address": stage.address, "metrics": stage.metrics_url,
+             "gpus": list(stage.placement.gpus),
+             "gpu_memory_fraction": stage.placement.memory_fraction}
             for stage in mesh.stages
         ],
     }  # fmt: skip
@@ -436,6 +470,11 @@ def run(config: MeshConfig, status_file: str = "") -> int:
     signal.signal(signal.SIGINT, _raise_stop)
     signal.signal(signal.SIGTERM, _raise_stop)
     mesh = Mesh(plan(config))
+    placed = [stage for stage in mesh.stages if stage.placement.gpus]
+    if placed:
+        print("prism: GPU plan", flush=True)
+        for stage in placed:
+            print(f"  {gpus.describe(stage.name, stage.placement)}", flush=True)
     written = False
     try:
         mesh.start()

@@ -402,6 +402,9 @@ class RunningMesh:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
 
+ENGINE_MAX_NUM_SEQS = 72
+
+
 def start_mesh(
     family: str,
     mode: str,
@@ -412,6 +415,10 @@ def start_mesh(
 ) -> RunningMesh:
     """Starts a mesh; `config` sets further MeshConfig fields (replicas, registry), and
     `place` may move the planned stages elsewhere (`hosts.place`)."""
+    if config.get("engine", "vllm") == "vllm":
+        # A vLLM engine argument through `prism serve` to every engine (test_metrics reads
+        # it back from the running engines); above the tests' concurrency, so it limits none.
+        config.setdefault("vllm_flags", ["--max-num-seqs", str(ENGINE_MAX_NUM_SEQS)])
     config = MeshConfig(
         mode=mode,
         model=str(model),

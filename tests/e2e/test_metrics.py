@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import openai
-from conftest import data_url, png, user, wait_for
+from conftest import ENGINE_MAX_NUM_SEQS, data_url, png, user, wait_for
 
 from prism.modes import MODES
 
@@ -63,3 +63,17 @@ def test_metrics_follow_the_requests(mesh):
     for engine in ("worker", "prefill", "decode"):
         if engine in roles:
             assert mesh.metrics(engine)["prism_engine_requests_in_flight"] == 0
+
+
+def test_engines_run_with_the_vllm_arguments_passed_through(mesh):
+    """`prism serve --max-num-seqs N` reaches every vLLM engine, as the running engine
+    holds it; the CPU backend runs eagerly, as nothing asked otherwise."""
+    roles = MODES[mesh.mode].roles
+    for engine in ("worker", "prefill", "decode"):
+        if engine in roles:
+            (config,) = [key for key in mesh.metrics(engine)
+                         if key.startswith("prism_engine_config_info{")]  # fmt: skip
+            assert f'max_num_seqs="{ENGINE_MAX_NUM_SEQS}"' in config
+            assert 'enforce_eager="True"' in config
+            assert 'device="cpu"' in config
+            assert 'embeddings_device="cpu"' in config

@@ -1,10 +1,12 @@
-"""A worker's vLLM engine: its environment and arguments from the worker's flags, the
-`AsyncLLM` that runs it, and its priority beside the request path."""
+"""A worker's vLLM engine: its environment and arguments from the worker's flags and the
+vLLM flags it passes through, the `AsyncLLM` that runs it, and its priority beside the
+request path."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -14,6 +16,7 @@ from vllm import AsyncEngineArgs
 from vllm.config import KVEventsConfig, KVTransferConfig
 from vllm.platforms import current_platform
 from vllm.usage.usage_lib import UsageContext
+from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.utils.ompmultiprocessing import OMPProcessManager
 from vllm.utils.system_utils import set_env_var
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -28,6 +31,42 @@ log = logging.getLogger(__name__)
 # Roles that take images as embeddings: `prefill` reads them from the encoder; `decode`
 # gets placeholders, since the images' KV comes from prefill.
 _EMBEDS_ROLES = (EngineRole.PREFILL, EngineRole.DECODE)
+
+# Engine arguments that the worker's role and its own flags decide; a vLLM flag that set
+# them would break the role's contract with the mesh.
+_OWNED = frozenset({
+    "model", "served_model_name", "dtype", "max_model_len", "seed", "enable_mm_embeds",
+    "limit_mm_per_prompt", "kv_transfer_config", "kv_events_config", "worker_extension_cls",
+    "reasoning_parser", "enable_log_requests", "disable_log_stats",
+})  # fmt: skip
+
+
+def vllm_flags(flags: list[str]) -> dict[str, object]:
+    """The engine arguments that `flags` (as `vllm serve` takes them) set, by field name.
+
+    vLLM's own parser reads them, so every engine argument of the installed vLLM is taken,
+    with its own checks and help; an unknown flag, or one that Prism sets itself, is an
+    error."""
+    parser = AsyncEngineArgs.add_cli_args(
+        FlexibleArgumentParser(prog="vLLM engine arguments", exit_on_error=False)
+    )
+    # Only what is given: argparse leaves what a namespace already has, unless a flag sets it.
+    unset = object()
+    blank = argparse.Namespace(**dict.fromkeys(vars(parser.parse_args([])), unset))
+    try:
+        parsed, unknown = parser.parse_known_args(flags, namespace=blank)
+    except argparse.ArgumentError as exc:
+        raise ValueError(str(exc)) from None
+    if unknown:
+        raise ValueError(f"neither Prism's flags nor vLLM's engine arguments: {' '.join(unknown)}")
+    given = {name: value for name, value in vars(parsed).items() if value is not unset}
+    owned = sorted(_OWNED & given.keys())
+    if owned:
+        raise ValueError(
+            f"{', '.join(owned)}: set by Prism from the worker's own flags and role, not "
+            "from vLLM flags (use --model, --dtype, --max-model-len, --seed, --max-images ...)"
+        )
+    return given
 
 
 def start_engine(
@@ -67,18 +106,22 @@ def _configure(args: argparse.Namespace, sockets: Path) -> None:
 def engine_args(
     args: argparse.Namespace, kv_events: KVEventsConfig | None = None
 ) -> AsyncEngineArgs:
+    cpu = current_platform.is_cpu()
     disaggregated = args.role != EngineRole.AGGREGATED
     kv_config = (
         KVTransferConfig(
             kv_connector="NixlConnector",
             kv_role="kv_both",
             kv_connector_extra_config={"kv_lease_duration": args.kv_lease_s},
+            # The KV that decode reads stays in the memory it was computed in.
+            kv_buffer_device="cpu" if cpu else "cuda",
         )
         if disaggregated
         else None
     )
-    return AsyncEngineArgs(
-        enable_mm_embeds=args.enable_mm_embeds or args.role in _EMBEDS_ROLES,
+    embeds = args.enable_mm_embeds or args.role in _EMBEDS_ROLES
+    engine = AsyncEngineArgs(
+        enable_mm_embeds=embeds,
         kv_transfer_config=kv_config,
         kv_events_config=kv_events,
         worker_extension_cls="prism.services.worker.engine_extension.EngineExtension",
@@ -87,13 +130,56 @@ def engine_args(
         dtype=args.dtype,
         max_model_len=args.max_model_len or None,
         limit_mm_per_prompt={"image": args.max_images, "video": args.max_videos},
-        enforce_eager=True,
+        # CUDA graphs where there is a GPU; the CPU backend runs eagerly.
+        enforce_eager=cpu,
         enable_log_requests=False,
         disable_log_stats=False,
         seed=args.seed,
         # Structured output (a forced tool call) then starts where reasoning ends.
         reasoning_parser=args.reasoning_parser,
     )
+    engine = dataclasses.replace(engine, **vllm_flags(getattr(args, "vllm_flags", [])))
+    if embeds and device_embeddings(engine):
+        # Embeddings read into GPU memory reach the engine core as device tensors.
+        engine.mm_tensor_ipc = "torch_shm"
+    return engine
+
+
+def device_embeddings(engine: AsyncEngineArgs) -> bool:
+    """Whether embeddings are handed to this engine in device memory: on a GPU, where one
+    process runs the model (vLLM's shared-memory tensor IPC, which carries device tensors,
+    takes no more)."""
+    ranks = engine.tensor_parallel_size * engine.pipeline_parallel_size * engine.data_parallel_size
+    return not current_platform.is_cpu() and ranks == 1
+
+
+def embeddings_device(engine: AsyncLLM) -> str:
+    """Where the worker reads embeddings into: the GPU where the engine takes device
+    tensors (`device_embeddings`), else host memory."""
+    multimodal = engine.vllm_config.model_config.multimodal_config
+    if multimodal is not None and multimodal.mm_tensor_ipc == "torch_shm":
+        return "cuda"
+    return "cpu"
+
+
+def config_info(engine: AsyncLLM) -> dict[str, str]:
+    """What the running engine was built with, as vLLM holds it: the settings users set
+    with vLLM's flags and ask about first."""
+    config = engine.vllm_config
+    return {
+        "device": str(config.device_config.device_type),
+        "dtype": str(config.model_config.dtype).removeprefix("torch."),
+        "enforce_eager": str(config.model_config.enforce_eager),
+        "max_num_seqs": str(config.scheduler_config.max_num_seqs),
+        "max_num_batched_tokens": str(config.scheduler_config.max_num_batched_tokens),
+        "max_model_len": str(config.model_config.max_model_len),
+        "gpu_memory_utilization": str(config.cache_config.gpu_memory_utilization),
+        "tensor_parallel_size": str(config.parallel_config.tensor_parallel_size),
+        "enable_prefix_caching": str(config.cache_config.enable_prefix_caching),
+        "quantization": str(config.model_config.quantization),
+        "kv_cache_dtype": str(config.cache_config.cache_dtype),
+        "embeddings_device": embeddings_device(engine),
+    }
 
 
 def _async_llm(args: AsyncEngineArgs) -> AsyncLLM:

@@ -34,7 +34,7 @@ from prism.modes import EngineRole, modes_served
 from prism.rpc import PrismError, invalid
 from prism.runtime.stage import Stage
 from prism.services.worker import check_request, engine_service
-from prism.services.worker.engine import start_engine
+from prism.services.worker.engine import config_info, embeddings_device, start_engine
 from prism.services.worker.kv_events import KvEvents
 from prism.services.worker.roles import MODALITIES, Role, embeddings_input, make_role
 from prism.stage.v1 import encoder_pb2, engine_pb2
@@ -346,7 +346,11 @@ async def _serve(args: argparse.Namespace, directory: Path) -> None:
     engine = start_engine(args, directory, kv_events.config() if kv_events else None)
     role = make_role(args.role, engine, args.kv_lease_s)
     reads_embeddings = args.enable_mm_embeds or role.reads_embeddings
-    transfer = open_transfer(args.transfer, args.pool_mib * 2**20) if reads_embeddings else None
+    transfer = (
+        open_transfer(args.transfer, args.pool_mib * 2**20, device=embeddings_device(engine))
+        if reads_embeddings
+        else None
+    )
     videos = VideoDecoder.for_model(args.model, args.video_frames, args.video_fps)
     servicer = EngineServicer(engine, role, transfer, args.max_in_flight, videos)
     collectors = [telemetry.transfer_collector(transfer)] if transfer else []
@@ -355,6 +359,7 @@ async def _serve(args: argparse.Namespace, directory: Path) -> None:
             "prism_engine_requests_in_flight", "Requests this worker runs", servicer.in_flight
         )
     )
+    telemetry.info("prism_engine_config", "The running engine's settings", config_info(engine))
     if args.role != EngineRole.AGGREGATED:
         log.info("worker (%s) KV side channel on %s:%d", args.role, args.kv_host, args.kv_port)
     services, tasks = [servicer.service], [servicer.watch]

@@ -1,0 +1,63 @@
+"""vLLM's engine arguments through Prism: read by vLLM's own parser, every one of them,
+except those a worker's role and Prism's own flags decide."""
+
+from __future__ import annotations
+
+import pytest
+
+from prism import cli
+from prism.launcher import MeshConfig, plan
+from prism.modes import EngineRole
+from prism.services.worker.engine import engine_args, vllm_flags
+
+
+def test_the_flags_given_and_only_those_are_read_as_vllm_reads_them():
+    given = vllm_flags(["--max-num-seqs", "8", "--gpu-memory-utilization=0.5",
+                        "--enforce-eager", "-tp", "2", "--no-enable-prefix-caching"])  # fmt: skip
+    assert given == {"max_num_seqs": 8, "gpu_memory_utilization": 0.5, "enforce_eager": True,
+                     "tensor_parallel_size": 2, "enable_prefix_caching": False}  # fmt: skip
+    assert vllm_flags([]) == {}
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [(["--max-num-seqz", "8"], "neither Prism's flags nor vLLM's"),
+     (["--max-num-seqs", "many"], "invalid int value"),
+     (["--kv-transfer-config", "{}"], "kv_transfer_config: set by Prism"),
+     (["--limit-mm-per-prompt", "{}"], "limit_mm_per_prompt: set by Prism")],
+)  # fmt: skip
+def test_unknown_bad_or_prism_owned_flags_are_refused(flags, message):
+    with pytest.raises(ValueError, match=message):
+        vllm_flags(flags)
+
+
+def test_a_workers_engine_takes_them_over_its_defaults(models):
+    args = cli.build_parser().parse_args(
+        ["worker", "--model", str(models["llava"]), "--role", "prefill", "--kv-host", "127.0.0.1",
+         "--kv-port", "1"]
+    )  # fmt: skip
+    args.vllm_flags = ["--max-num-seqs", "8", "--no-enforce-eager"]
+    engine = engine_args(args)
+    assert (engine.max_num_seqs, engine.enforce_eager) == (8, False)
+    # Left alone: what the role decides, and eager execution on the CPU backend.
+    assert engine.kv_transfer_config.kv_connector == "NixlConnector"
+    assert engine.kv_transfer_config.kv_buffer_device == "cpu"
+    assert engine.enable_mm_embeds
+    args.vllm_flags, args.role = [], EngineRole.AGGREGATED
+    assert engine_args(args).enforce_eager
+    assert engine_args(args).mm_tensor_ipc == "direct_rpc"
+
+
+def test_serve_passes_vllm_engine_arguments_to_every_engine():
+    args, unknown = cli.build_parser().parse_known_args(
+        ["serve", "--model", "m", "--mode", "ep/d", "--max-num-seqs", "8", "-tp", "2"]
+    )
+    assert unknown == ["--max-num-seqs", "8", "-tp", "2"]
+    args.engine_gpus = 1
+    assert cli._vllm_flags(cli.build_parser(), args, unknown) == unknown
+    assert args.engine_gpus == 2
+    config = MeshConfig(mode="ep/d", model="m", gpus=["none"], vllm_flags=unknown)
+    engines = [stage for stage in plan(config) if stage.name.startswith(("prefill", "decode"))]
+    for stage in engines:
+        start = stage.argv.index("--max-num-seqs")
+        assert stage.argv[start : start + 4] == unknown
