@@ -460,15 +460,22 @@ def build_parser() -> argparse.ArgumentParser:
     _limit_arg(gateway)
     registry.add_arguments(gateway, peers="processor=127.0.0.1:50050")
 
-    model = sub.add_parser("model", help="tiny random-weight models for tests and demos")
+    model = sub.add_parser("model", help="random-weight models for tests, demos and benchmarks")
     model_sub = model.add_subparsers(dest="model_command", required=True)
-    build = model_sub.add_parser("build", help="write a tiny checkpoint")
-    build.add_argument("--family", required=True, choices=["llava", "qwen2-vl"])
+    build = model_sub.add_parser("build", help="write a random-weight checkpoint")
+    kind = build.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--family", help="a tiny model of this family: llava, qwen2-vl or qwen2.5-vl")
+    kind.add_argument(
+        "--preset",
+        help="the exact architecture of a published checkpoint (qwen2-vl-2b, qwen2-vl-7b, "
+        "llava-1.5-7b), its size and dtype, for GPU benchmarks",
+    )
     build.add_argument("--out", required=True)
     build.add_argument("--seed", type=int, default=0)
     build.add_argument(
         "--size", default="tiny", choices=["tiny", "small"],
-        help="small: a larger language model, for benchmarks where prefill should cost",
+        help="with --family; small: a larger language model, for benchmarks where prefill "
+        "should cost",
     )  # fmt: skip
 
     deploy = sub.add_parser("deploy", help="deployment manifests of a mesh")
@@ -637,9 +644,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "model":
         from pathlib import Path
 
+        from prism.presets import build_preset
         from prism.tiny_models import build
 
-        print(build(args.family, Path(args.out), seed=args.seed, size=args.size))
+        try:
+            if args.preset:
+                print(build_preset(args.preset, Path(args.out), seed=args.seed))
+            else:
+                print(build(args.family, Path(args.out), seed=args.seed, size=args.size))
+        except ValueError as exc:
+            raise SystemExit(f"prism model build: {exc}") from None
         return 0
     return 2
 

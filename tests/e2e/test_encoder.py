@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import shutil
 import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import openai
@@ -13,9 +17,12 @@ import pytest
 import torch
 from conftest import CASES, data_url, image_part, png, user, wait_for
 from prometheus_client.parser import text_string_to_metric_families
+from safetensors import safe_open
+from transformers import AutoConfig
 
 from prism import rpc
 from prism.ports import free_port
+from prism.presets import write_weights
 from prism.rpc import PrismError
 from prism.services.encoder import VisionEncoder
 from prism.stage.v1 import encoder_pb2, encoder_pb2_grpc, engine_pb2, engine_pb2_grpc
@@ -28,12 +35,12 @@ POOL = "prism_nixl_pool_bytes_in_use"
 class Encoder:
     """A standalone `prism encoder` process with its metrics port."""
 
-    def __init__(self, model: str, lease_s: float):
+    def __init__(self, model: str, lease_s: float, *flags: str):
         self.port, self.metrics_port = free_port(), free_port()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "prism.cli", "--log-level", "warning", "encoder",
              "--model", model, "--port", str(self.port), "--metrics-port",
-             str(self.metrics_port), "--lease-s", str(lease_s), "--pool-mib", "16"],
+             str(self.metrics_port), "--lease-s", str(lease_s), "--pool-mib", "16", *flags],
         )  # fmt: skip
         assert wait_for(lambda: rpc.check_health(self.address), timeout=120), "encoder not up"
 
@@ -114,6 +121,108 @@ def test_encode_rejects_bad_images(encoder):
     with pytest.raises(grpc.RpcError) as info:
         stub.Encode(encoder_pb2.EncodeRequest(), timeout=30)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+PASSES = "prism_encoder_batch_items_count"
+ITEMS = "prism_encoder_batch_items_sum"
+
+
+@pytest.fixture(scope="module")
+def batching_encoder(models):
+    """An encoder whose batches close when 8 items are in, or after a second: time enough
+    for the test's concurrent requests to arrive together, on any machine."""
+    running = Encoder(str(models["llava"]), 5.0, "--batch-size", "8", "--batch-wait-ms", "1000")
+    yield running
+    running.stop()
+
+
+def concurrently(encoder: Encoder, images: list[bytes]) -> list[encoder_pb2.EncodeResponse]:
+    with ThreadPoolExecutor(len(images)) as pool:
+        return list(pool.map(lambda i: encoder.encode(images[i], request_id=f"c{i}"),
+                             range(len(images))))  # fmt: skip
+
+
+def counted(encoder: Encoder, name: str) -> float:
+    try:
+        return encoder.metric(name)
+    except KeyError:  # before the first forward pass
+        return 0.0
+
+
+def test_concurrent_requests_for_one_new_image_run_one_forward_pass(batching_encoder):
+    passes = counted(batching_encoder, PASSES)
+    replies = concurrently(batching_encoder, [png(71)] * 16)
+    assert counted(batching_encoder, PASSES) == passes + 1
+    (handle,) = {reply.embeddings.images[0].content_hash for reply in replies}
+    assert handle
+    # Each request got embeddings of its own to read, all of the one encoding.
+    tags = {reply.embeddings.images[0].embeddings.nixl.notification_tag for reply in replies}
+    assert len(tags) == 16
+
+
+def test_concurrent_requests_for_distinct_images_share_forward_passes(batching_encoder, models):
+    passes, items = counted(batching_encoder, PASSES), counted(batching_encoder, ITEMS)
+    images = [png(80 + i) for i in range(8)]
+    replies = concurrently(batching_encoder, images)
+    assert counted(batching_encoder, ITEMS) == items + 8
+    assert counted(batching_encoder, PASSES) - passes < 8
+    # Batched, each image's embeddings are still its own.
+    reader = NixlTransfer(pool_bytes=8 * 2**20)
+    try:
+        tensors = [reader.fetch(reply.embeddings.images[0].embeddings) for reply in replies]
+    finally:
+        reader.close()
+    expected = VisionEncoder(str(models["llava"])).encode(images)
+    for tensor, want in zip(tensors, expected, strict=True):
+        assert torch.equal(tensor, want.tensor)
+
+
+PEAK_MEMORY = """
+import re, sys
+from prism.services.encoder import VisionEncoder
+
+def peak_mib():
+    return int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) // 1024
+
+before = peak_mib()
+VisionEncoder(sys.argv[1])
+print(peak_mib() - before)
+"""
+
+
+def big_language_model(tiny: Path, out: Path) -> int:
+    """The tiny LLaVA's vision tower and processor under a language model of ~400 MB saved
+    in bfloat16; returns the bytes of its language model weights."""
+    for source in tiny.iterdir():
+        if source.name != "model.safetensors":
+            shutil.copy(source, out / source.name)
+    config = AutoConfig.from_pretrained(tiny)
+    text = config.get_text_config()
+    text.hidden_size, text.num_hidden_layers, text.intermediate_size = 1024, 12, 4096
+    text.num_attention_heads = text.num_key_value_heads = 16
+    config.dtype = "bfloat16"
+    config.save_pretrained(out)
+    write_weights(config, out)
+    with safe_open(out / "model.safetensors", framework="pt") as weights:
+        shapes = [weights.get_slice(name).get_shape() for name in weights.keys()  # noqa: SIM118
+                  if name.startswith("language_model.")]  # fmt: skip
+    return sum(math.prod(shape) * 2 for shape in shapes)
+
+
+def test_the_encoder_never_materializes_the_language_model(models, tmp_path):
+    big = big_language_model(models["llava"], tmp_path)
+    assert big > 400 * 10**6
+
+    def growth(model: Path) -> int:
+        result = subprocess.run([sys.executable, "-c", PEAK_MEMORY, str(model)],
+                                capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-2000:]
+        return int(result.stdout.split()[-1])
+
+    tiny = growth(models["llava"])
+    # Loading the whole checkpoint would grow by the language model at least (twice over
+    # in float32); the vision path alone, by what the tiny model takes.
+    assert growth(tmp_path) - tiny < 100, (tiny, big)
 
 
 def e_pd_only(mesh) -> None:
