@@ -41,12 +41,12 @@ from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
 from prism.tiny_models import (
-    _BUILDERS,
     LLAVA_TEMPLATE,
     QWEN2_VL_TEMPLATE,
-    SIZES,
     WEIGHTS_FILE,
     _vllm_weight_name,
+    llava_tokenizer,
+    qwen_tokenizer,
 )
 
 MAX_SHARD_BYTES = 2 << 30
@@ -178,11 +178,7 @@ def _preset(name: str) -> Preset:
 
 
 def _family_tokenizer(family: str) -> PreTrainedTokenizerFast:
-    # The tiny builder makes the family's tokenizer along with a tiny model, which costs
-    # little; fork the RNG so that the model it also draws leaves the caller's state alone.
-    with torch.random.fork_rng(devices=[]):
-        _, processor = _BUILDERS[family](SIZES["tiny"])
-    return processor.tokenizer
+    return {"llava": llava_tokenizer, "qwen2-vl": qwen_tokenizer}[family]()
 
 
 def _qwen2_vl_config(preset: Preset, tokenizer: PreTrainedTokenizerFast) -> PreTrainedConfig:

@@ -22,6 +22,9 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerFast,
     ProcessorMixin,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2_5_VLProcessor,
     Qwen2VLConfig,
     Qwen2VLForConditionalGeneration,
     Qwen2VLImageProcessor,
@@ -29,7 +32,7 @@ from transformers import (
     Qwen2VLVideoProcessor,
 )
 
-FAMILIES = ("llava", "qwen2-vl")
+FAMILIES = ("llava", "qwen2-vl", "qwen2.5-vl")
 
 VOCAB_SIZE = 1536
 TEXT_HEAD_DIM = 64  # vLLM's CPU attention rejects head_dim 16; 64 is known to work.
@@ -280,8 +283,13 @@ def _llava(size: TextSize) -> tuple[PreTrainedModel, ProcessorMixin]:
     return model, processor
 
 
-def _qwen2_vl(size: TextSize) -> tuple[PreTrainedModel, ProcessorMixin]:
-    tokenizer = _tokenizer(
+# Qwen2-VL and Qwen2.5-VL share their tokens, chat template, processors and language model;
+# only the vision tower differs.
+QWEN_PATCH, QWEN_MERGE, QWEN_TEMPORAL = 14, 2, 2
+
+
+def qwen_tokenizer() -> PreTrainedTokenizerFast:
+    return _tokenizer(
         [
             "<|endoftext|>",
             "<|im_start|>",
@@ -295,44 +303,39 @@ def _qwen2_vl(size: TextSize) -> tuple[PreTrainedModel, ProcessorMixin]:
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
     )
-    patch, merge, temporal = 14, 2, 2
+
+
+def _qwen_config(tokenizer: PreTrainedTokenizerFast, size: TextSize) -> dict[str, object]:
+    """The top-level config both Qwen families take, less the vision config."""
     ids = tokenizer.convert_tokens_to_ids
-    config = Qwen2VLConfig(
-        vision_config={
-            "depth": 2,
-            "embed_dim": 64,
-            "hidden_size": size.hidden,
-            "num_heads": 2,
-            "mlp_ratio": 2,
-            "patch_size": patch,
-            "spatial_merge_size": merge,
-            "temporal_patch_size": temporal,
-        },
-        text_config={
+    return {
+        "text_config": {
             **_text_config(tokenizer, size),
             "bos_token_id": ids("<|endoftext|>"),
             # transformers 5 reads M-RoPE from rope_parameters; the sections split the
             # 32 rotary frequency pairs of a 64-wide head over (temporal, height, width).
             "rope_parameters": {"rope_type": "default", "mrope_section": [8, 12, 12]},
         },
-        image_token_id=ids("<|image_pad|>"),
-        video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"),
-        vision_end_token_id=ids("<|vision_end|>"),
-        tie_word_embeddings=False,
-    )
-    model = Qwen2VLForConditionalGeneration(config)
-    merger = model.model.visual.merger.mlp
-    _scale([merger[0], merger[2]])
-    # 4 to 16 merged tokens per image or frame keeps prompts short.
-    pixels = {"shortest_edge": 4 * (patch * merge) ** 2, "longest_edge": 16 * (patch * merge) ** 2}
-    common = {
-        "patch_size": patch,
-        "merge_size": merge,
-        "temporal_patch_size": temporal,
-        "size": pixels,
+        "image_token_id": ids("<|image_pad|>"),
+        "video_token_id": ids("<|video_pad|>"),
+        "vision_start_token_id": ids("<|vision_start|>"),
+        "vision_end_token_id": ids("<|vision_end|>"),
+        "tie_word_embeddings": False,
     }
-    processor = Qwen2VLProcessor(
+
+
+def _qwen_processor(
+    processor: type[ProcessorMixin], tokenizer: PreTrainedTokenizerFast
+) -> ProcessorMixin:
+    # 4 to 16 merged tokens per image or frame keeps prompts short.
+    unit = (QWEN_PATCH * QWEN_MERGE) ** 2
+    common = {
+        "patch_size": QWEN_PATCH,
+        "merge_size": QWEN_MERGE,
+        "temporal_patch_size": QWEN_TEMPORAL,
+        "size": {"shortest_edge": 4 * unit, "longest_edge": 16 * unit},
+    }
+    return processor(
         image_processor=Qwen2VLImageProcessor(**common),
         tokenizer=tokenizer,
         # Capping pixels per frame is transformers' upcoming default; choosing it now also
@@ -340,12 +343,60 @@ def _qwen2_vl(size: TextSize) -> tuple[PreTrainedModel, ProcessorMixin]:
         video_processor=Qwen2VLVideoProcessor(**common, cap_pixels_per_frame=True),
         chat_template=QWEN2_VL_TEMPLATE,
     )
-    return model, processor
+
+
+def _qwen2_vl(size: TextSize) -> tuple[PreTrainedModel, ProcessorMixin]:
+    tokenizer = qwen_tokenizer()
+    config = Qwen2VLConfig(
+        vision_config={
+            "depth": 2,
+            "embed_dim": 64,
+            "hidden_size": size.hidden,
+            "num_heads": 2,
+            "mlp_ratio": 2,
+            "patch_size": QWEN_PATCH,
+            "spatial_merge_size": QWEN_MERGE,
+            "temporal_patch_size": QWEN_TEMPORAL,
+        },
+        **_qwen_config(tokenizer, size),
+    )
+    model = Qwen2VLForConditionalGeneration(config)
+    merger = model.model.visual.merger.mlp
+    _scale([merger[0], merger[2]])
+    return model, _qwen_processor(Qwen2VLProcessor, tokenizer)
+
+
+def _qwen2_5_vl(size: TextSize) -> tuple[PreTrainedModel, ProcessorMixin]:
+    tokenizer = qwen_tokenizer()
+    config = Qwen2_5_VLConfig(
+        vision_config={
+            "depth": 2,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_heads": 2,
+            "out_hidden_size": size.hidden,
+            "patch_size": QWEN_PATCH,
+            "spatial_merge_size": QWEN_MERGE,
+            "temporal_patch_size": QWEN_TEMPORAL,
+            # Windows of 2x2 merged tokens, so that an image above the minimum size spans
+            # several; the last block attends over the whole image, as in the real models.
+            "window_size": 2 * QWEN_PATCH * QWEN_MERGE,
+            "fullatt_block_indexes": [1],
+            # The released checkpoints' value (transformers' default is 4).
+            "tokens_per_second": 2,
+        },
+        **_qwen_config(tokenizer, size),
+    )
+    model = Qwen2_5_VLForConditionalGeneration(config)
+    merger = model.model.visual.merger.mlp
+    _scale([merger[0], merger[2]])
+    return model, _qwen_processor(Qwen2_5_VLProcessor, tokenizer)
 
 
 _BUILDERS: dict[str, Callable[[TextSize], tuple[PreTrainedModel, ProcessorMixin]]] = {
     "llava": _llava,
     "qwen2-vl": _qwen2_vl,
+    "qwen2.5-vl": _qwen2_5_vl,
 }
 
 

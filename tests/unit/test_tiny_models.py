@@ -9,6 +9,7 @@ from transformers import (
     AutoProcessor,
     AutoTokenizer,
     LlavaForConditionalGeneration,
+    Qwen2_5_VLForConditionalGeneration,
     Qwen2VLForConditionalGeneration,
 )
 
@@ -17,12 +18,14 @@ from prism.tiny_models import FAMILIES, MARKERS, VOCAB_SIZE, build
 MODEL_CLASSES = {
     "llava": LlavaForConditionalGeneration,
     "qwen2-vl": Qwen2VLForConditionalGeneration,
+    "qwen2.5-vl": Qwen2_5_VLForConditionalGeneration,
 }
 PLACEHOLDERS = {
     "llava": "<image>",
     "qwen2-vl": "<|vision_start|><|image_pad|><|vision_end|>",
+    "qwen2.5-vl": "<|vision_start|><|image_pad|><|vision_end|>",
 }
-IMAGE_TOKENS = {"llava": "<image>", "qwen2-vl": "<|image_pad|>"}
+IMAGE_TOKENS = {"llava": "<image>", "qwen2-vl": "<|image_pad|>", "qwen2.5-vl": "<|image_pad|>"}
 WEIGHTS = "model.safetensors"
 
 

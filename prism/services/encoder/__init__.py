@@ -114,6 +114,7 @@ class EncoderServicer:
                     content_hash=key,
                     grid_thw=embedding.grid_thw,
                     cached=cached,
+                    second_per_grid_ts=embedding.second_per_grid_ts,
                 )
             )
         return handles

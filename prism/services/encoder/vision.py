@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -35,6 +35,8 @@ class Embedding:
 
     tensor: torch.Tensor
     grid_thw: tuple[int, ...] = ()
+    # Qwen2.5-VL videos: seconds between temporal patches (0: the family has none).
+    second_per_grid_ts: float = 0.0
 
     @property
     def nbytes(self) -> int:
@@ -197,15 +199,29 @@ class VisionEncoder:
     def encode_videos(self, videos: Sequence[bytes]) -> list[Embedding]:
         if self.video_processor is None or self.videos is None:
             raise invalid("this model does not accept video", "videos")
-        clips = [self.videos.decode(data)[0] for data in videos]
-        inputs = self.video_processor(videos=clips, return_tensors="pt")
+        decoded = [self.videos.decode(data) for data in videos]
+        inputs = self.video_processor(videos=[frames for frames, _ in decoded], return_tensors="pt")
         grid = inputs["video_grid_thw"]
         with self._lock, torch.inference_mode():
             output = self.model.get_video_features(
                 pixel_values_videos=self._on_device(inputs["pixel_values_videos"]),
                 video_grid_thw=self._on_device(grid),
             )
-        return _embeddings(output.pooler_output, grid)
+        embeddings = _embeddings(output.pooler_output, grid)
+        if self.config.model_type != "qwen2_5_vl":
+            return embeddings
+        # Qwen2.5-VL places video tokens in time: the seconds a temporal patch spans, at
+        # the rate the frames were sampled, as vLLM's own processor computes them.
+        patch = self.video_processor.temporal_patch_size
+        return [
+            replace(embedding, second_per_grid_ts=patch / sampled_fps(metadata))
+            for embedding, (_, metadata) in zip(embeddings, decoded, strict=True)
+        ]
+
+
+def sampled_fps(metadata: dict) -> float:
+    """Frames a second of a sampled video, from vLLM's metadata of it."""
+    return len(metadata["frames_indices"]) / metadata["total_num_frames"] * metadata["fps"]
 
 
 def _embeddings(features: Sequence[torch.Tensor], grid: torch.Tensor | None) -> list[Embedding]:

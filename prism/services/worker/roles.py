@@ -39,13 +39,21 @@ MODALITIES = ("image", "video")
 
 
 def embeddings_input(
-    modality: str, tensors: list[torch.Tensor], grids: Sequence[Sequence[int]]
+    modality: str,
+    tensors: list[torch.Tensor],
+    grids: Sequence[Sequence[int]],
+    seconds: Sequence[float] = (),
 ) -> object:
-    """Precomputed embeddings of one modality in the form vLLM takes for the model's family."""
+    """Precomputed embeddings of one modality in the form vLLM takes for the model's family;
+    `seconds`: each video's seconds per temporal patch, where the family places video
+    tokens in time (Qwen2.5-VL)."""
     if any(grids):
         # Qwen2-VL: one (tokens, hidden) block for all items, and each item's grid.
         grid = torch.tensor([list(thw) for thw in grids])
-        return {f"{modality}_embeds": torch.cat(tensors), f"{modality}_grid_thw": grid}
+        data = {f"{modality}_embeds": torch.cat(tensors), f"{modality}_grid_thw": grid}
+        if any(seconds):
+            data["second_per_grid_ts"] = torch.tensor(list(seconds))
+        return data
     if len({tensor.shape for tensor in tensors}) == 1:
         # A 3-D tensor is read as (items, tokens, hidden); a 2-D one would be many items.
         return torch.stack(tensors)
@@ -65,9 +73,13 @@ def media_layouts(engine_input: Any) -> engine_pb2.MediaLayouts:
         for index, placeholder in enumerate(engine_input["mm_placeholders"].get(modality, [])):
             item = items[index]
             grid = item[grid_key].data.tolist() if grid_key in item else []
+            seconds = item["second_per_grid_ts"].data.item() if "second_per_grid_ts" in item else 0
             out.append(
                 engine_pb2.MediaLayout(
-                    uuid=hashes[index], num_tokens=placeholder.length, grid_thw=grid
+                    uuid=hashes[index],
+                    num_tokens=placeholder.length,
+                    grid_thw=grid,
+                    second_per_grid_ts=seconds,
                 )
             )
     return layouts
@@ -248,7 +260,12 @@ class Decode(Role):
             if not items:
                 continue
             tensors = [torch.zeros(item.num_tokens, hidden, dtype=config.dtype) for item in items]
-            data[modality] = embeddings_input(modality, tensors, [item.grid_thw for item in items])
+            data[modality] = embeddings_input(
+                modality,
+                tensors,
+                [item.grid_thw for item in items],
+                [item.second_per_grid_ts for item in items],
+            )
             uuids[modality] = [item.uuid or None for item in items]
         return {"multi_modal_data": data, "multi_modal_uuids": uuids}
 

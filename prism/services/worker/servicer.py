@@ -171,7 +171,12 @@ class EngineServicer:
                 param="embeddings",
             ) from None
         return {
-            modality: embeddings_input(modality, list(group), [h.grid_thw for h in items])
+            modality: embeddings_input(
+                modality,
+                list(group),
+                [h.grid_thw for h in items],
+                [h.second_per_grid_ts for h in items],
+            )
             for (modality, items), group in zip(groups, tensors, strict=True)
         }
 

@@ -33,13 +33,15 @@ class MediaEmbeddings(_message.Message):
     def __init__(self, images: _Optional[_Iterable[_Union[EmbeddingHandle, _Mapping]]] = ..., videos: _Optional[_Iterable[_Union[EmbeddingHandle, _Mapping]]] = ...) -> None: ...
 
 class EmbeddingHandle(_message.Message):
-    __slots__ = ("embeddings", "content_hash", "grid_thw", "cached")
+    __slots__ = ("embeddings", "content_hash", "grid_thw", "cached", "second_per_grid_ts")
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
     GRID_THW_FIELD_NUMBER: _ClassVar[int]
     CACHED_FIELD_NUMBER: _ClassVar[int]
+    SECOND_PER_GRID_TS_FIELD_NUMBER: _ClassVar[int]
     embeddings: _tensor_pb2.TensorDescriptor
     content_hash: str
     grid_thw: _containers.RepeatedScalarFieldContainer[int]
     cached: bool
-    def __init__(self, embeddings: _Optional[_Union[_tensor_pb2.TensorDescriptor, _Mapping]] = ..., content_hash: _Optional[str] = ..., grid_thw: _Optional[_Iterable[int]] = ..., cached: _Optional[bool] = ...) -> None: ...
+    second_per_grid_ts: float
+    def __init__(self, embeddings: _Optional[_Union[_tensor_pb2.TensorDescriptor, _Mapping]] = ..., content_hash: _Optional[str] = ..., grid_thw: _Optional[_Iterable[int]] = ..., cached: _Optional[bool] = ..., second_per_grid_ts: _Optional[float] = ...) -> None: ...

@@ -170,14 +170,16 @@ class KvBlockIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class MediaLayout(_message.Message):
-    __slots__ = ("uuid", "num_tokens", "grid_thw")
+    __slots__ = ("uuid", "num_tokens", "grid_thw", "second_per_grid_ts")
     UUID_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GRID_THW_FIELD_NUMBER: _ClassVar[int]
+    SECOND_PER_GRID_TS_FIELD_NUMBER: _ClassVar[int]
     uuid: str
     num_tokens: int
     grid_thw: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, uuid: _Optional[str] = ..., num_tokens: _Optional[int] = ..., grid_thw: _Optional[_Iterable[int]] = ...) -> None: ...
+    second_per_grid_ts: float
+    def __init__(self, uuid: _Optional[str] = ..., num_tokens: _Optional[int] = ..., grid_thw: _Optional[_Iterable[int]] = ..., second_per_grid_ts: _Optional[float] = ...) -> None: ...
 
 class EngineServiceAbortRequest(_message.Message):
     __slots__ = ("request_id",)
