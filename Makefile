@@ -4,7 +4,7 @@ PY := .venv/bin/python
 STUB_DIRS := prism/v1 prism/stage/v1 prism/kserve
 PROTOS := $(foreach dir,$(STUB_DIRS),$(wildcard protos/$(dir)/*.proto))
 
-.PHONY: setup demo test test-unit test-net lint protos check-protos bench bench-transfer bench-modes \
+.PHONY: setup demo test test-unit test-net lint protos check-protos bench bench-transfer bench-encoder bench-modes \
 	bench-routing bench-choices bench-anchors bench-scale manifests
 
 setup:
@@ -50,6 +50,12 @@ bench-scale:
 	scripts/bench_anchors.sh
 	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
 	$(PY) bench/scale.py --model models/tiny-llava --rounds 3
+
+# Not a test: the encoder's images/s at 32 concurrent one-image requests, with and without
+# batching across requests (bench/results/encoder.json; docs/gpu.md).
+bench-encoder:
+	$(PY) -m prism.cli model build --family qwen2-vl --out models/tiny-qwen2-vl >/dev/null
+	$(PY) bench/encoder.py --model models/tiny-qwen2-vl
 
 # Not a test: NIXL vs inline protobuf vs memcpy, written to bench/results/transfer.json.
 bench-transfer:

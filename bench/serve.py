@@ -51,6 +51,7 @@ import psutil
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
+from prism import gpus
 from prism.launcher import Mesh, MeshConfig, core_slices, http_ok, plan, prepare_child
 from prism.ports import free_port
 from prism.video import encode_video
@@ -324,8 +325,11 @@ def await_ready(
 
 
 def vllm_argv(model: str, port: int, limits: dict) -> list[str]:
+    # The anchor's engine as Prism's workers run theirs: float32 and eager on the CPU
+    # backend; on a GPU, the checkpoint's dtype with CUDA graphs.
+    engine = [] if gpus.visible_gpus() else ["--dtype", "float32", "--enforce-eager"]
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-            "--dtype", "float32", "--enforce-eager", "--seed", "0", "--port", str(port),
+            *engine, "--seed", "0", "--port", str(port),
             "--host", "127.0.0.1", "--limit-mm-per-prompt", json.dumps(limits),
             "--uvicorn-log-level", "warning"]  # fmt: skip
 

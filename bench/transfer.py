@@ -1,13 +1,16 @@
 """Moving a tensor between two processes: NIXL descriptor vs inline gRPC bytes vs memcpy.
 
-    .venv/bin/python bench/transfer.py [--sizes 1,4,16,64] [--reps 25] [--out PATH]
+    .venv/bin/python bench/transfer.py [--sizes 1,4,16,64] [--reps 25] [--device cpu|cuda]
+        [--out PATH]
 
 A server process holds a float32 tensor per size (as the encoder holds an embedding) and
 answers two RPCs over real gRPC on loopback: `Publish` copies the tensor into its NIXL pool
 and returns the `TensorDescriptor`, which this process (the worker's role) then fetches;
 `Inline` returns the same bytes inside the protobuf reply. Each path is timed from the
 request to the tensor in hand, against an in-process torch copy as the ceiling. Sizes are
-MiB; the table shows medians.
+MiB; the table shows medians. With `--device cuda`, both processes' tensors and NIXL pools
+are in GPU memory (VRAM to VRAM, as an encoder and a worker on GPUs move embeddings), and
+the ceiling is a device-to-device copy.
 """
 
 from __future__ import annotations
@@ -47,18 +50,25 @@ GRPC_OPTIONS = [
 WARMUP = 2
 
 
-def source(nbytes: int) -> torch.Tensor:
-    """The same float32 tensor of `nbytes` in both processes."""
-    return torch.randn(nbytes // 4, generator=torch.Generator().manual_seed(nbytes))
+def source(nbytes: int, device: str) -> torch.Tensor:
+    """The same float32 tensor of `nbytes` in both processes, on `device`."""
+    generator = torch.Generator().manual_seed(nbytes)
+    return torch.randn(nbytes // 4, generator=generator).to(device)
+
+
+def sync(device: str) -> None:
+    """Waits for the device's queued work, so that a time covers it."""
+    if device != "cpu":
+        torch.cuda.synchronize()
 
 
 def pool_bytes(sizes: list[int]) -> int:
     return 2 * max(sizes) + 16 * MiB
 
 
-def serve(sizes: list[int], conn: Connection) -> None:
-    agent = NixlTransfer(pool_bytes=pool_bytes(sizes))
-    tensors = {nbytes: source(nbytes) for nbytes in sizes}
+def serve(sizes: list[int], device: str, conn: Connection) -> None:
+    agent = NixlTransfer(pool_bytes=pool_bytes(sizes), device=device)
+    tensors = {nbytes: source(nbytes, device) for nbytes in sizes}
     tags = itertools.count()
 
     def publish(request: wrappers_pb2.UInt64Value, context: grpc.ServicerContext):
@@ -66,7 +76,7 @@ def serve(sizes: list[int], conn: Connection) -> None:
         return agent.publish(tensors[request.value], f"bench/{next(tags)}")
 
     def inline(request: wrappers_pb2.UInt64Value, context: grpc.ServicerContext):
-        return wrappers_pb2.BytesValue(value=tensors[request.value].numpy().tobytes())
+        return wrappers_pb2.BytesValue(value=tensors[request.value].cpu().numpy().tobytes())
 
     def unary(handler: Callable, response_type: type) -> grpc.RpcMethodHandler:
         return grpc.unary_unary_rpc_method_handler(
@@ -115,9 +125,9 @@ def timed(
 
 
 def bench_size(
-    nbytes: int, channel: grpc.Channel, agent: NixlTransfer, reps: int
+    nbytes: int, channel: grpc.Channel, agent: NixlTransfer, reps: int, device: str
 ) -> dict[str, float]:
-    expected = source(nbytes)
+    expected = source(nbytes, device)
     publish = channel.unary_unary(
         f"/{SERVICE}/Publish",
         request_serializer=wrappers_pb2.UInt64Value.SerializeToString,
@@ -136,6 +146,7 @@ def bench_size(
         described = time.perf_counter()
         read_before = agent.stats.transfer_seconds_total
         tensor = agent.fetch(descriptor, timeout_s=60)
+        sync(device)
         done = time.perf_counter()
         assert torch.equal(tensor, expected)
         read = agent.stats.transfer_seconds_total - read_before
@@ -152,7 +163,8 @@ def bench_size(
         with warnings.catch_warnings():
             # The reply's bytes are read-only; the tensor only reads them.
             warnings.simplefilter("ignore", UserWarning)
-            tensor = torch.frombuffer(reply.value, dtype=torch.float32)
+            tensor = torch.frombuffer(reply.value, dtype=torch.float32).to(device)
+        sync(device)
         done = time.perf_counter()
         assert torch.equal(tensor, expected)
         return {"total": done - started}
@@ -162,11 +174,13 @@ def bench_size(
     def via_memcpy() -> dict[str, float]:
         started = time.perf_counter()
         destination.copy_(expected)
+        sync(device)
         return {"total": time.perf_counter() - started}
 
     def via_clone() -> dict[str, float]:
         started = time.perf_counter()
         expected.clone()
+        sync(device)
         return {"total": time.perf_counter() - started}
 
     timings = timed(
@@ -215,6 +229,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1,4,16,64", help="tensor sizes in MiB")
     parser.add_argument("--reps", type=int, default=25)
+    parser.add_argument("--device", default="cpu", help="where the tensors and pools live")
     parser.add_argument("--out", type=Path, default=Path("bench/results/transfer.json"))
     args = parser.parse_args()
     if "OMP_WAIT_POLICY" not in os.environ:
@@ -227,17 +242,19 @@ def main() -> None:
 
     context = multiprocessing.get_context("spawn")
     ours, theirs = context.Pipe()
-    server = context.Process(target=serve, args=(sizes, theirs))
+    server = context.Process(target=serve, args=(sizes, args.device, theirs))
     server.start()
     try:
         if not ours.poll(120):
             raise RuntimeError("the server process did not start")
         port = ours.recv()
         with (
-            NixlTransfer(pool_bytes=pool_bytes(sizes)) as agent,
+            NixlTransfer(pool_bytes=pool_bytes(sizes), device=args.device) as agent,
             grpc.insecure_channel(f"127.0.0.1:{port}", options=GRPC_OPTIONS) as channel,
         ):
-            results = [bench_size(nbytes, channel, agent, args.reps) for nbytes in sizes]
+            results = [
+                bench_size(nbytes, channel, agent, args.reps, args.device) for nbytes in sizes
+            ]
     finally:
         ours.send("stop")
         server.join(30)
@@ -252,6 +269,7 @@ def main() -> None:
         "reps": args.reps,
         "warmup": WARMUP,
         "statistic": "median",
+        "device": args.device,
         "host": {
             "cpus": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),

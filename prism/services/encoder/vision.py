@@ -117,7 +117,7 @@ def load_vision_model(model: str, device: torch.device, dtype: torch.dtype) -> t
     full.eval()
     inner = full.model
     inner.language_model = None
-    inner.to_empty(device=device)
+    meta = inner.state_dict()
     wanted = {
         module: set(child.state_dict()) for module, child in inner.named_children()
     }  # fmt: skip
@@ -132,18 +132,23 @@ def load_vision_model(model: str, device: torch.device, dtype: torch.dtype) -> t
             continue
         with safe_open(file, framework="pt", device=str(device)) as weights:
             for name, key in matches.items():
-                loaded[key] = weights.get_tensor(name).to(dtype=dtype)
+                loaded[key] = weights.get_tensor(name).to(dtype=meta[key].dtype)
     missing = {f"{m}.{own}" for m, names in wanted.items() for own in names} - set(loaded)
     if missing:
         raise ValueError(
             f"{model}: the checkpoint lacks {len(missing)} vision weights, e.g. "
             f"{sorted(missing)[:3]}"
         )
-    inner.load_state_dict(loaded, strict=True)
-    # Buffers that are no checkpoint's (rotary frequencies, position ids) are computed by
-    # transformers' own initialization, which leaves tensors marked as loaded alone.
+    # The tensors read become the parameters: no second copy of the weights, ever.
+    inner.load_state_dict(loaded, strict=True, assign=True)
     for tensor in inner.state_dict(keep_vars=True).values():
         tensor._is_hf_initialized = True  # type: ignore[attr-defined]
+    # Buffers that are no checkpoint's (rotary frequencies, position ids) are computed by
+    # transformers' own initialization, which leaves tensors marked as loaded alone.
+    for module in inner.modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer.is_meta:
+                setattr(module, name, torch.empty_like(buffer, device=device))
     full.initialize_weights()
     return inner
 
