@@ -1,4 +1,4 @@
-"""`lay_out` on its own: where a prompt's media items lie (tests/e2e/test_media_layout.py
+"""`lay_out` on its own: where a prompt's media items lie (tests/e2e/test_layout_as_vllm.py
 holds it to vLLM's own multimodal processor)."""
 
 from __future__ import annotations
