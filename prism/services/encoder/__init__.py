@@ -81,8 +81,9 @@ class EncoderServicer:
     async def _embed(self, modality: str, items: list[bytes]) -> list[tuple[str, Embedding, bool]]:
         """Each item's cache key, embeddings, and whether the cache had them."""
         keys = await asyncio.to_thread(lambda: [self.content_hash(modality, d) for d in items])
-        found = [self.cache.get(key) for key in keys]
-        missing = [i for i, embedding in enumerate(found) if embedding is None]
+        found = {i: hit for i, key in enumerate(keys) if (hit := self.cache.get(key)) is not None}
+        missing = [i for i in range(len(keys)) if i not in found]
+        fresh: dict[int, Embedding] = {}
         if missing:
             # The request's share of the batches its items join.
             with tracer.start_as_current_span("vision.encode") as span:
@@ -90,14 +91,11 @@ class EncoderServicer:
                     "prism.request_id": logs.REQUEST_ID.get(), "prism.modality": modality,
                     "prism.items": len(missing),
                 })  # fmt: skip
-                batcher = self.batchers[modality]
-                fresh = await asyncio.gather(*(batcher.submit(keys[i], items[i]) for i in missing))
-            for i, embedding in zip(missing, fresh, strict=True):
-                found[i] = embedding
+                submit = self.batchers[modality].submit
+                encoded = await asyncio.gather(*(submit(keys[i], items[i]) for i in missing))
+            fresh = dict(zip(missing, encoded, strict=True))
         return [
-            (key, embedding, i not in missing)
-            for i, (key, embedding) in enumerate(zip(keys, found, strict=True))
-            if embedding is not None
+            (key, found[i] if i in found else fresh[i], i in found) for i, key in enumerate(keys)
         ]
 
     def _publish(

@@ -106,7 +106,6 @@ def _configure(args: argparse.Namespace, sockets: Path) -> None:
 def engine_args(
     args: argparse.Namespace, kv_events: KVEventsConfig | None = None
 ) -> AsyncEngineArgs:
-    cpu = current_platform.is_cpu()
     disaggregated = args.role != EngineRole.AGGREGATED
     kv_config = (
         KVTransferConfig(
@@ -114,7 +113,7 @@ def engine_args(
             kv_role="kv_both",
             kv_connector_extra_config={"kv_lease_duration": args.kv_lease_s},
             # The KV that decode reads stays in the memory it was computed in.
-            kv_buffer_device="cpu" if cpu else "cuda",
+            kv_buffer_device=current_platform.device_type,
         )
         if disaggregated
         else None
@@ -131,15 +130,16 @@ def engine_args(
         max_model_len=args.max_model_len or None,
         limit_mm_per_prompt={"image": args.max_images, "video": args.max_videos},
         # CUDA graphs where there is a GPU; the CPU backend runs eagerly.
-        enforce_eager=cpu,
+        enforce_eager=current_platform.is_cpu(),
         enable_log_requests=False,
         disable_log_stats=False,
         seed=args.seed,
         # Structured output (a forced tool call) then starts where reasoning ends.
         reasoning_parser=args.reasoning_parser,
     )
-    engine = dataclasses.replace(engine, **vllm_flags(getattr(args, "vllm_flags", [])))
-    if embeds and device_embeddings(engine):
+    given = vllm_flags(getattr(args, "vllm_flags", []))
+    engine = dataclasses.replace(engine, **given)
+    if embeds and "mm_tensor_ipc" not in given and device_embeddings(engine):
         # Embeddings read into GPU memory reach the engine core as device tensors.
         engine.mm_tensor_ipc = "torch_shm"
     return engine
@@ -158,7 +158,7 @@ def embeddings_device(engine: AsyncLLM) -> str:
     tensors (`device_embeddings`), else host memory."""
     multimodal = engine.vllm_config.model_config.multimodal_config
     if multimodal is not None and multimodal.mm_tensor_ipc == "torch_shm":
-        return "cuda"
+        return current_platform.device_type
     return "cpu"
 
 
