@@ -94,7 +94,8 @@ def test_items_arriving_during_a_pass_form_the_next_batch():
 def test_a_bad_item_fails_alone():
     async def main() -> None:
         encode = Recorder(bad=b"bad")
-        batcher = Batcher(encode, 3, 0.05)
+        passes: list[int] = []
+        batcher = Batcher(encode, 3, 0.05, on_batch=passes.append)
         outcomes = await asyncio.gather(
             *(batcher.submit(k, k.encode()) for k in ("a", "bad", "c")), return_exceptions=True
         )
@@ -102,6 +103,8 @@ def test_a_bad_item_fails_alone():
         assert isinstance(outcomes[1], ValueError)
         # The batch, then each item of it on its own.
         assert encode.batches == [[b"a", b"bad", b"c"], [b"a"], [b"bad"], [b"c"]]
+        # Every forward pass is counted, the retries' too.
+        assert passes == [3, 1, 1, 1]
         # A failure is not kept: the item is tried again when asked again.
         with pytest.raises(ValueError):
             await batcher.submit("bad", b"bad")

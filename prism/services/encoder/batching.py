@@ -36,6 +36,7 @@ class Batcher(Generic[T]):
         self.encode = encode
         self.max_items = max_items
         self.wait_s = wait_s
+        # Called with the item count of every call of `encode` (every forward pass).
         self.on_batch = on_batch
         # Called before anyone waiting is answered: a cache filled there leaves no moment
         # in which an item is neither in flight nor cached.
@@ -79,7 +80,6 @@ class Batcher(Generic[T]):
                         )
                 keys = list(self._waiting)[: self.max_items]
                 items = [self._waiting.pop(key)[0] for key in keys]
-                self.on_batch(len(items))
                 results = await self._encode(items)
                 for key, result in zip(keys, results, strict=True):
                     future = self._futures.pop(key)
@@ -97,6 +97,7 @@ class Batcher(Generic[T]):
 
     async def _encode(self, items: list[bytes]) -> list[T | Exception]:
         """Each item's encoding, or the error that item alone raises."""
+        self.on_batch(len(items))
         try:
             results = await asyncio.to_thread(self.encode, items)
             if len(results) != len(items):
