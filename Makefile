@@ -5,7 +5,7 @@ STUB_DIRS := prism/v1 prism/stage/v1 prism/kserve
 PROTOS := $(foreach dir,$(STUB_DIRS),$(wildcard protos/$(dir)/*.proto))
 
 .PHONY: setup demo test test-unit test-net lint protos check-protos bench bench-transfer bench-encoder bench-modes \
-	bench-routing bench-choices bench-anchors bench-scale manifests
+	bench-routing bench-choices bench-anchors bench-scale manifests bundle verify-gpu
 
 setup:
 	scripts/setup.sh
@@ -19,6 +19,20 @@ test:
 # The everyday loop: no engine, no subprocess.
 test-unit:
 	$(PY) -m pytest -q tests/unit
+
+# An offline bundle (dist/bundle-cuda): the wheels Prism needs on the GPU hosts
+# (scripts/gpu-host/: Python 3.12, torch 2.11.0+cu130) that their image lacks, in parts of
+# at most 60 MiB; scripts/install_offline.sh installs it there. BUNDLE_ARGS to change.
+BUNDLE_ARGS ?= --target cuda --python 3.12 --part-mib 60 \
+	--host-provides scripts/gpu-host/image-packages.txt --host-provides scripts/gpu-host/versions.txt
+bundle:
+	scripts/bundle.sh $(BUNDLE_ARGS) --out dist/bundle-$(word 2,$(BUNDLE_ARGS))
+
+# Verifies the GPU path on this machine (scripts/verify_gpu.sh): smoke, parity of E/PD and
+# E/P/D with offline vLLM, serving beside `vllm serve`, NIXL device to device, the encoder;
+# every figure to bench/results/verify-gpu/ and docs/gpu.md. Without a GPU, its CPU form.
+verify-gpu:
+	PY=$(PY) scripts/verify_gpu.sh
 
 # Only the tests on simulated hosts (network namespaces; root), which `make test` runs too.
 test-net:

@@ -47,6 +47,7 @@ from pathlib import Path
 
 import aiohttp
 import numpy as np
+import parity  # bench/parity.py, beside this file
 import psutil
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
@@ -265,6 +266,8 @@ class Server:
     stop: list = field(default_factory=list)
     # The Python process of each stage, to profile.
     pids: dict[str, int] = field(default_factory=dict)
+    # A Prism mesh's public gRPC API.
+    grpc_address: str = ""
 
 
 # UCX (under NIXL) on loopback alone, as everything the bench starts.
@@ -454,17 +457,18 @@ def anchor(start: Callable[[], Server], name: str) -> Callable[[], Server]:
 
 
 def start_prism(mode: str, model: str, log: Path) -> Server:
-    port = free_port()
-    mesh = Mesh(plan(MeshConfig(mode=mode, model=model, http_port=port, log_level="warning",
-                                max_in_flight=0)))  # fmt: skip
+    port, grpc_port = free_port(), free_port()
+    mesh = Mesh(plan(MeshConfig(mode=mode, model=model, http_port=port, grpc_port=grpc_port,
+                                log_level="warning", max_in_flight=0)))  # fmt: skip
     with open(log, "w") as out:
         mesh.start(timeout=300, log=out)
     reader = {"e/pd": "worker", "e/p/d": "prefill"}.get(mode, "")
     metrics = mesh.stage(reader).metrics_url if reader else ""
     pids = {stage.name: stage.process.pid for stage in mesh.stages if stage.process}
     return Server(
-        mode, f"http://127.0.0.1:{port}", reader_metrics=metrics, stop=[mesh.stop], pids=pids
-    )
+        mode, f"http://127.0.0.1:{port}", reader_metrics=metrics, stop=[mesh.stop], pids=pids,
+        grpc_address=f"127.0.0.1:{grpc_port}",
+    )  # fmt: skip
 
 
 def profiled(server: Server, profile: Path | None) -> list[subprocess.Popen]:
@@ -825,6 +829,17 @@ def main() -> None:
     )
     parser.add_argument("--doc-only", action="store_true",
                         help="rewrite --doc from the results files, running nothing")  # fmt: skip
+    parser.add_argument(
+        "--same-engine", action=argparse.BooleanOptionalAction, default=True,
+        help="image load: also `vllm serve` with its engine as Prism's workers run it on the CPU",
+    )  # fmt: skip
+    parser.add_argument(
+        "--parity", default="", metavar="MODES",
+        help="these Prism modes' greedy answers to --parity-prompts image prompts "
+        "(--parity-tokens each) beside one offline vLLM engine's (bench/parity.py)",
+    )  # fmt: skip
+    parser.add_argument("--parity-prompts", type=int, default=4)
+    parser.add_argument("--parity-tokens", type=int, default=16)
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     if args.doc_only:
@@ -874,7 +889,7 @@ def main() -> None:
             anchor(lambda: start_dynamo(DYNAMO_E_PD, args.model, logs, limits), DYNAMO_E_PD),
             anchor(lambda: start_vllm_pd(args.model, logs, limits), "vllm_pd"),
         ]
-    elif args.load == "image":
+    elif args.load == "image" and args.same_engine:
         starters.append(
             lambda: start_vllm(args.model, logs / "vllm-serve-uni.log", limits, same_engine=True)
         )
@@ -882,6 +897,10 @@ def main() -> None:
         lambda mode=mode: start_prism(mode, args.model, logs / f"{slug(mode)}.log")
         for mode in args.modes.split(",")
     ]
+    checked = set(filter(None, args.parity.split(",")))
+    # First, while no server holds the machine's memory.
+    expected = parity.oracle(args.model, args.parity_prompts, args.parity_tokens) if checked else []
+    parities: dict[str, list[dict]] = {}
     rounds: list[list[dict]] = []
     resent: list[list[dict]] = []
     # Anchors that could not start here, and why.
@@ -900,6 +919,14 @@ def main() -> None:
                 print(f"skipped: {exc}", flush=True)
                 continue
             try:
+                if server.name in checked and server.name not in parities:
+                    got = parity.answers(
+                        server.grpc_address, args.model, args.parity_prompts, args.parity_tokens
+                    )
+                    parities[server.name] = parity.compare(expected, got)
+                    equal = sum(row["equal"] for row in parities[server.name])
+                    print(f"{server.name:>10} parity: {equal}/{len(got)} prompts equal to "
+                          "the offline engine", flush=True)  # fmt: skip
                 rows += run_server(server, loads(round_), profile)
                 if args.load == "video" and args.repeats:
                     row = asyncio.run(resend(server.base_url, pairs(round_)))
@@ -933,6 +960,10 @@ def main() -> None:
         "not_run": sorted(failed.values()),
         **median_ratios(rounds, pairs),
     }
+    if checked:
+        result["parity"] = {
+            "prompts": args.parity_prompts, "max_tokens": args.parity_tokens, "modes": parities,
+        }  # fmt: skip
     out = args.out or (ANCHORS_RESULT if args.anchors else RESULTS[args.load])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
