@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 import sys
+from collections.abc import Coroutine
+from typing import Any
 
 from prism import logs, registry, transfer
 from prism.modes import MODES, EngineRole
@@ -548,6 +551,18 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 _VLLM_FLAG_COMMANDS = ("serve", "worker")
 
 
+def _run_stage(serve: Coroutine[Any, Any, None]) -> int:
+    """Runs a stage until it stops: 0 when told to, 1 when it could not go on."""
+    from prism.runtime.stage import StageFailed
+
+    try:
+        asyncio.run(serve)
+    except StageFailed as exc:
+        logging.getLogger("prism").error("exiting: %s", exc)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
@@ -611,18 +626,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "worker":
         from prism.services import worker
 
-        asyncio.run(worker.serve(args))
-        return 0
+        return _run_stage(worker.serve(args))
     if args.command == "encoder":
         from prism.services import encoder
 
-        asyncio.run(encoder.serve(args))
-        return 0
+        return _run_stage(encoder.serve(args))
     if args.command == "processor":
         from prism.services import processor
 
-        asyncio.run(processor.serve(args))
-        return 0
+        return _run_stage(processor.serve(args))
     if args.command == "gateway":
         from prism.gateway import app
 

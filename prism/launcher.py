@@ -1,9 +1,10 @@
 """`prism serve`: every stage of a mode as its own OS process on one machine.
 
 The launcher picks free loopback ports, wires the stages together through the static
-registry (`--peer ROLE=ADDRESS`), waits until every stage reports healthy, and on
-SIGINT/SIGTERM (or when any stage dies) stops them all. Children also get SIGTERM from
-the kernel if the launcher itself dies, so no stage outlives it.
+registry (`--peer ROLE=ADDRESS`), waits until every stage reports healthy, restarts a
+stage that exits (prism.supervisor), and on SIGINT/SIGTERM (or when a stage keeps dying)
+stops them all. Children also get SIGTERM from the kernel if the launcher itself dies,
+so no stage outlives it.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
-from prism import gpus
+from prism import gpus, processes
 from prism.modes import EngineRole, MeshRole, mode
 from prism.ports import free_port
 from prism.rpc import check_health
+from prism.supervisor import Supervisor
 
 _PR_SET_PDEATHSIG = 1
 
@@ -280,8 +282,6 @@ class Mesh:
 
     def __init__(self, stages: list[Stage]):
         self.stages = stages
-        # Replicas that died while others of their stage kept serving.
-        self._lost: set[str] = set()
 
     def stage(self, name: str) -> Stage:
         """The stage called `name`, or the first `name-N` replica."""
@@ -293,7 +293,7 @@ class Mesh:
     def start(self, timeout: float = 300.0, log: IO | None = None) -> None:
         """Starts every stage (output to `log` if given) and waits until all are healthy."""
         for stage in self.stages:
-            self._spawn(stage, log)
+            self.spawn(stage, log)
         self._wait_healthy(list(self.stages), timeout)
 
     def restart(
@@ -304,19 +304,13 @@ class Mesh:
         given, at the same address; waits until it is healthy."""
         stage = self.stage(name)
         if stage.process is not None:
-            stage.process.send_signal(signal.SIGTERM)
-            try:
-                stage.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                stage.process.kill()
-                _reap(stage.process)
-            _kill_group(stage.process)
+            processes.stop(stage.process, grace=15)
         if argv is not None:
             stage.argv = argv
-        self._spawn(stage, log)
+        self.spawn(stage, log)
         self._wait_healthy([stage], timeout)
 
-    def _spawn(self, stage: Stage, log: IO | None) -> None:
+    def spawn(self, stage: Stage, log: IO | None = None) -> None:
         stage.process = subprocess.Popen(
             stage.argv,
             env={**os.environ, **stage.env},
@@ -342,65 +336,23 @@ class Mesh:
             if pending:
                 time.sleep(0.5)
 
-    def check_alive(self, spare_replicas: bool = False) -> None:
-        """Raises if a stage has exited. With `spare_replicas`, a replica that died while
-        another replica of its stage lives is only reported: the processor routes
-        around it."""
+    def check_alive(self) -> None:
+        """Raises if a stage has exited."""
         for stage in self.stages:
-            if stage.process is None or stage.process.poll() is None:
-                continue
-            kind = stage.name.rpartition("-")[0]
-            survivors = [
-                s for s in self.stages
-                if s.name.rpartition("-")[0] == kind and s.process and s.process.poll() is None
-            ]  # fmt: skip
-            if not (spare_replicas and kind and survivors):
-                raise RuntimeError(f"{stage.name} exited with code {stage.process.returncode}")
-            if stage.name not in self._lost:
-                self._lost.add(stage.name)
-                # A killed worker leaves its vLLM engine processes behind, polling.
-                _kill_group(stage.process)
-                code = stage.process.returncode
-                left = f"{len(survivors)} {kind} replica(s) left"
-                print(f"prism: {stage.name} exited with code {code}; {left}", file=sys.stderr)
+            if stage.process is not None and (code := stage.process.poll()) is not None:
+                raise RuntimeError(f"{stage.name} exited ({processes.exit_reason(code)})")
 
     def stop(self, grace: float = 15.0) -> None:
-        # Front first, so no new work reaches the stages behind it.
+        """SIGTERM to every stage, front first, so that no new work reaches the stages
+        behind it; after `grace` seconds, SIGKILL. A stage that still does not go is
+        reported and left (prism.processes)."""
         running = [s.process for s in reversed(self.stages) if s.process is not None]
         for process in running:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
         for process in running:
-            try:
-                process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                _reap(process)
-        for process in running:
-            _kill_group(process)
-
-
-def _reap(process: subprocess.Popen, patience: float = 5.0) -> None:
-    """Waits for a killed stage to be gone.
-
-    Seen on these machines' kernel: a worker killed while reaping its engine process spun
-    in the kernel (wait4 -> release_task -> shrink_dcache_parent) with SIGKILL pending, for
-    as long as it was scheduled like its peers; made the lowest of priorities
-    (SCHED_IDLE), it let the kernel's own work run and was gone at once."""
-    try:
-        process.wait(timeout=patience)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(OSError):
-            os.sched_setscheduler(process.pid, os.SCHED_IDLE, os.sched_param(0))
-        process.wait()
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    """Kills what is left of a stage: its process group (vLLM's engine processes too)."""
-    # ProcessLookupError: nothing of that stage is left.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
+            processes.finish(process, grace=max(0.1, deadline - time.monotonic()))
 
 
 class _StopRequested(Exception):
@@ -464,9 +416,15 @@ def _write_status(path: str, status: dict) -> None:
     os.replace(partial, path)
 
 
+def _say(line: str) -> None:
+    print(f"prism: {line}", file=sys.stderr, flush=True)
+
+
 def run(config: MeshConfig, status_file: str = "") -> int:
-    """Runs the mesh in the foreground until a signal or a stage's death; once it is
-    ready, prints its endpoints (and writes them to `status_file` as JSON, if given)."""
+    """Runs the mesh in the foreground until a signal, restarting the stages that exit
+    (prism.supervisor) until one exits too often; once it is ready, prints its
+    endpoints (and writes them to `status_file` as JSON, if given)."""
+
     signal.signal(signal.SIGINT, _raise_stop)
     signal.signal(signal.SIGTERM, _raise_stop)
     mesh = Mesh(plan(config))
@@ -483,8 +441,9 @@ def run(config: MeshConfig, status_file: str = "") -> int:
             _write_status(status_file, status)
             written = True
         print(describe(status), flush=True)
+        supervisor = Supervisor(mesh, mesh.stages, report=_say)
         while True:
-            mesh.check_alive(spare_replicas=True)
+            supervisor.poll()
             time.sleep(0.5)
     except _StopRequested:
         return 0

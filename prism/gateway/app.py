@@ -40,7 +40,8 @@ def _error(error: PrismError) -> JSONResponse:
         headers["Retry-After"] = error.metadata["retry_after_s"]
     elif error.http_status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    return JSONResponse(translate.error_body(error), status_code=error.http_status, headers=headers)
+    body = translate.error_body(error, logs.REQUEST_ID.get())
+    return JSONResponse(body, status_code=error.http_status, headers=headers)
 
 
 async def _json_body(request: Request) -> Any:
@@ -173,7 +174,8 @@ async def _generate(
             yield tail + b"data: [DONE]\n\n"
         except grpc.aio.AioRpcError as exc:
             # Headers are gone already: report in the stream, as vLLM's server does.
-            yield _sse(translate.error_body(PrismError.from_rpc_error(exc))) + b"data: [DONE]\n\n"
+            body = translate.error_body(PrismError.from_rpc_error(exc), logs.REQUEST_ID.get())
+            yield _sse(body) + b"data: [DONE]\n\n"
         finally:
             # A client that disconnects lands here: cancelling aborts the whole chain.
             call.cancel()
@@ -254,7 +256,7 @@ class FrontDoor:
         given = headers.get(logs.HEADER.encode(), b"").decode("latin-1")
         request_id = given if logs.CLIENT_ID.fullmatch(given) else uuid.uuid4().hex
         token = logs.REQUEST_ID.set(request_id)
-        status = 500
+        status = 0
 
         async def send_with_id(message: dict) -> None:
             nonlocal status
@@ -275,11 +277,16 @@ class FrontDoor:
                 await self.app(scope, receive, send_with_id)
         except PrismError as error:
             await _error(error)(scope, receive, send_with_id)
+        except Exception as exc:
+            if status:
+                raise
+            # Starlette's own answer would be a bare text 500.
+            await _error(rpc.status_for(exc, "gateway"))(scope, receive, send_with_id)
         finally:
             logs.REQUEST_ID.reset(token)
             if path.startswith("/v1/"):
                 endpoint = path if path in _ROUTES else "other"
-                telemetry.REQUESTS.labels(endpoint, str(status)).inc()
+                telemetry.REQUESTS.labels(endpoint, str(status or 500)).inc()
 
 
 def authorize(api_key: str, authorization: str) -> None:

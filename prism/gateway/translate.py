@@ -528,16 +528,21 @@ def finish_reason(value: int) -> str | None:
     return FINISH_REASONS.get(value)
 
 
-def error_body(error: PrismError) -> dict[str, Any]:
+def error_body(error: PrismError, request_id: str = "") -> dict[str, Any]:
+    """OpenAI's error body; a server error's message ends with the request's id, which
+    finds its story in every stage's logs and traces."""
     status = error.http_status
     kind = "invalid_request_error" if status < 500 else "server_error"
     if status == 401:
         kind = "authentication_error"
     elif status == 429:
         kind = "rate_limit_error"
+    message = error.message
+    if status >= 500 and request_id:
+        message = f"{message} (request {request_id})"
     return {
         "error": {
-            "message": error.message,
+            "message": message,
             "type": kind,
             "param": error.param,
             "code": error.reason_name.lower(),

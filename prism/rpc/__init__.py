@@ -180,14 +180,18 @@ def check_size(data: bytes, what: str, limit: int, param: str) -> None:
         raise invalid(f"{what} is {len(data)} bytes, more than the limit of {limit}", param)
 
 
-def status_for(exc: BaseException) -> PrismError:
-    """The status a call ends with when its handler raised `exc`."""
+def status_for(exc: BaseException, where: str = "") -> PrismError:
+    """The status a call ends with when its handler raised `exc`; an error nobody
+    foresaw names `where` it happened (the stage)."""
     if isinstance(exc, PrismError):
         return exc
     if isinstance(exc, grpc.RpcError):
         return PrismError.from_rpc_error(exc)
     log.exception("unhandled error in RPC", exc_info=exc)
-    return PrismError(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+    place = f" in the {where}" if where else ""
+    return PrismError(
+        grpc.StatusCode.INTERNAL, f"internal error{place}: {type(exc).__name__}: {exc}"
+    )
 
 
 def call_metadata() -> tuple[tuple[str, str], ...]:

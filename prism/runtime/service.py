@@ -63,6 +63,8 @@ class Service:
         self.descriptor = descriptor
         self.name = descriptor.full_name
         self.limit = limit or rpc.InFlightLimit(0)
+        # The stage serving it, named in the errors it did not foresee.
+        self.stage = ""
         self._add_to_server = getattr(generated, f"add_{descriptor.name}Servicer_to_server")
         self._servicer = getattr(generated, f"{descriptor.name}Servicer")()
         self._batches: list[multiplex.Server] = []
@@ -167,7 +169,7 @@ class Service:
                 status = grpc.StatusCode.CANCELLED
                 raise
             except Exception as exc:
-                error = rpc.status_for(exc)
+                error = rpc.status_for(exc, self.stage)
                 status = error.code
                 span.set_status(trace.Status(trace.StatusCode.ERROR, error.message))
                 return error

@@ -2,8 +2,9 @@
 
 Start-up: tracing, the gRPC server (health, reflection, load), the metrics endpoint,
 SERVING, then the registry, so that no peer is sent here before this stage answers.
-Drain, on SIGINT or SIGTERM: NOT_SERVING, out of the registry, batched streams take no
-new calls, and calls in flight get the grace period to finish.
+Drain, on SIGINT or SIGTERM or when a task of the stage fails: NOT_SERVING, out of the
+registry, batched streams take no new calls, and calls in flight get the grace period to
+finish; a stage whose task failed then exits with an error (StageFailed).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from prism.runtime.service import Service
 
 log = logging.getLogger(__name__)
 
-# A stage's background work while it serves: it gets the server (to report health).
+# A stage's background work while it serves: it gets the server (to report health). One
+# that raises means the stage cannot serve: it drains and exits (StageFailed), and its
+# supervisor starts it again.
 Task = Callable[[rpc.Server], Coroutine[Any, Any, None]]
 
 
@@ -35,6 +38,10 @@ def freeze_startup_heap() -> None:
     milliseconds mid-stream."""
     gc.collect()
     gc.freeze()
+
+
+class StageFailed(Exception):
+    """A stage stopped serving because it could not go on (its engine died)."""
 
 
 class Stage:
@@ -62,6 +69,7 @@ class Stage:
 
         def register(server: Any) -> None:
             for service in services:
+                service.stage = self.role
                 service.add_to_server(server)
 
         server = await rpc.start_server(f"{args.host}:{args.port}", register, names, in_flight)
@@ -73,22 +81,37 @@ class Stage:
         try:
             await self.registry.register(instance(args, self.role, server.port, modes))
             freeze_startup_heap()
-            await _terminated()
+            failure = await _terminated_or_failed(running)
+            if failure is not None:
+                log.error("%s cannot serve (%s): draining, then exiting", self.role, failure)
             server.draining = True
             await server.set_serving(names, serving=False)
             for service in services:
                 service.drain()
             await self.registry.deregister()
             await server.server.stop(args.shutdown_grace_s)
+            if failure is not None:
+                raise StageFailed(f"{self.role}: {failure}") from failure
         finally:
             for task in running:
                 task.cancel()
             await self.registry.close()
 
 
-async def _terminated() -> None:
+async def _terminated_or_failed(tasks: list[asyncio.Task]) -> BaseException | None:
+    """Waits for SIGINT or SIGTERM (None), or for one of `tasks` to fail (its error)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    stopped = asyncio.create_task(stop.wait())
+    pending = {stopped, *tasks}
+    try:
+        while stopped in pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done - {stopped}:
+                if not task.cancelled() and task.exception() is not None:
+                    return task.exception()
+        return None
+    finally:
+        stopped.cancel()

@@ -1,16 +1,17 @@
-"""The launcher's supervision of real processes: a lost replica is spared while another
-serves, and leaves none of its children behind."""
+"""The launcher's supervision of real processes: a stage that exits leaves none of its
+children behind and is started again; stopping the mesh waits on nothing without end."""
 
 from __future__ import annotations
 
 import contextlib
-import subprocess
+import sys
+import time
 from pathlib import Path
 
-import pytest
 from conftest import wait_for
 
 from prism.launcher import Mesh, Stage
+from prism.supervisor import RestartPolicy, Supervisor
 
 
 def _group_alive(pgid: int) -> bool:
@@ -24,41 +25,48 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def test_a_lost_replica_leaves_no_processes_behind():
-    stage = Stage("worker-1", "", ["sh", "-c", "sleep 30 & exit 3"], lambda: True)
-    spare = Stage("worker-0", "", ["sleep", "30"], lambda: True)
-    mesh = Mesh([spare, stage])
-    for s in mesh.stages:
-        s.process = subprocess.Popen(s.argv, start_new_session=True)
+def test_a_stage_that_exits_leaves_no_processes_behind_and_is_started_again(tmp_path):
+    started = tmp_path / "started"
+    # The first time: a child that would outlive the stage, then exit 3; then it serves.
+    script = (f"if [ -e {started} ]; then exec sleep 30; fi; touch {started}; "
+              "sleep 30 & exit 3")  # fmt: skip
+    stage = Stage("encoder-0", "", ["sh", "-c", script], lambda: True)
+    other = Stage("processor", "", ["sleep", "30"], lambda: True)
+    mesh = Mesh([stage, other])
+    for each in mesh.stages:
+        mesh.spawn(each)
+    first = stage.process
+    reports: list[str] = []
+    supervisor = Supervisor(mesh, mesh.stages, RestartPolicy(backoff_s=0.1), report=reports.append)
     try:
-        stage.process.wait()
-        assert _group_alive(stage.process.pid), "the stage's child outlives it"
-        mesh.check_alive(spare_replicas=True)
-        assert wait_for(lambda: not _group_alive(stage.process.pid), timeout=5)
-        assert spare.process.poll() is None
+        first.wait(timeout=10)
+        assert _group_alive(first.pid), "the stage's child outlives it"
+
+        def restarted() -> bool:
+            supervisor.poll()
+            return stage.process is not first and not supervisor.down()
+
+        assert wait_for(restarted, timeout=10), reports
+        assert not _group_alive(first.pid)
+        assert stage.process.poll() is None and other.process.poll() is None
+        assert reports == [
+            "encoder-0 exited (code 3); restarting it in 0 s (1 of 5 restarts in 300 s)",
+            "encoder-0 is serving again",
+        ]
     finally:
         mesh.stop(grace=1)
+    assert stage.process.poll() is not None and other.process.poll() is not None
 
 
-def test_a_lost_replica_is_spared_while_another_serves():
-    def stage(name: str, argv: list[str]) -> Stage:
-        return Stage(name, "", argv, lambda: True)
-
-    mesh = Mesh([stage("worker-0", ["sleep", "30"]), stage("worker-1", ["true"]),
-                 stage("processor", ["sleep", "30"])])  # fmt: skip
-    for s in mesh.stages:
-        s.process = subprocess.Popen(s.argv)
-    try:
-        mesh.stages[1].process.wait()
-        mesh.check_alive(spare_replicas=True)
-        with pytest.raises(RuntimeError, match="worker-1"):
-            mesh.check_alive()
-        mesh.stages[0].process.kill()
-        mesh.stages[0].process.wait()
-        # The last replica of a stage is not spared.
-        with pytest.raises(RuntimeError, match="worker"):
-            mesh.check_alive(spare_replicas=True)
-    finally:
-        for s in mesh.stages:
-            s.process.kill()
-            s.process.wait()
+def test_stopping_a_mesh_ends_a_stage_that_ignores_sigterm():
+    stubborn = [sys.executable, "-c",
+                "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "print('up', flush=True); time.sleep(60)"]  # fmt: skip
+    stage = Stage("gateway", "", stubborn, lambda: True)
+    mesh = Mesh([stage])
+    mesh.start(timeout=10)
+    time.sleep(0.5)  # the interpreter is past start-up and ignores SIGTERM
+    started = time.monotonic()
+    mesh.stop(grace=1)
+    assert stage.process.returncode == -9
+    assert time.monotonic() - started < 20

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import time
 
 import psutil
 import pytest
+from conftest import wait_for
 
 from prism.launcher import http_ok
 from prism.ports import free_port
@@ -43,7 +45,7 @@ def test_demo_streams_an_answer_and_stops_the_mesh(models):
     "mode,target,sig",
     [("epd", "serve", signal.SIGTERM), ("epd", "serve", signal.SIGKILL),
      ("epd", "worker", signal.SIGKILL), ("e/p/d", "serve", signal.SIGTERM)],
-    ids=["sigterm", "sigkill", "worker-sigkill", "e-p-d-sigterm"],
+    ids=["sigterm", "sigkill", "worker-sigkill-then-sigterm", "e-p-d-sigterm"],
 )  # fmt: skip
 def test_serve_leaves_no_orphans(models, mode, target, sig):
     port = free_port()
@@ -61,12 +63,25 @@ def test_serve_leaves_no_orphans(models, mode, target, sig):
         descendants = psutil.Process(serve.pid).children(recursive=True)
         # worker, its vLLM engine core, processor and gateway at least.
         assert len(descendants) >= 4
-        if target == "serve":
-            os.kill(serve.pid, sig)
-        else:
-            # A stage that dies abruptly takes the mesh down, its engine process included.
+        if target == "worker":
+            # A stage that dies abruptly is started again; its engine process goes with it.
             worker = next(p for p in descendants if " worker " in " ".join(p.cmdline()))
             worker.send_signal(sig)
+            assert not wait_gone([worker], timeout=30)
+
+            def restarted() -> bool:
+                for child in psutil.Process(serve.pid).children():
+                    with contextlib.suppress(psutil.Error):  # the killed one, a zombie
+                        if " worker " in " ".join(child.cmdline()):
+                            return True
+                return False
+
+            assert wait_for(restarted, timeout=30)
+            assert wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/health"), timeout=300)
+            assert serve.poll() is None
+            descendants += psutil.Process(serve.pid).children(recursive=True)
+            sig = signal.SIGTERM
+        os.kill(serve.pid, sig)
         serve.wait(timeout=60)
         alive = wait_gone(descendants, timeout=60)
         assert not alive, [p.cmdline() for p in alive]

@@ -164,8 +164,9 @@ def engine_core(mesh, stage: str) -> psutil.Process:
 
 
 def test_a_worker_whose_engine_cannot_generate_reports_not_serving(models, tmp_path):
-    """Its gRPC server still answers; its health follows the engine: NOT_SERVING while the
-    engine is wedged (stopped) or dead, SERVING again once it generates."""
+    """Its health follows the engine: NOT_SERVING while the engine is wedged (stopped),
+    SERVING again once it generates; once the engine is dead, NOT_SERVING, and the worker
+    drains and exits with an error, to be started again by its supervisor."""
     mesh = start_mesh("llava", "epd", models["llava"], tmp_path)
     worker = mesh.address("worker")
 
@@ -182,8 +183,8 @@ def test_a_worker_whose_engine_cannot_generate_reports_not_serving(models, tmp_p
         assert wait_for(serving, timeout=30), mesh.log_tail()
         core.kill()
         assert wait_for(lambda: not serving(), timeout=15), mesh.log_tail()
-        # The worker itself lives on, answering health checks with the truth.
-        assert mesh.mesh.stage("worker").process.poll() is None
-        assert not serving()
+        process = mesh.mesh.stage("worker").process
+        assert process.wait(timeout=60) == 1
+        assert "exiting: worker: its vLLM engine core died" in mesh.log_tail()
     finally:
         mesh.stop()

@@ -177,3 +177,46 @@ def test_ready_events_go_out_in_one_write_and_a_client_that_leaves_cancels_its_c
         events = [json.loads(e[len(b"data: ") :]) for e in writes[0].split(b"\n\n") if e]
         assert [e["choices"][0]["delta"]["content"] for e in events] == ["a", "b", "c"]
         assert processor.cancelled.wait(10)
+
+
+class BrokenProcessor:
+    """A processor whose Chat fails in a way nobody foresaw."""
+
+    def __init__(self) -> None:
+        self.service = Service(
+            inference_pb2.DESCRIPTOR.services_by_name["InferenceService"],
+            inference_pb2_grpc,
+        )
+        self.service.stage = "processor"
+        self.service.stream("Chat", self.replies)
+
+    async def replies(self, request):
+        raise RuntimeError("boom")
+        yield
+
+
+def test_a_server_error_names_the_stage_its_cause_and_the_request(monkeypatch):
+    processor = BrokenProcessor()
+    with (
+        serving(processor.service.add_to_server, ["prism.v1.InferenceService"]) as address,
+        client({"processor": [address]}) as c,
+    ):
+        for stream in (False, True):
+            reply = c.post("/v1/chat/completions", json={**CHAT, "stream": stream})
+            assert reply.status_code == 500
+            error = reply.json()["error"]
+            request_id = reply.headers["x-request-id"]
+            assert error["type"] == "server_error" and error["code"] == "internal"
+            assert error["message"] == (
+                f"internal error in the processor: RuntimeError: boom (request {request_id})"
+            )
+        # The gateway's own unforeseen errors too: an OpenAI body, never a bare 500.
+        monkeypatch.setattr(
+            "prism.gateway.translate.chat_request",
+            lambda *args, **kwargs: (_ for _ in ()).throw(KeyError("oops")),
+        )
+        reply = c.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "r-1"})
+        assert reply.status_code == 500
+        assert reply.json()["error"]["message"] == (
+            "internal error in the gateway: KeyError: 'oops' (request r-1)"
+        )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 import pytest
 
@@ -110,33 +109,6 @@ def test_parsers_go_to_the_processor_and_reasoning_to_every_engine():
         assert not flag(by_name[name].argv, "--tool-call-parser"), name
     plain = plan(MeshConfig(mode="epd", model="m"))
     assert not any("--reasoning-parser" in stage.argv for stage in plain)
-
-
-class Unkillable:
-    """A process that outlives SIGKILL until it runs at idle priority (as a stage stuck in
-    the kernel did); records what happened to it."""
-
-    pid = 0
-
-    def __init__(self) -> None:
-        self.events: list[str] = []
-
-    def wait(self, timeout: float | None = None) -> int:
-        if "idle" not in self.events:
-            if timeout is None:
-                raise AssertionError("waited forever on a process that cannot exit")
-            raise subprocess.TimeoutExpired("stage", timeout)
-        self.events.append("reaped")
-        return -9
-
-
-def test_a_killed_stage_that_does_not_exit_is_made_idle_then_reaped(monkeypatch):
-    stuck = Unkillable()
-    monkeypatch.setattr(
-        os, "sched_setscheduler", lambda pid, policy, param: stuck.events.append("idle")
-    )
-    launcher._reap(stuck, patience=0.01)
-    assert stuck.events == ["idle", "reaped"]
 
 
 def test_the_public_grpc_api_and_kserve_are_where_serve_is_told():

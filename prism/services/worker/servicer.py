@@ -27,6 +27,7 @@ from vllm.exceptions import VLLMClientError
 from vllm.logprobs import FlatLogprobs
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.exceptions import EngineDeadError
 
 from prism import logs, rpc, telemetry
 from prism.media import content_hash, decode_image
@@ -273,6 +274,14 @@ class EngineServicer:
         except (ValueError, VLLMClientError) as exc:
             # vLLM rejects bad prompts (too long, image count) with these.
             raise invalid(str(exc), param=getattr(exc, "parameter", None)) from None
+        except EngineDeadError:
+            # This replica is gone, as if its process were: the processor tries another
+            # or migrates the request, and the worker exits to be started again (watch).
+            raise PrismError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"{self.role.name} worker: its vLLM engine core died (EngineDeadError); "
+                "the worker restarts",
+            ) from None
         finally:
             if span is not None:
                 span.end()
@@ -291,14 +300,9 @@ class EngineServicer:
     async def engine_problem(
         self, canary_after: float = _CANARY_AFTER_S, timeout: float = _CANARY_TIMEOUT_S
     ) -> str:
-        """Why the engine cannot generate, or "" when it can: its core must be alive
-        (vLLM's own check) and, after `canary_after` seconds without an output, a
-        one-token request on a one-token prompt must finish within `timeout`. A wedged
-        engine fails the canary; a busy one passes without it."""
-        try:
-            await self.engine.check_health()
-        except Exception as exc:
-            return f"its engine is dead ({exc!r})"
+        """Why the live engine cannot generate, or "" when it can: after `canary_after`
+        seconds without an output, a one-token request on a one-token prompt must finish
+        within `timeout`. A wedged engine fails the canary; a busy one passes without it."""
         if time.monotonic() - self._last_output < canary_after:
             return ""
         canary = TokensPrompt(prompt_token_ids=[0])
@@ -321,6 +325,13 @@ class EngineServicer:
         serving = True
         while True:
             await asyncio.sleep(period)
+            try:
+                await self.engine.check_health()
+            except EngineDeadError as exc:
+                # Nothing brings a dead engine core back: NOT_SERVING now, then the
+                # stage drains and exits, and its supervisor starts it again.
+                await server.set_serving([self.service.name], False)
+                raise RuntimeError("its vLLM engine core died (EngineDeadError)") from exc
             problem = await self.engine_problem()
             if bool(problem) == serving:
                 serving = not problem

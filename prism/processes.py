@@ -1,0 +1,95 @@
+"""Ending the processes a launcher started, with a deadline on every wait.
+
+A process that does not go within its deadline is reported (pid, state, what the kernel
+waits on) and left: a launcher that waits without bound on one stuck process stops
+serving, or stopping, everything else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# How long a killed process may take to go before it is reported and left.
+REAP_DEADLINE_S = 30.0
+
+
+def describe(pid: int) -> str:
+    """`pid`'s command, scheduler state and kernel wait channel, as /proc tells them."""
+    proc = Path(f"/proc/{pid}")
+    try:
+        # pid (comm) state ppid ...: comm may hold spaces, so split after it.
+        stat = (proc / "stat").read_text()
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        state = stat.rsplit(")", 1)[1].split()[0]
+        wchan = (proc / "wchan").read_text().strip() or "-"
+    except (OSError, ValueError):
+        return f"pid {pid}: gone"
+    return f"pid {pid} ({comm}): state {state}, wchan {wchan}"
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """Kills what is left of a process started in its own group (its children too)."""
+    # ProcessLookupError: nothing of that group is left.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def reap(
+    process: subprocess.Popen, patience: float = 5.0, deadline: float = REAP_DEADLINE_S
+) -> bool:
+    """Waits for a killed process to be gone; False (and a report) if it is not within
+    `deadline` seconds.
+
+    Seen on these machines' kernel: a worker killed while reaping its engine process spun
+    in the kernel (wait4 -> release_task -> shrink_dcache_parent) with SIGKILL pending, for
+    as long as it was scheduled like its peers; made the lowest of priorities
+    (SCHED_IDLE) after `patience` seconds, it let the kernel's own work run and went."""
+    try:
+        process.wait(timeout=patience)
+        return True
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(process.pid, os.SCHED_IDLE, os.sched_param(0))
+    try:
+        process.wait(timeout=max(0.0, deadline - patience))
+        return True
+    except subprocess.TimeoutExpired:
+        log.error("left behind after %.0f s: %s", deadline, describe(process.pid))
+        return False
+
+
+def stop(process: subprocess.Popen, grace: float) -> bool:
+    """SIGTERM, then `finish`."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    return finish(process, grace)
+
+
+def finish(process: subprocess.Popen, grace: float) -> bool:
+    """`grace` seconds for a process told to stop to exit, then SIGKILL to its group;
+    whether it is gone."""
+    try:
+        process.wait(timeout=grace)
+        gone = True
+    except subprocess.TimeoutExpired:
+        process.kill()
+        gone = reap(process)
+    kill_group(process)
+    return gone
+
+
+def exit_reason(code: int) -> str:
+    """A process's exit status as people say it: "code 1", "SIGKILL"."""
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return f"code {code}"
