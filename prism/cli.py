@@ -57,6 +57,14 @@ def _stage_args(parser: argparse.ArgumentParser, port: int, metrics: bool = True
         parser.add_argument(
             "--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: none)"
         )
+        parser.add_argument(
+            "--health-port",
+            type=int,
+            default=0,
+            help="also serve grpc.health.v1 alone, in plaintext, on this port: for probes and "
+            "Consul checks, which cannot present a client certificate under mutual TLS "
+            "(0: none)",
+        )
 
 
 def _model_args(parser: argparse.ArgumentParser) -> None:
