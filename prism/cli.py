@@ -1,4 +1,4 @@
-"""`prism serve | worker | processor | gateway | model build`.
+"""`prism serve | worker | processor | gateway | model build | health | deploy kubernetes`.
 
 Heavy imports (vLLM, torch) happen inside the subcommand that needs them, so the gateway
 and the launcher start in a fraction of a second.
@@ -486,6 +486,20 @@ def build_parser() -> argparse.ArgumentParser:
         "should cost",
     )  # fmt: skip
 
+    health = sub.add_parser(
+        "health", help="exit 0 when a stage reports SERVING, else 1 (a container's health check)"
+    )
+    health.add_argument(
+        "target",
+        nargs="?",
+        default=os.environ.get("PRISM_HEALTH", ""),
+        help="HOST:PORT of a stage's grpc.health.v1, or the gateway's http://HOST:PORT/health "
+        "(default: PRISM_HEALTH; without either, a container that serves nothing, such as "
+        "`prism model build`: exit 0)",
+    )
+    health.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for it")
+    _tls_args(health)
+
     deploy = sub.add_parser("deploy", help="deployment manifests of a mesh")
     deploy_sub = deploy.add_subparsers(dest="deploy_command", required=True)
     kube = deploy_sub.add_parser(
@@ -544,6 +558,24 @@ def _vllm_flags(
         given.get("pipeline_parallel_size", 1)  # type: ignore[call-overload]
     )
     return flags
+
+
+def _healthy(target: str, timeout: float) -> bool:
+    """`prism health`: whether `target` says it serves."""
+    if not target:
+        return True
+    if target.startswith(("http://", "https://")):
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(target, timeout=timeout) as reply:
+                return reply.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+    from prism import rpc
+
+    return rpc.check_health(target, timeout=timeout)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -636,6 +668,8 @@ def main(argv: list[str] | None = None) -> int:
 
         app.serve(args)
         return 0
+    if args.command == "health":
+        return 0 if _healthy(args.target, args.timeout) else 1
     if args.command == "deploy":
         from prism.deploy import kubernetes
 
