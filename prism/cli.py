@@ -508,8 +508,17 @@ def build_parser() -> argparse.ArgumentParser:
     kube.add_argument("--mode", default="e/p/d", choices=MODES)
     kube.add_argument("--model", required=True, help="the model's path (in the pod) or hub id")
     kube.add_argument("--name", default="prism", help="prefix of every object's name")
-    kube.add_argument("--namespace", default="")
-    kube.add_argument("--image", default="prism:latest")
+    kube.add_argument(
+        "--namespace",
+        default="prism",
+        help="the mesh's own namespace, which the manifests create (Pod Security: restricted)",
+    )
+    kube.add_argument(
+        "--image",
+        default="",
+        help="the image, by a fixed tag or REPO@sha256:DIGEST (default: prism:VERSION, as "
+        "this checkout builds it)",
+    )
     kube.add_argument("--model-pvc", default="", help="a PersistentVolumeClaim mounted at /models")
     kube.add_argument(
         "--tiny-model", default="", choices=["", "llava", "qwen2-vl"],
@@ -535,6 +544,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="Consul's HTTP API, where every stage registers (consul-k8s)",
     )
     kube.add_argument("--shutdown-grace-s", type=int, default=30)
+    kube.add_argument(
+        "--tls-secret",
+        default="prism-tls",
+        help="Secret with tls.crt, tls.key and ca.crt: mutual TLS between the stages, the "
+        "certificate naming NAME-mesh ('': plaintext; --discovery connect: the sidecars' "
+        "mutual TLS instead)",
+    )
+    kube.add_argument(
+        "--metrics-namespace",
+        default="monitoring",
+        help="the namespace whose pods (Prometheus) may reach the stages' metrics ports",
+    )
     _routing_arg(kube)
     kube.add_argument("--out", default="-", help="file to write (default: stdout)")
     return parser

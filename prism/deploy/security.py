@@ -46,7 +46,17 @@ def namespace(name: str, enforce: str = "restricted") -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}}
 
 
-def skips(checks: list[tuple[str, str]]) -> dict[str, str]:
-    """The annotations that tell checkov to skip each (check, why) of `checks` on an
-    object: every skip is named and justified where it applies."""
+def skips(image: str, token: str = "") -> dict[str, str]:
+    """The annotations that tell checkov which checks a stage's Deployment does not meet,
+    each with its reason, where it applies. `token`: why the pod mounts its
+    service-account token, if it does."""
+    fixed = ("the image is a fixed version tag or a digest, which never changes: a node may "
+             "run one it holds (kind load, a cache)")  # fmt: skip
+    checks = [("CKV_K8S_15", fixed)]
+    if "@sha256:" not in image:
+        tagged = ("the image is built from this checkout and tagged with its version; "
+                  "--image takes REPO@sha256:DIGEST once it is pushed")  # fmt: skip
+        checks.append(("CKV_K8S_43", tagged))
+    if token:
+        checks.append(("CKV_K8S_38", f"the token is mounted: {token}"))
     return {f"checkov.io/skip{i}": f"{check}={why}" for i, (check, why) in enumerate(checks, 1)}
