@@ -7,7 +7,8 @@ across processes, CMA, would need SYS_PTRACE, and RDMA would need IPC_LOCK: neit
 used between pods), runs under the runtime's default seccomp profile and has a
 read-only root filesystem. What it writes goes to volumes: /tmp, and HOME, where the
 image points every cache (Hugging Face, vLLM, torch, Triton). The namespace enforces
-Kubernetes' `restricted` Pod Security Standard, which is all of that.
+Kubernetes' `restricted` Pod Security Standard, which asks all of that (`baseline` under
+Connect, whose injected containers are consul-k8s's own).
 """
 
 from __future__ import annotations
