@@ -7,8 +7,10 @@ PROTOS := $(foreach dir,$(STUB_DIRS),$(wildcard protos/$(dir)/*.proto))
 .PHONY: setup demo test test-unit test-net lint protos check-protos bench bench-transfer bench-encoder bench-modes \
 	bench-routing bench-choices bench-anchors bench-scale manifests bundle verify-gpu
 
+# Prism in .venv; checkov in .venv-checkov, apart (make lint).
 setup:
 	scripts/setup.sh
+	scripts/checkov.sh --setup
 
 demo:
 	$(PY) -m prism.demo
@@ -93,6 +95,7 @@ bench-modes:
 
 # buf breaking: the public contract changes only compatibly, checked against main's last
 # commit (the stages' own package, prism.stage.v1, may change with the code that uses it).
+# checkov: the hardening of the manifests, the Dockerfile and compose.yaml.
 lint:
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
@@ -101,6 +104,7 @@ lint:
 	.venv/bin/check-jsonschema --builtin-schema vendor.compose-spec compose.yaml
 	$(MAKE) check-protos
 	scripts/kubernetes_manifests.sh --check
+	scripts/checkov.sh
 
 # deploy/kubernetes/: every mode's manifests, from `prism deploy kubernetes`.
 manifests:

@@ -1,4 +1,4 @@
-"""`prism serve | worker | processor | gateway | model build`.
+"""`prism serve | worker | processor | gateway | model build | health | deploy kubernetes`.
 
 Heavy imports (vLLM, torch) happen inside the subcommand that needs them, so the gateway
 and the launcher start in a fraction of a second.
@@ -59,6 +59,14 @@ def _stage_args(parser: argparse.ArgumentParser, port: int, metrics: bool = True
     if metrics:
         parser.add_argument(
             "--metrics-port", type=int, default=0, help="Prometheus /metrics port (0: none)"
+        )
+        parser.add_argument(
+            "--health-port",
+            type=int,
+            default=0,
+            help="also serve grpc.health.v1 alone, in plaintext, on this port: for probes and "
+            "Consul checks, which cannot present a client certificate under mutual TLS "
+            "(0: none)",
         )
 
 
@@ -481,6 +489,20 @@ def build_parser() -> argparse.ArgumentParser:
         "should cost",
     )  # fmt: skip
 
+    health = sub.add_parser(
+        "health", help="exit 0 when a stage reports SERVING, else 1 (a container's health check)"
+    )
+    health.add_argument(
+        "target",
+        nargs="?",
+        default=os.environ.get("PRISM_HEALTH", ""),
+        help="HOST:PORT of a stage's grpc.health.v1, or the gateway's http://HOST:PORT/health "
+        "(default: PRISM_HEALTH; without either, a container that serves nothing, such as "
+        "`prism model build`: exit 0)",
+    )
+    health.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for it")
+    _tls_args(health)
+
     deploy = sub.add_parser("deploy", help="deployment manifests of a mesh")
     deploy_sub = deploy.add_subparsers(dest="deploy_command", required=True)
     kube = deploy_sub.add_parser(
@@ -489,8 +511,17 @@ def build_parser() -> argparse.ArgumentParser:
     kube.add_argument("--mode", default="e/p/d", choices=MODES)
     kube.add_argument("--model", required=True, help="the model's path (in the pod) or hub id")
     kube.add_argument("--name", default="prism", help="prefix of every object's name")
-    kube.add_argument("--namespace", default="")
-    kube.add_argument("--image", default="prism:latest")
+    kube.add_argument(
+        "--namespace",
+        default="prism",
+        help="the mesh's own namespace, which the manifests create (Pod Security: restricted)",
+    )
+    kube.add_argument(
+        "--image",
+        default="",
+        help="the image, by a fixed tag or REPO@sha256:DIGEST (default: prism:VERSION, as "
+        "this checkout builds it)",
+    )
     kube.add_argument("--model-pvc", default="", help="a PersistentVolumeClaim mounted at /models")
     kube.add_argument(
         "--tiny-model", default="", choices=["", "llava", "qwen2-vl"],
@@ -516,6 +547,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="Consul's HTTP API, where every stage registers (consul-k8s)",
     )
     kube.add_argument("--shutdown-grace-s", type=int, default=30)
+    kube.add_argument(
+        "--tls-secret",
+        default="prism-tls",
+        help="Secret with tls.crt, tls.key and ca.crt: mutual TLS between the stages, the "
+        "certificate naming NAME-mesh ('': plaintext; --discovery connect: the sidecars' "
+        "mutual TLS instead)",
+    )
+    kube.add_argument(
+        "--metrics-namespace",
+        default="monitoring",
+        help="the namespace whose pods (Prometheus) may reach the stages' metrics ports",
+    )
     _routing_arg(kube)
     kube.add_argument("--out", default="-", help="file to write (default: stdout)")
     return parser
@@ -539,6 +582,24 @@ def _vllm_flags(
         given.get("pipeline_parallel_size", 1)  # type: ignore[call-overload]
     )
     return flags
+
+
+def _healthy(target: str, timeout: float) -> bool:
+    """`prism health`: whether `target` says it serves."""
+    if not target:
+        return True
+    if target.startswith(("http://", "https://")):
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(target, timeout=timeout) as reply:
+                return reply.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+    from prism import rpc
+
+    return rpc.check_health(target, timeout=timeout)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -640,6 +701,8 @@ def main(argv: list[str] | None = None) -> int:
 
         app.serve(args)
         return 0
+    if args.command == "health":
+        return 0 if _healthy(args.target, args.timeout) else 1
     if args.command == "deploy":
         from prism.deploy import kubernetes
 

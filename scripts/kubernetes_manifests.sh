@@ -32,8 +32,10 @@ write ep-d.yaml --mode ep/d "${tiny[@]}"
 write e-p-d-no-consul.yaml --mode e/p/d --discovery kubernetes "${tiny[@]}"
 # The gRPC hops through Consul Connect sidecars (consul-k8s injects them).
 write e-p-d-connect.yaml --mode e/p/d --discovery connect "${tiny[@]}"
-# E/P/D on GPUs: a real checkpoint on a volume, a GPU for each engine, decode autoscaled.
-write e-p-d-gpu.yaml --mode e/p/d --image prism:gpu --model /models/llava-1.5-7b-hf \
+# E/P/D on GPUs: a real checkpoint on a volume, a GPU for each engine, decode autoscaled;
+# the image built with TARGET=gpu, tagged with the version.
+version=$($PY -c 'from importlib.metadata import version; print(version("prism-mesh"))')
+write e-p-d-gpu.yaml --mode e/p/d --image "prism:$version-gpu" --model /models/llava-1.5-7b-hf \
   --model-pvc prism-models --gpus encoder=1 --gpus prefill=1 --gpus decode=1 \
   --replicas decode=2 --autoscale decode=4 --routing kv
 

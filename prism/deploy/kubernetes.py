@@ -6,12 +6,18 @@ Each stage becomes a Deployment and a Service: the gateway's a ClusterIP Service
 door), every other a headless one (its pods, for discovery). Stages find each other
 through Consul, as in compose.yaml (each pod registers its own IP); through the Envoy
 sidecars consul-k8s injects (Connect); or, with no Consul, through the API server: the
-ready pods of each headless Service, which a service account of the mesh may list and
-watch (prism.registry.kubernetes). Probes: readiness on
-the stage's `grpc.health.v1` (Kubernetes' own gRPC probe; the gateway's `/health`),
-liveness and start-up on its port being open, since a stage that is alive may rightly
-report NOT_SERVING (a processor without workers yet, a stage draining). On SIGTERM a
-stage drains for `--shutdown-grace-s`; the pod's grace period leaves room for that.
+ready pods of each headless Service, which a service account of the gateway and the
+processor (the stages that call others) may list and watch (prism.registry.kubernetes).
+Probes: readiness on the stage's `grpc.health.v1` (Kubernetes' own gRPC probe, on the
+plaintext health port under mutual TLS; the gateway's `/health`), liveness and start-up on
+its port being open, since a stage that is alive may rightly report NOT_SERVING (a
+processor without workers yet, a stage draining). On SIGTERM a stage drains for
+`--shutdown-grace-s`; the pod's grace period leaves room for that.
+
+Hardened: every pod in the mesh's own namespace (prism.deploy.security), mutual TLS
+between stages (prism.deploy.tls), a NetworkPolicy per stage (prism.deploy.network_policy),
+requests and limits on every container, and the service-account token only where the API
+server or Consul Connect needs it.
 """
 
 from __future__ import annotations
@@ -20,22 +26,21 @@ import argparse
 import itertools
 import re
 from dataclasses import dataclass, field
+from importlib.metadata import version
 from typing import Any
 
+from prism.deploy import network_policy, security, tls
+from prism.deploy.ports import ENGINES, HEALTH_PORT, KV_PORT, METRICS_PORT, UCX_PORTS, port
 from prism.launcher import MeshConfig, plan
 
-# Container ports: the stages' own defaults (prism worker --help, ...), one per stage.
-PORTS = {"gateway": 8000, "processor": 50050, "encoder": 50052}
-ENGINE_PORT = 50051
-METRICS_PORT = 9100
-KV_PORT = 5600
+# The image this checkout builds, by its fixed version.
+IMAGE = f"prism:{version('prism-mesh')}"
 MODELS = "/models"
 # Engines: vLLM's CPU backend shares tensors between its processes through /dev/shm.
 SHM = "2Gi"
 # Seconds past the stage's own drain for the process to exit before SIGKILL.
 EXIT_MARGIN_S = 15
 
-_ENGINES = ("worker", "prefill", "decode")
 # With Consul Connect sidecars: the local port of each role's upstream listener.
 UPSTREAMS = {"processor": 21001, "encoder": 21002, "worker": 21003, "prefill": 21004,
              "decode": 21005}  # fmt: skip
@@ -49,8 +54,8 @@ class Settings:
     mode: str
     model: str
     name: str = "prism"
-    namespace: str = ""
-    image: str = "prism:latest"
+    namespace: str = "prism"
+    image: str = IMAGE
     # The model from a PersistentVolumeClaim mounted at /models, or a tiny model each pod
     # builds for itself (seeded: every pod builds the same), or else in the image.
     model_pvc: str = ""
@@ -65,6 +70,11 @@ class Settings:
     discovery: str = "consul"
     consul: str = "consul-server.consul:8500"
     shutdown_grace_s: int = 30
+    # The Secret of the stages' certificates (prism.deploy.tls); "": plaintext between them.
+    # Connect's sidecars bring their own mutual TLS.
+    tls_secret: str = "prism-tls"
+    # The namespace whose pods (Prometheus) may scrape the stages' metrics.
+    metrics_namespace: str = "monitoring"
     # MeshConfig fields beyond mode and model (routing, transfer, parsers, ...).
     mesh: dict[str, Any] = field(default_factory=dict)
 
@@ -74,33 +84,40 @@ def _stage_kind(name: str) -> str:
     return re.sub(r"-\d+$", "", name)
 
 
-def _port(kind: str) -> int:
-    return PORTS.get(kind, ENGINE_PORT)
+def _tls(settings: Settings) -> bool:
+    return bool(settings.tls_secret) and settings.discovery != "connect"
 
 
 def _container_args(kind: str, argv: list[str], settings: Settings) -> list[str]:
     """The plan's command line as the image's entrypoint (`prism`) takes it: bound to the
-    pod's interfaces on fixed ports, reached at the pod's IP, peers found through Consul."""
+    pod's interfaces on fixed ports, reached at the pod's IP, peers found through Consul
+    (or the API server, by the stages that call others), under mutual TLS."""
     # Plain strings: the plan's roles are str enums, whose str() would name the member.
     args = [str.__str__(arg) for arg in argv[argv.index("prism.cli") + 1 :]]
+    rewritten = set(_REWRITTEN)
+    if settings.discovery == "kubernetes" and kind not in network_policy.CALLERS:
+        # Readiness registers it; it calls nobody, so it needs no registry (nor the token).
+        rewritten.add("--registry")
     kept: list[str] = []
     skip = False
     for arg in args:
         if skip:
             skip = False
-        elif arg in _REWRITTEN:
+        elif arg in rewritten:
             skip = True
         else:
             kept.append(arg)
     # Only the static registry has peers (one per replica): here, each role's upstream.
     for role in dict.fromkeys(_peer_roles(args)):
         kept += ["--peer", f"{role}=127.0.0.1:{UPSTREAMS[role]}"]
-    kept += ["--host", "0.0.0.0", "--port", str(_port(kind)), "--advertise-host", "$(POD_IP)",
+    kept += ["--host", "0.0.0.0", "--port", str(port(kind)), "--advertise-host", "$(POD_IP)",
              "--shutdown-grace-s", str(settings.shutdown_grace_s)]  # fmt: skip
     if kind != "gateway":
         kept += ["--metrics-port", str(METRICS_PORT)]
     if "--kv-port" in args:
         kept += ["--kv-host", "$(POD_IP)", "--kv-port", str(KV_PORT)]
+    if _tls(settings):
+        kept += tls.args(settings.name, kind)
     return kept
 
 
@@ -109,13 +126,14 @@ def _peer_roles(args: list[str]) -> list[str]:
     return [value.partition("=")[0] for arg, value in itertools.pairwise(args) if arg == "--peer"]
 
 
-def _probes(kind: str) -> dict[str, Any]:
-    port = _port(kind)
+def _probes(kind: str, settings: Settings) -> dict[str, Any]:
+    served = port(kind)
     if kind == "gateway":
-        ready: dict[str, Any] = {"httpGet": {"path": "/health", "port": port}}
+        ready: dict[str, Any] = {"httpGet": {"path": "/health", "port": served}}
     else:
-        ready = {"grpc": {"port": port}}
-    open_port = {"tcpSocket": {"port": port}}
+        # Kubelet's gRPC probe has no client certificate: under mutual TLS, the health port.
+        ready = {"grpc": {"port": HEALTH_PORT if _tls(settings) else served}}
+    open_port = {"tcpSocket": {"port": served}}
     return {
         "readinessProbe": {**ready, "periodSeconds": 5, "failureThreshold": 2},
         "livenessProbe": {**open_port, "periodSeconds": 10, "failureThreshold": 3},
@@ -125,12 +143,18 @@ def _probes(kind: str) -> dict[str, Any]:
 
 
 def _resources(kind: str, settings: Settings) -> dict[str, Any]:
-    engine = kind in _ENGINES or kind == "encoder"
-    requests = {"cpu": "2", "memory": "8Gi"} if engine else {"cpu": "1", "memory": "2Gi"}
-    resources: dict[str, Any] = {"requests": requests}
+    """Requests, and limits at twice as much: room for bursts (an engine's start-up, a
+    batch of large images) that cannot starve the node. An engine's /dev/shm counts
+    against its memory."""
+    engine = kind in ENGINES or kind == "encoder"
+    cpu, memory = (2, 8) if engine else (1, 2)
+    resources: dict[str, Any] = {
+        "requests": {"cpu": str(cpu), "memory": f"{memory}Gi"},
+        "limits": {"cpu": str(2 * cpu), "memory": f"{2 * memory}Gi"},
+    }
     if gpus := settings.gpus.get(kind, 0):
         # Kubernetes takes extended resources as limits (requests default to them).
-        resources["limits"] = {"nvidia.com/gpu": gpus}
+        resources["limits"]["nvidia.com/gpu"] = gpus
     return resources
 
 
@@ -143,29 +167,45 @@ def _labels(kind: str, settings: Settings) -> dict[str, str]:
 
 
 def _meta(name: str, kind: str, settings: Settings) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "labels": _labels(kind, settings)}
-    if settings.namespace:
-        meta["namespace"] = settings.namespace
-    return meta
+    return {"name": name, "namespace": settings.namespace, "labels": _labels(kind, settings)}
+
+
+def _token(kind: str, settings: Settings) -> str:
+    """Why stage `kind` needs its service-account token, or "" when it does not."""
+    if settings.discovery == "kubernetes" and kind in network_policy.CALLERS:
+        return "it reads EndpointSlices through the API server (prism.registry.kubernetes)"
+    if settings.discovery == "connect":
+        return "consul-k8s logs its injected sidecar in to Consul with it (ACLs)"
+    return ""
+
+
+def _container(name: str, settings: Settings, **fields: Any) -> dict[str, Any]:
+    """A container of the mesh: the image, `fields`, bounded and hardened."""
+    return {"name": name, "image": settings.image, "imagePullPolicy": "IfNotPresent", **fields,
+            "resources": _resources(name, settings),
+            "securityContext": security.container_context()}  # fmt: skip
 
 
 def _pod(kind: str, args: list[str], settings: Settings) -> dict[str, Any]:
-    port = _port(kind)
-    ports = [{"name": "http" if kind == "gateway" else "grpc", "containerPort": port}]
+    served = port(kind)
+    ports = [{"name": "http" if kind == "gateway" else "grpc", "containerPort": served}]
     if kind != "gateway":
         ports.append({"name": "metrics", "containerPort": METRICS_PORT})
+        if _tls(settings):
+            ports.append({"name": "health", "containerPort": HEALTH_PORT})
     if "--kv-port" in args:
         ports.append({"name": "kv", "containerPort": KV_PORT})
     env: list[dict[str, Any]] = [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
     ]
-    if kind in _ENGINES or kind == "encoder":
+    if kind in ENGINES or kind == "encoder":
         # NIXL pod to pod: UCX's TCP transport works on every network; GPU pods let UCX
-        # pick its GPU transports too.
+        # pick its GPU transports too. Its listeners stay in the range the NetworkPolicies
+        # open.
         transports = "all" if settings.gpus.get(kind) else "tcp,self"
         env.append({"name": "UCX_TLS", "value": transports})
-    mounts: list[dict[str, Any]] = []
-    volumes: list[dict[str, Any]] = []
+        env.append({"name": "UCX_TCP_PORT_RANGE", "value": "{}-{}".format(*UCX_PORTS)})
+    mounts, volumes = security.writable()
     init: list[dict[str, Any]] = []
     if kind != "gateway" and (settings.model_pvc or settings.tiny_model):
         mounts.append({"name": "models", "mountPath": MODELS, "readOnly": True})
@@ -174,30 +214,21 @@ def _pod(kind: str, args: list[str], settings: Settings) -> dict[str, Any]:
             volumes.append({"name": "models", "persistentVolumeClaim": claim})
         else:
             volumes.append({"name": "models", "emptyDir": {}})
-            init.append({
-                "name": "model",
-                "image": settings.image,
-                "args": ["model", "build", "--family", settings.tiny_model,
-                         "--out", settings.model],
-                "volumeMounts": [{"name": "models", "mountPath": MODELS}],
-            })  # fmt: skip
-    if kind in _ENGINES:
+            writes = [*security.writable()[0], {"name": "models", "mountPath": MODELS}]
+            build = ["model", "build", "--family", settings.tiny_model, "--out", settings.model]
+            init.append(_container("model", settings, args=build, volumeMounts=writes))
+    if kind in ENGINES:
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
         volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM}})
-    container: dict[str, Any] = {
-        "name": kind,
-        "image": settings.image,
-        "args": args,
-        "ports": ports,
-        "env": env,
-        **_probes(kind),
-        "resources": _resources(kind, settings),
-    }
-    if mounts:
-        container["volumeMounts"] = mounts
+    if _tls(settings):
+        mount, volume = tls.volume(settings.tls_secret)
+        mounts.append(mount)
+        volumes.append(volume)
+    container = _container(kind, settings, args=args, ports=ports, env=env,
+                           **_probes(kind, settings), volumeMounts=mounts)  # fmt: skip
     annotations = {
         "prometheus.io/scrape": "true",
-        "prometheus.io/port": str(port if kind == "gateway" else METRICS_PORT),
+        "prometheus.io/port": str(served if kind == "gateway" else METRICS_PORT),
         "prometheus.io/path": "/metrics",
     }
     if settings.discovery == "connect":
@@ -217,14 +248,18 @@ def _pod(kind: str, args: list[str], settings: Settings) -> dict[str, Any]:
         annotations["consul.hashicorp.com/connect-inject"] = "false"
     spec: dict[str, Any] = {
         "terminationGracePeriodSeconds": settings.shutdown_grace_s + EXIT_MARGIN_S,
+        "securityContext": security.pod_context(),
+        "automountServiceAccountToken": bool(_token(kind, settings)),
         "containers": [container],
     }
-    if settings.discovery == "kubernetes":
+    if settings.discovery == "kubernetes" and _token(kind, settings):
         spec["serviceAccountName"] = settings.name
+    elif settings.discovery == "connect":
+        # With ACLs, consul-k8s lets in only a service account named as the service.
+        spec["serviceAccountName"] = f"{settings.name}-{kind}"
     if init:
         spec["initContainers"] = init
-    if volumes:
-        spec["volumes"] = volumes
+    spec["volumes"] = volumes
     return {"metadata": {"labels": _labels(kind, settings), "annotations": annotations},
             "spec": spec}  # fmt: skip
 
@@ -233,9 +268,9 @@ def _objects(kind: str, args: list[str], settings: Settings) -> list[dict[str, A
     name = f"{settings.name}-{kind}"
     selector = {"matchLabels": _labels(kind, settings)}
     replicas = settings.replicas.get(kind, 1)
-    port = _port(kind)
-    service_port = {"name": "http" if kind == "gateway" else "grpc", "port": port,
-                    "targetPort": port}  # fmt: skip
+    served = port(kind)
+    service_port = {"name": "http" if kind == "gateway" else "grpc", "port": served,
+                    "targetPort": served}  # fmt: skip
     service_spec: dict[str, Any] = {"selector": _labels(kind, settings), "ports": [service_port]}
     if kind != "gateway":
         # Headless: its DNS name and EndpointSlices list the pods themselves.
@@ -244,7 +279,10 @@ def _objects(kind: str, args: list[str], settings: Settings) -> list[dict[str, A
         {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
-            "metadata": _meta(name, kind, settings),
+            "metadata": {
+                **_meta(name, kind, settings),
+                "annotations": security.skips(settings.image, _token(kind, settings)),
+            },
             "spec": {
                 "replicas": replicas,
                 "selector": selector,
@@ -264,6 +302,10 @@ def _objects(kind: str, args: list[str], settings: Settings) -> list[dict[str, A
             "spec": {"maxUnavailable": 1, "selector": selector},
         },
     ]
+    if settings.discovery == "connect":
+        objects.append({"apiVersion": "v1", "kind": "ServiceAccount",
+                        "metadata": _meta(name, kind, settings),
+                        "automountServiceAccountToken": False})  # fmt: skip
     if kind in settings.autoscale:
         objects.append({
             "apiVersion": "autoscaling/v2",
@@ -282,24 +324,23 @@ def _objects(kind: str, args: list[str], settings: Settings) -> list[dict[str, A
 
 
 def _discovery_access(settings: Settings) -> list[dict[str, Any]]:
-    """The mesh's service account, which may read the EndpointSlices of its namespace."""
+    """The service account of the stages that discover others, which may read the
+    EndpointSlices of its namespace; its token is mounted only in their pods."""
     meta = {
         "name": settings.name,
+        "namespace": settings.namespace,
         "labels": {"app.kubernetes.io/name": "prism", "app.kubernetes.io/instance": settings.name},
     }
-    if settings.namespace:
-        meta["namespace"] = settings.namespace
     rule = {
         "apiGroups": ["discovery.k8s.io"],
         "resources": ["endpointslices"],
         "verbs": ["get", "list", "watch"],
     }
-    subject = {"kind": "ServiceAccount", "name": settings.name}
-    if settings.namespace:
-        subject["namespace"] = settings.namespace
+    subject = {"kind": "ServiceAccount", "name": settings.name, "namespace": settings.namespace}
     rbac = "rbac.authorization.k8s.io"
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta,
+         "automountServiceAccountToken": False},
         {"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": meta, "rules": [rule]},
         {"apiVersion": f"{rbac}/v1", "kind": "RoleBinding", "metadata": meta,
          "roleRef": {"apiGroup": rbac, "kind": "Role", "name": settings.name},
@@ -343,10 +384,20 @@ def manifests(settings: Settings) -> list[dict[str, Any]]:
                 f"--{what}: mode {settings.mode} has no stage {', '.join(unknown)} "
                 f"(its stages: {', '.join(planned)})"
             )
+    # consul-k8s's injected containers may not meet `restricted`: only warned of there.
+    enforce = "baseline" if settings.discovery == "connect" else "restricted"
     access = _discovery_access(settings) if settings.discovery == "kubernetes" else []
-    return access + [
-        obj for kind, args in planned.items() for obj in _objects(kind, args, settings)
-    ]
+    objects = [obj for kind, args in planned.items() for obj in _objects(kind, args, settings)]
+    policies = network_policy.policies(
+        settings.name,
+        settings.namespace,
+        {kind: _labels(kind, settings) for kind in planned},
+        settings.discovery,
+        settings.consul,
+        settings.metrics_namespace,
+        _tls(settings),
+    )
+    return [security.namespace(settings.namespace, enforce), *access, *objects, *policies]
 
 
 def _pairs(values: list[str], flag: str) -> dict[str, int]:
@@ -365,7 +416,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         model=args.model,
         name=args.name,
         namespace=args.namespace,
-        image=args.image,
+        image=args.image or IMAGE,
         model_pvc=args.model_pvc,
         tiny_model=args.tiny_model,
         replicas=_pairs(args.replicas, "--replicas"),
@@ -374,6 +425,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         discovery=args.discovery,
         consul=args.consul,
         shutdown_grace_s=args.shutdown_grace_s,
+        tls_secret=args.tls_secret,
+        metrics_namespace=args.metrics_namespace,
         mesh={"routing": args.routing, "kv_overlap_weight": args.kv_overlap_weight},
     )
 

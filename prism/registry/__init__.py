@@ -27,6 +27,8 @@ class Instance:
     model: str = ""  # the served model name
     modes: tuple[str, ...] = ()  # the deployment modes it can take part in
     health: str = "grpc"  # grpc: grpc.health.v1 on `address`; http: GET /health
+    # grpc.health.v1 in plaintext on this port of the host too (`--health-port`; 0: none).
+    health_port: int = 0
 
 
 class Registry(Protocol):
@@ -155,7 +157,7 @@ def instance(
     host = advertise_host(args)
     model = getattr(args, "served_model_name", "") or getattr(args, "model", "")
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return Instance(role, address, model, tuple(modes), health)
+    return Instance(role, address, model, tuple(modes), health, getattr(args, "health_port", 0))
 
 
 def open_registry(args: argparse.Namespace) -> Registry:

@@ -125,6 +125,9 @@ class ConsulRegistry:
         }
         if instance.health == "http":
             return Check.http(f"http://{instance.address}/health", **timing)
+        if instance.health_port:
+            host = instance.address.rpartition(":")[0]  # brackets kept around IPv6
+            return Check.grpc(f"{host}:{instance.health_port}", **timing)
         # Consul's agent dials the check itself: with TLS it needs the CA (and, for mutual
         # TLS, a client certificate) in its own configuration.
         return Check.grpc(instance.address, use_tls=rpc.tls_enabled() or None, **timing)

@@ -250,6 +250,13 @@ class Server:
     health: health.aio.HealthServicer
     port: int
     draining: bool = False
+    # grpc.health.v1 alone, in plaintext (`start_server`'s `health_address`).
+    health_server: grpc.aio.Server | None = None
+
+    async def stop(self, grace: float | None) -> None:
+        if self.health_server is not None:
+            await self.health_server.stop(grace)
+        await self.server.stop(grace)
 
     async def set_serving(self, services: Iterable[str], serving: bool = True) -> None:
         if serving and self.draining:
@@ -282,9 +289,13 @@ async def start_server(
     service_names: Iterable[str],
     in_flight: Callable[[], int] | None = None,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    health_address: str = "",
 ) -> Server:
     """Starts a gRPC server with health checking, reflection and raised message limits,
-    and with `LoadService` when given a count of the requests in flight.
+    and with `LoadService` when given a count of the requests in flight. With
+    `health_address`, the same health is also served there alone, in plaintext: kubelet's
+    gRPC probes and Consul's checks cannot present a client certificate to a server that
+    requires one.
 
     Health reports NOT_SERVING until the caller says otherwise with `set_serving`.
     """
@@ -317,6 +328,13 @@ async def start_server(
         raise OSError(f"cannot bind gRPC server to {address}")
     await server.start()
     result = Server(server, health_servicer, port)
+    if health_address:
+        result.health_server = grpc.aio.server(options=_SERVER_OPTIONS)
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, result.health_server)
+        if result.health_server.add_insecure_port(health_address) == 0:
+            await server.stop(None)
+            raise OSError(f"cannot bind gRPC health server to {health_address}")
+        await result.health_server.start()
     await result.set_serving(names, serving=False)
     return result
 

@@ -72,7 +72,10 @@ class Stage:
                 service.stage = self.role
                 service.add_to_server(server)
 
-        server = await rpc.start_server(f"{args.host}:{args.port}", register, names, in_flight)
+        health = f"{args.host}:{args.health_port}" if args.health_port else ""
+        server = await rpc.start_server(
+            f"{args.host}:{args.port}", register, names, in_flight, health_address=health
+        )
         telemetry.serve_metrics(args.metrics_port, args.host, collectors)
         if serving:
             await server.set_serving(names)
@@ -89,7 +92,7 @@ class Stage:
             for service in services:
                 service.drain()
             await self.registry.deregister()
-            await server.server.stop(args.shutdown_grace_s)
+            await server.stop(args.shutdown_grace_s)
             if failure is not None:
                 raise StageFailed(f"{self.role}: {failure}") from failure
         finally:

@@ -16,6 +16,7 @@ import pytest
 from consul_double import ConsulDouble, DecodeError, decode, duration
 
 from prism import rpc
+from prism.ports import free_port
 from prism.registry import Instance, discovery_tags
 from prism.registry.consul import ConsulRegistry
 
@@ -101,6 +102,29 @@ def test_gateway_registers_an_http_check():
              "DeregisterCriticalServiceAfter": "30s"}
         ]  # fmt: skip
         await reg.close()
+
+    with ConsulDouble(token=TOKEN) as double:
+        asyncio.run(main())
+
+
+def test_a_plaintext_health_port_is_checked_instead_of_the_service_port():
+    async def main() -> None:
+        port = free_port()
+        server = await rpc.start_server(
+            "127.0.0.1:0", lambda s: None, ["prism.test"], health_address=f"127.0.0.1:{port}"
+        )
+        await server.set_serving(["prism.test"])
+        reg = registry(double)
+        await reg.register(Instance("worker", f"127.0.0.1:{server.port}", health_port=port))
+        (registered,) = double.services.values()
+        # Under mutual TLS the service port wants a client certificate, which Consul lacks.
+        assert registered.definition["Checks"] == [
+            {"GRPC": f"127.0.0.1:{port}", "Interval": "100ms", "Timeout": "1s",
+             "DeregisterCriticalServiceAfter": "30s"}
+        ]  # fmt: skip
+        assert await until(lambda: len(double.passing("prism-worker")) == 1)
+        await reg.close()
+        await server.stop(None)
 
     with ConsulDouble(token=TOKEN) as double:
         asyncio.run(main())

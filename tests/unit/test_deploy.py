@@ -1,14 +1,19 @@
 """`prism deploy kubernetes`: each mode's manifests have exactly the stages the mode needs,
-wired as `prism serve` wires them, probed on the ports they serve."""
+wired as `prism serve` wires them, probed on the ports they serve, hardened (non-root,
+read-only, no capabilities, bounded, their own namespace), each stage reachable only by
+the stages that call it and, between stages, only with a certificate of the mesh."""
 
 from __future__ import annotations
 
 import pytest
 
 from prism.cli import build_parser
-from prism.deploy import kubernetes
+from prism.deploy import kubernetes, security
 from prism.deploy.kubernetes import Settings, manifests
+from prism.deploy.ports import CONNECT_INBOUND_PORT, HEALTH_PORT, KV_PORT, METRICS_PORT, UCX_PORTS
 from prism.modes import MODES
+
+DISCOVERY = ("consul", "kubernetes", "connect")
 
 STAGES = {
     "epd": {"worker", "processor", "gateway"},
@@ -26,6 +31,10 @@ def deployments(objects: list[dict]) -> dict[str, dict]:
 def container(deployment: dict) -> dict:
     (only,) = deployment["spec"]["template"]["spec"]["containers"]
     return only
+
+
+def pod(deployment: dict) -> dict:
+    return deployment["spec"]["template"]["spec"]
 
 
 def flag(args: list[str], name: str) -> str:
@@ -72,7 +81,8 @@ def test_roles_and_the_kv_side_channel_follow_the_mode():
     three = deployments(manifests(settings("e/p/d")))
     assert flag(container(three["prefill"])["args"], "--role") == "prefill"
     whole = container(deployments(manifests(settings("epd")))["worker"])
-    assert "--kv-port" not in whole["args"] and len(whole["ports"]) == 2
+    assert "--kv-port" not in whole["args"]
+    assert [p["name"] for p in whole["ports"]] == ["grpc", "metrics", "health"]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -84,7 +94,9 @@ def test_probes_are_on_the_ports_the_stages_serve(mode):
         if stage == "gateway":
             assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": port}
         else:
-            assert c["readinessProbe"]["grpc"] == {"port": port}
+            # Kubelet's gRPC probe has no client certificate: the plaintext health port.
+            health = int(flag(c["args"], "--health-port"))
+            assert c["readinessProbe"]["grpc"] == {"port": health} and health != port
             metrics = int(flag(c["args"], "--metrics-port"))
             annotations = deployment["spec"]["template"]["metadata"]["annotations"]
             assert annotations["prometheus.io/port"] == str(metrics)
@@ -98,8 +110,12 @@ def test_gpus_replicas_and_autoscaling_where_asked():
     objects = manifests(settings("e/p/d", gpus={"prefill": 1, "decode": 2},
                                  replicas={"decode": 3}, autoscale={"decode": 6}))  # fmt: skip
     by_stage = deployments(objects)
-    limits = {stage: container(d)["resources"].get("limits") for stage, d in by_stage.items()}
-    gpus = {stage: limit["nvidia.com/gpu"] for stage, limit in limits.items() if limit}
+    limits = {stage: container(d)["resources"]["limits"] for stage, d in by_stage.items()}
+    gpus = {
+        stage: limit["nvidia.com/gpu"]
+        for stage, limit in limits.items()
+        if "nvidia.com/gpu" in limit
+    }
     assert gpus == {"prefill": 1, "decode": 2}
     assert by_stage["decode"]["spec"]["replicas"] == 3
     (hpa,) = [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"]
@@ -114,14 +130,15 @@ def test_a_stage_the_mode_lacks_is_refused_by_name():
 
 def test_the_model_comes_from_a_claim_or_is_built_in_each_pod():
     claimed = manifests(Settings(mode="epd", model="/models/m", model_pvc="models"))
-    pod = deployments(claimed)["worker"]["spec"]["template"]["spec"]
-    assert pod["volumes"][0]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
-    assert "initContainers" not in pod
-    built = deployments(manifests(settings("epd")))["worker"]["spec"]["template"]["spec"]
-    (init,) = built["initContainers"]
+    worker = pod(deployments(claimed)["worker"])
+    (models,) = [volume for volume in worker["volumes"] if volume["name"] == "models"]
+    assert models["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+    assert "initContainers" not in worker
+    (init,) = pod(deployments(manifests(settings("epd")))["worker"])["initContainers"]
     assert init["args"] == ["model", "build", "--family", "llava", "--out", "/models/tiny-llava"]
     # The gateway reads no model.
-    assert "volumes" not in deployments(claimed)["gateway"]["spec"]["template"]["spec"]
+    gateway = pod(deployments(claimed)["gateway"])
+    assert "models" not in {volume["name"] for volume in gateway["volumes"]}
 
 
 def test_the_yaml_is_one_stream_without_anchors():
@@ -134,21 +151,34 @@ def test_without_consul_each_stage_finds_its_peers_services_through_the_api_serv
     objects = manifests(settings(mode, discovery="kubernetes"))
     services = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Service"}
     for stage, deployment in deployments(objects).items():
-        pod = deployment["spec"]["template"]["spec"]
-        assert pod["serviceAccountName"] == "prism"
         args = container(deployment)["args"]
-        assert build_parser().parse_args(args).registry == "kubernetes:///prism"
+        registry = build_parser().parse_args(args).registry
+        if stage in ("gateway", "processor"):
+            # The stages that call others discover them, with the token of the account.
+            assert pod(deployment)["serviceAccountName"] == "prism"
+            assert pod(deployment)["automountServiceAccountToken"] is True
+            assert registry == "kubernetes:///prism"
+        else:
+            # Readiness registers the others: no registry, no token.
+            assert "serviceAccountName" not in pod(deployment)
+            assert pod(deployment)["automountServiceAccountToken"] is False
+            assert registry == "static"
         # The registry reads a stage's address off its Service's first port.
         (port, *_) = services[f"prism-{stage}"]["spec"]["ports"]
         assert port["port"] == int(flag(args, "--port"))
+    (account,) = [o for o in objects if o["kind"] == "ServiceAccount"]
+    assert account["automountServiceAccountToken"] is False
     (role,) = [o for o in objects if o["kind"] == "Role"]
     assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
                               "verbs": ["get", "list", "watch"]}]  # fmt: skip
     (binding,) = [o for o in objects if o["kind"] == "RoleBinding"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "prism"}]
-    # Consul needs none of it.
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "prism", "namespace": "prism"}
+    ]
+    # Consul needs none of it, and no pod gets a token.
     consul = manifests(settings(mode))
     assert not [o for o in consul if o["kind"] in ("ServiceAccount", "Role", "RoleBinding")]
+    assert not [d for d in deployments(consul).values() if pod(d)["automountServiceAccountToken"]]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -169,3 +199,169 @@ def test_with_connect_sidecars_carry_every_grpc_hop_and_nixl_goes_pod_to_pod(mod
         upstreams = annotations.get("consul.hashicorp.com/connect-service-upstreams", "")
         expected = {f"prism-{role}:{address.split(':')[1]}" for role, address in peers.items()}
         assert set(filter(None, upstreams.split(","))) == expected
+        # The sidecars' mutual TLS, not Prism's; under ACLs consul-k8s lets the sidecar in
+        # with the token of an account named as the service.
+        assert "--tls-cert" not in args and "--health-port" not in args
+        assert pod(deployment)["serviceAccountName"] == f"prism-{stage}"
+        assert pod(deployment)["automountServiceAccountToken"] is True
+
+
+def every_container(deployment: dict) -> list[dict]:
+    spec = pod(deployment)
+    return spec["containers"] + spec.get("initContainers", [])
+
+
+@pytest.mark.parametrize("discovery", DISCOVERY)
+@pytest.mark.parametrize("mode", MODES)
+def test_every_container_is_unprivileged_read_only_and_bounded(mode, discovery):
+    for stage, deployment in deployments(manifests(settings(mode, discovery=discovery))).items():
+        spec = pod(deployment)
+        assert spec["securityContext"] == {
+            "runAsNonRoot": True, "runAsUser": security.UID, "runAsGroup": security.UID,
+            "fsGroup": security.UID, "seccompProfile": {"type": "RuntimeDefault"},
+        }  # fmt: skip
+        volumes = {volume["name"]: volume for volume in spec["volumes"]}
+        for c in every_container(deployment):
+            assert c["securityContext"] == {"allowPrivilegeEscalation": False,
+                                            "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}}  # fmt: skip
+            assert not c["image"].endswith(":latest") and ":" in c["image"]
+            assert c["imagePullPolicy"] == "IfNotPresent"
+            for bound in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(c["resources"][bound])
+            # What a read-only root cannot hold: temporary files and the caches under
+            # HOME, each on a volume of the pod.
+            mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+            assert {"/tmp", security.HOME} <= set(mounts)
+            assert all(name in volumes for name in mounts.values())
+        if stage in ("worker", "prefill", "decode"):
+            # vLLM's CPU backend: its processes share tensors in memory.
+            shm = {m["mountPath"]: m["name"] for m in container(deployment)["volumeMounts"]}
+            assert volumes[shm["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+
+
+@pytest.mark.parametrize("discovery", DISCOVERY)
+def test_the_mesh_lives_in_a_namespace_of_its_own_that_admits_only_hardened_pods(discovery):
+    objects = manifests(settings("e/p/d", discovery=discovery))
+    namespace, *rest = objects
+    assert namespace["kind"] == "Namespace" and namespace["metadata"]["name"] == "prism"
+    labels = namespace["metadata"]["labels"]
+    # consul-k8s injects containers of its own into Connect's pods.
+    expected = "baseline" if discovery == "connect" else "restricted"
+    assert labels["pod-security.kubernetes.io/enforce"] == expected
+    assert labels["pod-security.kubernetes.io/warn"] == "restricted"
+    assert {o["metadata"]["namespace"] for o in rest} == {"prism"}
+    other = manifests(settings("epd", namespace="inference"))
+    assert {o["metadata"].get("namespace", o["metadata"]["name"]) for o in other} == {"inference"}
+
+
+def reachable(objects: list[dict]) -> dict[str, set[tuple[str, int]]]:
+    """Stage → the (source, port) pairs its NetworkPolicy lets in: a source is a stage, a
+    namespace (`ns:NAME`) or anyone (`*`); a port range counts by its first port."""
+    out: dict[str, set[tuple[str, int]]] = {}
+    for policy in (o for o in objects if o["kind"] == "NetworkPolicy"):
+        stage = policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"]
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        pairs = out.setdefault(stage, set())
+        for rule in policy["spec"]["ingress"]:
+            sources = []
+            for source in rule.get("from", [{}]):
+                if "podSelector" in source:
+                    labels = source["podSelector"]["matchLabels"]
+                    sources.append(labels["app.kubernetes.io/component"])
+                elif "namespaceSelector" in source:
+                    name = source["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+                    sources.append(f"ns:{name}")
+                else:
+                    sources.append("*")
+            pairs |= {(src, port["port"]) for src in sources for port in rule["ports"]}
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_each_stage_is_reached_only_by_the_stages_that_call_it(mode):
+    objects = manifests(settings(mode))
+    by_stage = deployments(objects)
+    allowed = reachable(objects)
+    assert set(allowed) == STAGES[mode]
+    readers = {"e/pd": "worker", "e/p/d": "prefill"}
+    for stage in STAGES[mode]:
+        served = int(flag(container(by_stage[stage])["args"], "--port"))
+        if stage == "gateway":
+            assert allowed[stage] == {("*", served)}
+            continue
+        expected = {("gateway" if stage == "processor" else "processor", served),
+                    ("ns:monitoring", METRICS_PORT), ("ns:consul", HEALTH_PORT)}  # fmt: skip
+        if stage == "encoder":
+            # NIXL: the engine that reads the embeddings dials the encoder's UCX listeners.
+            expected.add((readers[mode], UCX_PORTS[0]))
+        if stage == "prefill":
+            # Decode fetches prefill's NIXL metadata on the side channel, then reads its KV.
+            expected |= {("decode", KV_PORT), ("decode", UCX_PORTS[0])}
+        assert allowed[stage] == expected, stage
+
+
+def test_ucx_listens_where_the_network_policies_open():
+    objects = manifests(settings("e/p/d"))
+    (encoder,) = [o for o in objects if o["kind"] == "NetworkPolicy"
+                  and o["metadata"]["name"] == "prism-encoder"]  # fmt: skip
+    (ucx,) = [p for rule in encoder["spec"]["ingress"] for p in rule["ports"]
+              if p.get("endPort")]  # fmt: skip
+    for stage in ("encoder", "prefill", "decode"):
+        env = {e["name"]: e.get("value") for e in container(deployments(objects)[stage])["env"]}
+        assert env["UCX_TCP_PORT_RANGE"] == f"{ucx['port']}-{ucx['endPort']}"
+        assert env["UCX_TLS"] == "tcp,self"  # no capability needed (CMA would want SYS_PTRACE)
+
+
+def test_with_connect_the_callers_reach_the_sidecar_and_without_consul_no_check_comes_in():
+    connect = reachable(manifests(settings("e/p/d", discovery="connect")))
+    assert ("processor", CONNECT_INBOUND_PORT) in connect["encoder"]
+    assert ("processor", 50052) not in connect["encoder"]
+    api = reachable(manifests(settings("e/p/d", discovery="kubernetes")))
+    assert not any(src == "ns:consul" for pairs in api.values() for src, _ in pairs)
+
+
+@pytest.mark.parametrize("discovery", ("consul", "kubernetes"))
+@pytest.mark.parametrize("mode", MODES)
+def test_stages_call_each_other_over_mutual_tls_from_the_secret(mode, discovery):
+    for stage, deployment in deployments(manifests(settings(mode, discovery=discovery))).items():
+        c = container(deployment)
+        parsed = build_parser().parse_args(c["args"])
+        mounts = {m["name"]: m for m in c["volumeMounts"]}
+        root = mounts["tls"]["mountPath"]
+        assert mounts["tls"]["readOnly"] is True
+        # Its certificate and the CA: servers then require a client certificate too.
+        assert (parsed.tls_cert, parsed.tls_key, parsed.tls_ca) == (
+            f"{root}/tls.crt", f"{root}/tls.key", f"{root}/ca.crt",
+        )  # fmt: skip
+        # Peers are dialed by pod IP: the name their certificates carry is checked instead.
+        assert parsed.tls_server_name == "prism-mesh"
+        (secret,) = [v["secret"] for v in pod(deployment)["volumes"] if v["name"] == "tls"]
+        assert secret == {"secretName": "prism-tls", "defaultMode": 0o440}
+        if stage != "gateway":
+            assert parsed.health_port == HEALTH_PORT
+
+
+def test_without_a_tls_secret_stages_talk_plaintext_and_are_probed_on_their_port():
+    for stage, deployment in deployments(manifests(settings("e/p/d", tls_secret=""))).items():
+        c = container(deployment)
+        assert "--tls-cert" not in c["args"] and "--health-port" not in c["args"]
+        assert "tls" not in {v["name"] for v in pod(deployment)["volumes"]}
+        if stage != "gateway":
+            assert c["readinessProbe"]["grpc"] == {"port": int(flag(c["args"], "--port"))}
+
+
+@pytest.mark.parametrize("discovery", DISCOVERY)
+def test_every_skipped_check_is_named_and_justified_on_its_object(discovery):
+    for stage, deployment in deployments(manifests(settings("e/p/d", discovery=discovery))).items():
+        annotations = deployment["metadata"]["annotations"]
+        skipped = dict(value.split("=", 1) for value in annotations.values())
+        assert all(key.startswith("checkov.io/skip") for key in annotations)
+        assert all(len(why) > 20 for why in skipped.values())
+        token = discovery == "connect" or (discovery == "kubernetes" and stage in
+                                           ("gateway", "processor"))  # fmt: skip
+        assert set(skipped) == {"CKV_K8S_15", "CKV_K8S_43"} | ({"CKV_K8S_38"} if token else set())
+    # An image by digest meets the digest check.
+    pinned = settings("epd", image="registry.example/prism@sha256:" + "0" * 64)
+    for deployment in deployments(manifests(pinned)).values():
+        assert "CKV_K8S_43" not in str(deployment["metadata"]["annotations"])

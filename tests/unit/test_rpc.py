@@ -2,7 +2,11 @@
 static registry."""
 
 import asyncio
+import contextlib
+import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import grpc
@@ -10,7 +14,7 @@ import pytest
 from conftest import serving
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from prism import rpc
+from prism import cli, rpc
 from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.rpc import PrismError
@@ -154,3 +158,36 @@ def test_static_registry_round_robin():
     assert info.value.code == grpc.StatusCode.UNAVAILABLE
     with pytest.raises(ValueError):
         StaticRegistry.from_pairs(["worker"])
+
+
+def test_prism_health_says_whether_a_stage_serves():
+    with serving(lambda s: None, ["x.Service"]) as address:
+        assert cli.main(["health", address]) == 0
+    assert cli.main(["health", address, "--timeout", "0.5"]) == 1
+    # The gateway's /health: 503 until it has a processor.
+    with http_server(503) as url:
+        assert cli.main(["health", url]) == 1
+    with http_server(200) as url:
+        assert cli.main(["health", url]) == 0
+    # A container that serves nothing (`prism model build`) has nothing to check.
+    assert cli.main(["health", ""]) == 0
+
+
+@contextlib.contextmanager
+def http_server(status: int) -> Iterator[str]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/health"
+    finally:
+        server.shutdown()
+        thread.join()

@@ -18,6 +18,8 @@ from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from prism import rpc
+from prism.ports import free_port
+from prism.stage.v1 import load_pb2, load_pb2_grpc
 
 
 def certificate(name: str, issuer: tuple | None = None) -> tuple[bytes, bytes, tuple]:
@@ -100,3 +102,34 @@ def test_server_name_override(tls):
         assert rpc.check_health(address)
         rpc.configure_tls(rpc.Tls(tls.cert, tls.key, tls.ca, server_name="elsewhere.example"))
         assert not rpc.check_health(address)
+
+
+def test_probes_reach_a_plaintext_health_port_and_nothing_else(tls):
+    rpc.configure_tls(tls)
+    port = free_port()
+
+    async def main() -> None:
+        server = await rpc.start_server(
+            "127.0.0.1:0",
+            lambda s: None,
+            ["prism.test"],
+            lambda: 0,
+            health_address=f"127.0.0.1:{port}",
+        )
+        await server.set_serving(["prism.test"])
+        probe = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+        # As kubelet's gRPC probe and Consul's check: no certificate, yet an answer.
+        assert await rpc.is_serving(probe, "prism.test")
+        # The port serves health alone; the service port still wants a certificate.
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await load_pb2_grpc.LoadServiceStub(probe).GetLoad(load_pb2.GetLoadRequest())
+        assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        plain = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
+        assert not await rpc.is_serving(plain)
+        await server.set_serving(["prism.test"], serving=False)
+        assert not await rpc.is_serving(probe, "prism.test")
+        await probe.close()
+        await plain.close()
+        await server.stop(None)
+
+    asyncio.run(main())
