@@ -19,6 +19,7 @@ from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.rpc import PrismError
 from prism.runtime.service import Service
+from prism.services.processor import _track_readiness  # vLLM's import runs `file`
 from prism.v1 import errors_pb2, inference_pb2, inference_pb2_grpc
 
 
@@ -103,8 +104,6 @@ def test_health_starts_not_serving_then_serves():
 
 
 def test_readiness_tolerates_isolated_probe_failures():
-    from prism.services.processor import _track_readiness
-
     probes = iter([True, False, False, True, False, False, False, True])
     reported: list[bool] = []
 
