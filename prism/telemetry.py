@@ -105,6 +105,11 @@ PROMPT_TOKENS = Counter("prism_prompt_tokens", "Prompt tokens of answered reques
 COMPLETION_TOKENS = Counter(
     "prism_completion_tokens", "Tokens generated for answered requests", ["endpoint"]
 )
+FIRST_TOKEN_DIVERGENCES = Counter(
+    "prism_first_token_divergences",
+    "P/D requests whose decode drew another first token than their prefill (both seeded "
+    "alike: each should be none)",
+)
 NIXL_READ_SECONDS = Histogram(
     "prism_nixl_read_seconds", "Time of one NIXL read of a tensor", ["tensor"], buckets=_SECONDS
 )

@@ -1,4 +1,5 @@
-"""Sampled requests whose prompts are chunked, on vLLM's CPU backend, in a P/D mesh.
+"""Sampled requests whose prompts are chunked, on vLLM's CPU backend, in P/D meshes (EP/D
+and E/P/D), at concurrency.
 
 vLLM rewinds a seeded request's generator after each chunk of its prompt by an offset that
 only CUDA's generator has: on the CPU backend the first such request killed the engine, and
@@ -38,12 +39,13 @@ def seeded(models, tmp_path_factory) -> dict:
     return run_oracle(models["llava"], tmp_path_factory.mktemp("o-seeded"), {"s": case})["s"]
 
 
-@pytest.fixture(scope="module")
-def chunking_mesh(models, seeded, tmp_path_factory):
+@pytest.fixture(scope="module", params=["ep/d", "e/p/d"], ids=["ep-d", "e-p-d"])
+def chunking_mesh(request, models, seeded, tmp_path_factory):
     # `seeded` first: the oracle's engine is gone before the mesh's start.
     running = start_mesh(
-        "llava", "ep/d", models["llava"], tmp_path_factory.mktemp("logs"), vllm_flags=FLAGS
-    )
+        "llava", request.param, models["llava"], tmp_path_factory.mktemp("logs"),
+        vllm_flags=FLAGS,
+    )  # fmt: skip
     yield running
     running.stop()
 
@@ -72,3 +74,5 @@ def test_sampled_requests_with_chunked_prompts_keep_the_engines_alive(chunking_m
     with ThreadPoolExecutor(8) as pool:
         assert list(pool.map(ask, range(1, 25))) == [8] * 24
     assert "EngineDeadError" not in chunking_mesh.log_path.read_text()
+    # Prefill and decode, seeded alike, drew every first token alike.
+    assert chunking_mesh.metrics("processor")["prism_first_token_divergences_total"] == 0

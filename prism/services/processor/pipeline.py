@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from prism import rpc
+from prism import rpc, telemetry
 from prism.kv_index import lay_out, prompt_keys
 from prism.media import PromptMedia, content_hash
 from prism.modes import MeshRole, Mode
@@ -244,6 +244,7 @@ class Pipeline:
                     drawn = len(first.token_ids)
                     again = list(reply.token_ids[:drawn])
                     if again != list(first.token_ids):
+                        telemetry.FIRST_TOKEN_DIVERGENCES.inc()
                         log.warning(
                             "request %s: decode drew %s as the first token, prefill %s",
                             request.request_id, again, list(first.token_ids),
