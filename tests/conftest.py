@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 import grpc
 import httpx
@@ -76,6 +76,15 @@ def serving(register: Callable[[Any], None], services: list[str]) -> Iterator[st
         asyncio.run_coroutine_threadsafe(server.server.stop(None), loop).result()
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
+
+
+def unavailable(reason: str) -> NoReturn:
+    """Ends a test that cannot run on this machine: a skip, or a failure where
+    PRISM_TESTS_STRICT=1 says that everything it needs is there (CI: root, Node.js, npm's
+    registry), so that a test never passes there by not running."""
+    if os.environ.get("PRISM_TESTS_STRICT") == "1":
+        pytest.fail(f"cannot run here, and PRISM_TESTS_STRICT=1: {reason}")
+    pytest.skip(reason)
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 15.0, period: float = 0.1) -> bool:

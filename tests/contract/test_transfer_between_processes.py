@@ -147,12 +147,12 @@ def test_owner_gone_fails_fast_and_reader_recovers(owner, reader):
     finally:
         doomed.kill()
         doomed.stop()
-    # Once with the connection the reader already had, once reconnecting from scratch.
+    # Once with the connection the reader already had, once reconnecting from scratch: each
+    # fails as the owner is gone, not by waiting out the read's deadline.
     for _ in range(2):
-        started = time.monotonic()
-        with pytest.raises(TransferError, match=doomed.name):
-            reader.fetch(parse(second), timeout_s=5)
-        assert time.monotonic() - started < 5.5
+        with pytest.raises(TransferError, match=doomed.name) as failed:
+            reader.fetch(parse(second), timeout_s=60)
+        assert "no completion within" not in str(failed.value)
     assert reader.pool_bytes_in_use == 0
 
     wire = owner.publish("after/0", "int64", [3, 3], seed=9)

@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from conftest import ROOT, data_url, image_part, png, user
+from conftest import ROOT, data_url, image_part, png, unavailable, user
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from transformers import AutoTokenizer
@@ -150,7 +150,7 @@ def test_serve_prints_every_endpoint_and_lists_the_model_only_once_it_can_serve(
 def node_client() -> Path:
     """The Node.js client with its two npm packages, installed on first use."""
     if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("Node.js (node and npm) is not installed")
+        unavailable("Node.js (node and npm) is not installed")
     if not (NODE / "node_modules" / "@grpc" / "grpc-js").exists():
         result = subprocess.run(
             ["npm", "install", "--no-audit", "--no-fund", "--loglevel=error"],
@@ -158,7 +158,7 @@ def node_client() -> Path:
         )  # fmt: skip
         if result.returncode != 0:
             reason = result.stderr.strip()[-500:]
-            pytest.skip("npm could not install @grpc/grpc-js and @grpc/proto-loader "
+            unavailable("npm could not install @grpc/grpc-js and @grpc/proto-loader "
                         f"(is its registry reachable?): {reason}")  # fmt: skip
     return NODE / "client.mjs"
 

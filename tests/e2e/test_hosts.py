@@ -24,13 +24,19 @@ from conftest import (
     png,
     start_mesh,
     stream_outcome,
+    unavailable,
     user,
     wait_for,
 )
 
 from prism.rpc import check_health
 
-pytestmark = pytest.mark.skipif(bool(hosts.available()), reason=hosts.available() or "-")
+
+# Module-scoped: before the module's meshes, which need the hosts.
+@pytest.fixture(autouse=True, scope="module")
+def simulated_hosts_available() -> None:
+    if reason := hosts.available():
+        unavailable(reason)
 
 
 def answer(mesh, case: str) -> tuple[str, int]:
