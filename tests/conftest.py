@@ -252,6 +252,18 @@ VIDEO_CAPS = ["--max-video-frames", "100", "--max-video-seconds", "30",
               "--max-video-pixels", str(128 * 96)]  # fmt: skip
 
 
+def _concurrent_case(i: int) -> tuple:
+    if i % 4 == 3:
+        return ("completion", f"Item {i} of the list is", 8)
+    parts = [image_part(data_url(png(300 + i)))] if i % 2 else []
+    return ("chat", user(*parts, f"Tell me about item {i}."), 8)
+
+
+# Sent all at once, 16 at a time (test_openai_sdk): each answer is its own and offline
+# vLLM's, so that KV or embeddings crossing between concurrent requests show.
+CONCURRENT_CASES = {f"concurrent_{i}": _concurrent_case(i) for i in range(64)}
+
+
 def cases(family: str) -> dict[str, tuple]:
     """The parity cases of `family`."""
     return CASES | VIDEO_CASES if family in VIDEO_FAMILIES else CASES
@@ -311,7 +323,7 @@ def oracle(models, tmp_path_factory):
     def get(family: str) -> dict[str, dict]:
         if family not in cache:
             tmp = tmp_path_factory.mktemp(f"o-{family}")
-            cache[family] = run_oracle(models[family], tmp, cases(family))
+            cache[family] = run_oracle(models[family], tmp, cases(family) | CONCURRENT_CASES)
         return cache[family]
 
     return get

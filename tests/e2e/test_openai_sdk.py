@@ -6,9 +6,11 @@ vLLM engine gives on the same model directory (tests/oracle.py).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 import pytest
-from conftest import CASES, ask_case, image_part, openai_client, png
+from conftest import CASES, CONCURRENT_CASES, ask_case, image_part, openai_client, png
 
 
 def ask(mesh, case: str, stream: bool, messages: list | None = None) -> tuple[str, object]:
@@ -24,6 +26,25 @@ def test_matches_offline_vllm(mesh, oracle, case, stream):
     assert text == expected["text"]
     assert usage.completion_tokens == len(expected["token_ids"])
     assert usage.prompt_tokens == expected["prompt_tokens"]
+
+
+def test_concurrent_answers_each_equal_offline_vllms(mesh, oracle):
+    """64 requests, 16 at a time, each with its own prompt (a quarter with an image):
+    every answer is offline vLLM's to that prompt, token for token."""
+    expected = oracle(mesh.family)
+
+    def answer(name: str) -> tuple[str, int]:
+        text, usage = ask_case(mesh, CONCURRENT_CASES[name], stream=True)
+        return text, usage.completion_tokens
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = dict(zip(CONCURRENT_CASES, pool.map(answer, CONCURRENT_CASES), strict=True))
+    wrong = {
+        name: (answer, expected[name]["text"])
+        for name, answer in answers.items()
+        if answer != (expected[name]["text"], len(expected[name]["token_ids"]))
+    }
+    assert not wrong, wrong
 
 
 def test_image_changes_the_answer(oracle, mesh):
