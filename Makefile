@@ -42,13 +42,16 @@ test-net:
 
 # Not a test: Prism in each mode against `vllm serve` at concurrency 1, 8 and 32 with an image
 # per request (bench/results/latest.json), then EPD, E/PD and E/P/D with a video per request
-# (bench/results/video.json); both in docs/benchmarks.md.
+# (bench/results/video.json), then vLLM's own client (`vllm bench serve`, sampled) against
+# every mode and `vllm serve`, two rounds (bench/results/vllm_bench.json); all in
+# docs/benchmarks.md.
 bench:
 	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
 	$(PY) -m prism.cli model build --family qwen2-vl --out models/tiny-qwen2-vl >/dev/null
 	$(PY) bench/serve.py --model models/tiny-llava
 	$(PY) bench/serve.py --model models/tiny-qwen2-vl --load video --modes epd,e/pd,e/p/d \
 		--concurrency 1,8 --requests 128
+	$(PY) bench/vllm_bench.py --model models/tiny-llava
 
 # Not a test: Prism's modes beside the anchors of their shape, one run, three rounds: NVIDIA
 # Dynamo 1.6.1 (aggregated, P/D, E/PD) from a virtualenv of its own (.anchors/dynamo, set up

@@ -55,6 +55,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prism import gpus
 from prism.launcher import Mesh, MeshConfig, core_slices, http_ok, plan, prepare_child
 from prism.ports import free_port
+from prism.processes import reap
 from prism.video import encode_video
 
 ANCHOR = "vllm_serve"
@@ -77,6 +78,8 @@ RESULTS = {"image": Path("bench/results/latest.json"), "video": Path("bench/resu
 # bench/routing.py's section of the benchmarks document, written beside it.
 ROUTING_SECTION = "benchmarks-routing.md"
 CHOICES_SECTION = "benchmarks-choices.md"
+# bench/vllm_bench.py's: vLLM's own benchmark client against every mode.
+VLLM_BENCH_SECTION = "benchmarks-vllm-bench.md"
 # A short clip, every frame of which Qwen2-VL's loader takes (it samples 2 frames a second).
 VIDEO_FRAMES, VIDEO_FPS = 16, 2.0
 
@@ -305,7 +308,7 @@ def stop_all(processes: list[subprocess.Popen]) -> None:
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            reap(process)
     _, alive = psutil.wait_procs(tree, timeout=10)
     for survivor in alive:
         with contextlib.suppress(psutil.Error):
@@ -799,7 +802,9 @@ def write_doc(path: Path, results: dict[str, dict]) -> None:
             ),
             "",
         ]
-    for section in (ANCHORS_SECTION, SCALE_SECTION, ROUTING_SECTION, CHOICES_SECTION):
+    sections = (ANCHORS_SECTION, SCALE_SECTION, ROUTING_SECTION, CHOICES_SECTION,
+                VLLM_BENCH_SECTION)  # fmt: skip
+    for section in sections:
         if (path.parent / section).exists():
             lines += [(path.parent / section).read_text()]
     path.write_text("\n".join(lines))

@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from prism import processes
 from prism.launcher import Stage, http_ok
 from prism.rpc import check_health
 
@@ -109,7 +110,7 @@ class Hosts:
                 # Its TAP devices go with it. (Were this process to die first, the end of
                 # netem.py's stdin would end it.)
                 host.netem.kill()
-                host.netem.wait()
+                processes.reap(host.netem)
             subprocess.run(["ip", "netns", "del", host.namespace], capture_output=True)
         # Deleting a namespace deletes its end of the link, and so the link.
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)

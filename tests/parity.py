@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 from transformers import AutoTokenizer
 
+from prism import processes
 from prism.ports import free_port
 
 # A schema whose every answer is short: the random-weight model cannot run on forever.
@@ -344,7 +345,7 @@ def reference(
             process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, 9)
-            process.wait()
+            processes.reap(process)
 
 
 def _chat_logprobs(logprobs: dict | None) -> list | None:

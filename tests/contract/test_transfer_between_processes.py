@@ -57,7 +57,7 @@ class Owner:
     def _reply(self, timeout: float = 30) -> dict:
         line = self._lines.get(timeout=timeout)
         if line is None:
-            raise RuntimeError(f"owner exited with {self.proc.wait()}")
+            raise RuntimeError(f"owner exited with {self.proc.wait(timeout=30)}")
         return json.loads(line)
 
     def call(self, **request: object) -> dict:

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from safetensors import safe_open
 from transformers import AutoConfig
 
-from prism import rpc
+from prism import processes, rpc
 from prism.ports import free_port
 from prism.presets import write_weights
 from prism.rpc import PrismError
@@ -253,7 +253,7 @@ def test_worker_fails_cleanly_when_the_embeddings_owner_is_gone(mesh, models, or
         handles = doomed.encode(png(41)).embeddings.images
     finally:
         doomed.process.kill()
-        doomed.process.wait()
+        assert processes.reap(doomed.process)
     prompt = engine_pb2.GenerateRequest(
         request_id="orphaned", prompt_token_ids=[5, 6],
         embeddings=encoder_pb2.MediaEmbeddings(images=handles),

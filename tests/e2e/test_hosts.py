@@ -29,6 +29,7 @@ from conftest import (
     wait_for,
 )
 
+from prism import processes
 from prism.rpc import check_health
 
 
@@ -104,7 +105,7 @@ def test_an_impaired_link_delays_and_loses_what_crosses_it():
                 round_trip(1, timeout=1)
         finally:
             echo.kill()
-            echo.wait()
+            processes.reap(echo)
 
 
 def test_e_pd_across_hosts_equals_offline_vllm_and_survives_losing_an_encoder_mid_request(
