@@ -5,7 +5,7 @@ text with greedy sampling. Run as a subprocess (vLLM's engine wants its own proc
     python tests/oracle.py MODEL_DIR CASES.json
 Each case is {"kind": "chat", "messages": [...]} or {"kind": "completion", "prompt": "..."},
 plus "max_tokens", and optionally "temperature" and "seed" (a seeded sample, which every
-engine draws alike).
+engine draws alike) and "ignore_eos".
 """
 
 import json
@@ -36,6 +36,7 @@ def main() -> None:
             temperature=case.get("temperature", 0),
             seed=case.get("seed"),
             max_tokens=case["max_tokens"],
+            ignore_eos=case.get("ignore_eos", False),
         )
         if case["kind"] == "chat":
             (output,) = llm.chat(case["messages"], params, use_tqdm=False)

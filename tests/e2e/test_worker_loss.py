@@ -14,7 +14,7 @@ from collections import Counter
 
 import httpx
 import psutil
-from conftest import data_url, png, start_mesh, user, wait_for
+from conftest import data_url, png, run_oracle, start_mesh, user, wait_for
 
 from prism.rpc import check_health
 
@@ -59,6 +59,34 @@ def test_a_worker_killed_mid_stream_hands_the_request_to_another(models, tmp_pat
         short = {**long_chat(mesh, 2), "stream": False}
         again = httpx.post(f"{mesh.base_url}/chat/completions", json=short, timeout=60).json()
         assert usage["prompt_tokens"] == again["usage"]["prompt_tokens"]
+    finally:
+        mesh.stop()
+
+
+def test_a_request_migrated_from_a_killed_vllm_worker_ends_as_offline_vllm_would(models, tmp_path):
+    """Greedy, on vLLM: the worker streaming the request is SIGKILLed mid-stream; another
+    resumes from the prompt plus the tokens streamed, and the whole answer is offline
+    vLLM's, token for token."""
+    case = ("chat", user("Tell me more."), 160, {"ignore_eos": True})
+    expected = run_oracle(models["llava"], tmp_path, {"long": case})["long"]
+    mesh = start_mesh("llava", "epd", models["llava"], tmp_path, workers=2)
+    try:
+        body = {**long_chat(mesh, 160), "messages": case[1]}
+        events = []
+        with httpx.stream("POST", f"{mesh.base_url}/chat/completions", json=body,
+                          timeout=120) as reply:  # fmt: skip
+            for line in reply.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                events.append(json.loads(line[len("data: ") :]))
+                if len(events) == 10:
+                    (serving,) = [w for w in ("worker-0", "worker-1") if in_flight(mesh, w)]
+                    os.killpg(mesh.mesh.stage(serving).process.pid, signal.SIGKILL)
+        assert not [e for e in events if "error" in e], mesh.log_problems()
+        assert "resuming elsewhere" in mesh.log_path.read_text()
+        text = "".join(c["delta"].get("content") or "" for e in events for c in e["choices"])
+        assert text == expected["text"]
+        assert events[-1]["usage"]["completion_tokens"] == len(expected["token_ids"]) == 160
     finally:
         mesh.stop()
 
