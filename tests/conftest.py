@@ -97,6 +97,17 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 15.0, period: float
     return predicate()
 
 
+async def until(predicate: Callable[[], bool], timeout: float = 15.0, period: float = 0.02) -> bool:
+    """`wait_for` on an event loop: whether `predicate` turns true within `timeout` seconds,
+    the loop running meanwhile."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        await asyncio.sleep(period)
+    return predicate()
+
+
 def png(seed: int, size: tuple[int, int] = (64, 48)) -> bytes:
     """A deterministic noise image, different for every seed."""
     pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)

@@ -120,6 +120,8 @@ class Request:
     query: dict[str, list[str]]
     headers: dict[str, str]
     body: Any
+    # When it came in (time.monotonic()), before it was answered: how a client paces itself.
+    at: float = field(default_factory=time.monotonic)
 
 
 class ConsulDouble:

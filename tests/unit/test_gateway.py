@@ -4,10 +4,9 @@ import asyncio
 import contextlib
 import json
 import threading
-import time
 from concurrent import futures
 
-from conftest import serving
+from conftest import serving, until
 from fastapi.testclient import TestClient
 
 from prism.gateway.app import create_app
@@ -71,10 +70,13 @@ def test_api_key_guards_the_api_but_not_health_or_metrics():
 
 
 class SlowProcessor:
-    """Answers each Chat with one token after `delay` seconds."""
+    """Answers each Chat with one token after `delay` seconds, or sooner once `release` is
+    set; sets `arrived` as each Chat comes in."""
 
     def __init__(self, delay: float):
         self.delay = delay
+        self.arrived = threading.Event()
+        self.release = threading.Event()
         self.service = Service(
             inference_pb2.DESCRIPTOR.services_by_name["InferenceService"],
             inference_pb2_grpc,
@@ -82,7 +84,8 @@ class SlowProcessor:
         self.service.stream("Chat", self.replies)
 
     async def replies(self, request):
-        await asyncio.sleep(self.delay)
+        self.arrived.set()
+        await until(self.release.is_set, self.delay)
         yield inference_pb2.ChatResponse(
             text="ok", token_ids=[1], finish_reason=common_pb2.FINISH_REASON_STOP,
             usage=common_pb2.Usage(prompt_tokens=1, completion_tokens=1, total_tokens=2),
@@ -97,14 +100,17 @@ def slow_processor(delay: float) -> contextlib.AbstractContextManager[str]:
 
 
 def test_past_the_bound_generations_get_429_with_retry_after():
-    with slow_processor(delay=1.5) as address:
+    processor = SlowProcessor(delay=30)
+    with serving(processor.service.add_to_server, ["prism.v1.InferenceService"]) as address:
         app = create_app(Router(StaticRegistry({"processor": [address]})), max_in_flight=1)
         with TestClient(app) as c, futures.ThreadPoolExecutor(2) as pool:
             first = pool.submit(c.post, "/v1/chat/completions", json=CHAT)
-            time.sleep(0.5)
+            # The processor has it, so it holds the gateway's one slot until released.
+            assert processor.arrived.wait(15)
             second = c.post("/v1/chat/completions", json=CHAT)
             assert second.status_code == 429 and second.headers["Retry-After"] == "1"
             assert second.json()["error"]["type"] == "rate_limit_error"
+            processor.release.set()
             assert first.result().status_code == 200
             # The slot is free again.
             assert c.post("/v1/chat/completions", json=CHAT).status_code == 200

@@ -6,13 +6,13 @@ import base64
 import contextlib
 import re
 import struct
-import time
+import threading
 from collections.abc import Iterator
 from concurrent import futures
 
 import grpc
 import pytest
-from conftest import serving, wait_for
+from conftest import serving, until, wait_for
 from fastapi.testclient import TestClient
 
 from prism.gateway import kserve
@@ -161,11 +161,12 @@ def test_an_answer_is_laid_out_as_tritonclient_reads_it():
 
 
 class Processor:
-    """Answers each Complete with `pieces`, one message each, after `delay` seconds; lists
-    model "m"."""
+    """Answers each Complete with `pieces`, one message each, after `delay` seconds or
+    sooner once `release` is set; lists model "m"."""
 
     def __init__(self, pieces: tuple[str, ...] = ("a", "b", "c"), delay: float = 0):
         self.pieces, self.delay = pieces, delay
+        self.release = threading.Event()
         self.requests: list[inference_pb2.CompleteRequest] = []
         self.cancelled: list[str] = []
         self.service = Service(
@@ -178,7 +179,7 @@ class Processor:
     async def complete(self, request):
         self.requests.append(request)
         try:
-            await asyncio.sleep(self.delay)
+            await until(self.release.is_set, self.delay)
         except asyncio.CancelledError:
             self.cancelled.append(request.text)
             raise
@@ -265,13 +266,16 @@ def test_a_stream_answers_each_request_as_it_goes_and_survives_a_bad_one():
 
 
 def test_rest_and_kserve_share_one_bound_on_generations():
-    with kserve_door(Processor(delay=1.5), max_in_flight=1) as (rest, stub):
+    processor = Processor(delay=30)
+    with kserve_door(processor, max_in_flight=1) as (rest, stub):
         with futures.ThreadPoolExecutor(1) as pool:
             first = pool.submit(rest.post, "/v1/completions", json={"model": "m", "prompt": "hi"})
-            time.sleep(0.5)
+            # The processor has it, so it holds the one slot until released.
+            assert wait_for(lambda: len(processor.requests) == 1)
             with pytest.raises(grpc.RpcError) as refused:
                 stub.ModelInfer(request(text_input=[b"hi"]))
             assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            processor.release.set()
             assert first.result().status_code == 200
         assert _text(stub.ModelInfer(request(text_input=[b"hi"]))) == ["hiabc"]
 

@@ -9,6 +9,7 @@ import contextlib
 import time
 from pathlib import Path
 
+from conftest import until
 from prometheus_client import REGISTRY
 from vllm.distributed.kv_events import (
     AllBlocksCleared,
@@ -84,19 +85,34 @@ class Engine:
             0, config.endpoint, config.replay_endpoint, buffer_steps=buffer_steps
         )
         self.reader: asyncio.Task | None = None
+        # Batches published so far: the next one's sequence number.
+        self.published = 0
 
-    async def publish(self, *events: object) -> None:
+    async def publish(self, *events: object) -> int:
+        """Publishes a batch; returns its sequence number once the publisher's thread has
+        sent it and kept it for replay."""
         self.publisher.publish(KVEventBatch(ts=time.time(), events=list(events)))
-        await asyncio.sleep(0.3)  # Sent before anything else happens.
+        # The thread marks a batch done once it is sent and kept: vLLM tells it no other way.
+        queue = self.publisher._event_queue
+        assert await until(lambda: not queue.unfinished_tasks)
+        self.published += 1
+        return self.published - 1
 
     async def read(self) -> None:
+        """Starts the worker's reader; returns once it is subscribed. A PUB socket drops
+        what it sends before a subscription reaches it, and nothing tells when one has:
+        empty batches go out until the reader has one (it replays those dropped, as any
+        batch it missed)."""
         self.reader = asyncio.create_task(self.kv.read(None))
-        await asyncio.sleep(0.3)  # Subscribed.
+        start = self.kv._next
+        async with asyncio.timeout(10):
+            while True:
+                await self.publish()
+                if await until(lambda: self.kv._next > start, timeout=0.1):
+                    return
 
     async def read_up_to(self, sequence: int) -> None:
-        async with asyncio.timeout(10):
-            while self.kv._next <= sequence:
-                await asyncio.sleep(0.05)
+        assert await until(lambda: self.kv._next > sequence)
 
     async def close(self) -> None:
         if self.reader is not None:
@@ -117,17 +133,16 @@ def held(kv: KvEvents) -> set[int]:
 def test_the_worker_reads_the_engines_events_and_fills_a_gap_from_its_replay(tmp_path: Path):
     async def main() -> None:
         kv = KvEvents(tmp_path)
-        engine = Engine(kv, buffer_steps=10)
+        # A replay buffer that holds every batch, those `read` sends included.
+        engine = Engine(kv, buffer_steps=1000)
         resyncs = resyncs_total()
         try:
             # Published before the worker reads: missed, then replayed.
             await engine.publish(stored(b"a", None, 0))
             await engine.read()
-            await engine.publish(stored(b"b", b"a", 4))
-            await engine.read_up_to(1)
+            await engine.read_up_to(await engine.publish(stored(b"b", b"a", 4)))
             assert len(held(kv)) == 2
-            await engine.publish(removed(b"a"))
-            await engine.read_up_to(2)
+            await engine.read_up_to(await engine.publish(removed(b"a")))
             assert len(held(kv)) == 1
             assert resyncs_total() == resyncs
         finally:
@@ -144,10 +159,12 @@ def test_events_lost_past_the_replay_buffer_start_the_view_over(tmp_path: Path):
         try:
             await engine.publish(stored(b"a", None, 0))
             await engine.publish(stored(b"b", b"a", 4))
+            # The buffer holds one batch: by the first the reader has, the two before it
+            # are lost for good.
             await engine.read()
-            # The buffer holds this batch alone: the two before it are lost for good.
-            await engine.publish(stored(b"c", None, 8), stored(b"d", b"a", 12))
-            await engine.read_up_to(2)
+            await engine.read_up_to(
+                await engine.publish(stored(b"c", None, 8), stored(b"d", b"a", 12))
+            )
             assert resyncs_total() == resyncs + 1
             # What is known is what came after the gap; a block after one lost is left out.
             assert len(held(kv)) == 1 and kv.blocks.orphans == 1
