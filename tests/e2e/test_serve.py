@@ -47,18 +47,21 @@ def test_demo_streams_an_answer_and_stops_the_mesh(models):
      ("epd", "worker", signal.SIGKILL), ("e/p/d", "serve", signal.SIGTERM)],
     ids=["sigterm", "sigkill", "worker-sigkill-then-sigterm", "e-p-d-sigterm"],
 )  # fmt: skip
-def test_serve_leaves_no_orphans(models, mode, target, sig):
-    port = free_port()
+def test_serve_leaves_no_orphans(models, mode, target, sig, tmp_path):
+    port, ready = free_port(), tmp_path / "status.json"
     serve = subprocess.Popen(
         [sys.executable, "-m", "prism.cli", "--log-level", "warning", "serve", "--mode", mode,
-         "--model", str(models["qwen2-vl"]), "--http-port", str(port), "--grpc-port", "0"],
+         "--model", str(models["qwen2-vl"]), "--http-port", str(port), "--grpc-port", "0",
+         "--status-file", str(ready)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
+        # Ready as prism serve says it: every stage healthy, supervised from then on (a
+        # stage that dies while the mesh starts ends it).
         deadline = time.monotonic() + 300
-        while not http_ok(f"http://127.0.0.1:{port}/health"):
-            assert serve.poll() is None, "prism serve exited before it was healthy"
-            assert time.monotonic() < deadline, "prism serve did not become healthy"
+        while not ready.exists():
+            assert serve.poll() is None, "prism serve exited before it was ready"
+            assert time.monotonic() < deadline, "prism serve did not become ready"
             time.sleep(0.5)
         descendants = psutil.Process(serve.pid).children(recursive=True)
         # worker, its vLLM engine core, processor and gateway at least.
