@@ -26,7 +26,7 @@ from pathlib import Path
 
 import aiohttp
 from routing import words
-from serve import CHOICES_SECTION, RESULTS, image_url, start_prism, start_vllm, write_doc
+from serve import CHOICES_SECTION, image_url, start_prism, start_vllm, write_section
 
 RESULT = Path("bench/results/choices.json")
 ANCHOR = "vllm serve"
@@ -134,9 +134,7 @@ def main() -> None:
         ),
         "",
     ]
-    (args.doc.parent / CHOICES_SECTION).write_text("\n".join(section))
-    shown = {load: json.loads(path.read_text()) for load, path in RESULTS.items() if path.exists()}
-    write_doc(args.doc, shown)
+    write_section(args.doc, CHOICES_SECTION, "\n".join(section))
     print(json.dumps(rows, indent=2))
 
 

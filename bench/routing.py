@@ -35,7 +35,7 @@ from pathlib import Path
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
-from serve import RESULTS, ROUTING_SECTION, Sample, image_url, one, percentile, write_doc
+from serve import ROUTING_SECTION, Sample, image_url, one, percentile, write_section
 
 from prism.launcher import Mesh, MeshConfig, plan
 from prism.ports import free_port
@@ -287,9 +287,7 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    (args.doc.parent / ROUTING_SECTION).write_text(section(result))
-    shown = {load: json.loads(path.read_text()) for load, path in RESULTS.items() if path.exists()}
-    write_doc(args.doc, shown)
+    write_section(args.doc, ROUTING_SECTION, section(result))
     print(section(result))
     print(f"logs in {logs}")
 

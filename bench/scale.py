@@ -39,7 +39,6 @@ import psutil
 sys.path.insert(0, str(Path(__file__).parent))
 from serve import (
     DYNAMO_PYTHON,
-    RESULTS,
     Sample,
     ServerFailed,
     await_ready,
@@ -51,7 +50,7 @@ from serve import (
     served_models,
     spawn,
     stop_all,
-    write_doc,
+    write_section,
 )
 
 from prism.launcher import Mesh, MeshConfig, plan
@@ -400,9 +399,7 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    (args.doc.parent / SECTION).write_text(section(result))
-    shown = {load: json.loads(path.read_text()) for load, path in RESULTS.items() if path.exists()}
-    write_doc(args.doc, shown)
+    write_section(args.doc, SECTION, section(result))
     print(json.dumps(comparisons(rows), indent=2))
     print(f"logs in {logs}")
 

@@ -768,6 +768,14 @@ def anchors_section(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_section(doc: Path, name: str, text: str) -> None:
+    """Writes a benchmark's section `name` beside `doc`, then `doc` again with it."""
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    (doc.parent / name).write_text(text)
+    shown = {load: json.loads(path.read_text()) for load, path in RESULTS.items() if path.exists()}
+    write_doc(doc, shown)
+
+
 def write_doc(path: Path, results: dict[str, dict]) -> None:
     """The latest result of each load, images first (with the notes written beside it),
     then the sections of the routing and choices benchmarks (bench/routing.py,

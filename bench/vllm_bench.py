@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 # bench/serve.py, beside this file: the servers, started as there.
-from serve import RESULTS, VLLM_BENCH_SECTION, Server, start_prism, start_vllm, write_doc
+from serve import VLLM_BENCH_SECTION, Server, start_prism, start_vllm, write_section
 
 RESULT = Path("bench/results/vllm_bench.json")
 # `vllm bench serve` itself, as the `vllm` command runs it (which looks up the installed
@@ -152,10 +152,7 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    args.doc.parent.mkdir(parents=True, exist_ok=True)
-    (args.doc.parent / VLLM_BENCH_SECTION).write_text(section(result))
-    shown = {load: json.loads(path.read_text()) for load, path in RESULTS.items() if path.exists()}
-    write_doc(args.doc, shown)
+    write_section(args.doc, VLLM_BENCH_SECTION, section(result))
     print(section(result))
     print(f"logs in {logs}")
 
