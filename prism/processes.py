@@ -2,7 +2,8 @@
 
 A process that does not go within its deadline is reported (pid, state, what the kernel
 waits on) and left: a launcher that waits without bound on one stuck process stops
-serving, or stopping, everything else.
+serving, or stopping, everything else. A process the launcher did not start itself (vLLM's
+engine core, started by a worker) ends with its parent (`exit_with_parent`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import logging
 import os
 import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -93,3 +96,25 @@ def exit_reason(code: int) -> str:
         except ValueError:
             return f"signal {-code}"
     return f"code {code}"
+
+
+def exit_with_parent(interval: float = 1.0) -> threading.Thread:
+    """Kills this process once its parent has gone (it is then adopted, and its parent
+    id changes). vLLM's engine core keeps running when the worker that started it is
+    killed; if the launcher is killed too before it has killed the worker's group, the
+    engine would hold its cores and memory for good.
+
+    A thread that looks every `interval` seconds, not the kernel's parent-death signal:
+    that one fires when the parent *thread* that forked ends, which need not be when the
+    parent process does."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        log.warning("parent %d has gone; exiting", parent)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, name="prism-exit-with-parent", daemon=True)
+    thread.start()
+    return thread

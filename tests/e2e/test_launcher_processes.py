@@ -4,6 +4,7 @@ children behind and is started again; stopping the mesh waits on nothing without
 from __future__ import annotations
 
 import contextlib
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -70,3 +71,33 @@ def test_stopping_a_mesh_ends_a_stage_that_ignores_sigterm():
     mesh.stop(grace=1)
     assert stage.process.returncode == -9
     assert time.monotonic() - started < 20
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is still running (a zombie is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_process_whose_parent_is_killed_ends_with_it():
+    # vLLM's engine core, as a worker starts it: a child the launcher did not start.
+    engine = ("from prism import processes; import time; "
+              "processes.exit_with_parent(interval=0.05); print('ready', flush=True); "
+              "time.sleep(60)")  # fmt: skip
+    worker = ("import subprocess, sys, time; "
+              f"child = subprocess.Popen([sys.executable, '-c', {engine!r}], "
+              "stdout=subprocess.PIPE); "
+              "child.stdout.readline(); print(child.pid, flush=True); time.sleep(60)")  # fmt: skip
+    parent = subprocess.Popen([sys.executable, "-c", worker], stdout=subprocess.PIPE)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert _running(child)
+        parent.kill()
+        parent.wait()
+        assert wait_for(lambda: not _running(child), timeout=10)
+    finally:
+        parent.kill()
+        parent.wait()

@@ -12,6 +12,8 @@ makes its process groups or its KV connector) does two things to let an idle eng
   Python agent hard-codes a 0 µs wake-up, and vLLM has no setting for it, so every prefill
   and decode engine spun a core (`prism.nixl_compat`).
 
+The engine process also ends with the worker that started it (`processes.exit_with_parent`).
+
 It also lets the CPU backend sample seeded requests whose prompts are chunked
 (`seeded_chunks`), which killed vLLM-CPU's engine.
 
@@ -34,6 +36,7 @@ import torch.distributed
 from vllm.distributed import nixl_utils
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
 
+from prism import processes
 from prism.nixl_compat import nixl_agent
 from prism.services.worker import seeded_chunks
 
@@ -77,6 +80,7 @@ def _with_gloo_slack(make: Callable[..., _T]) -> Callable[..., _T]:
 torch.distributed.init_process_group = _with_gloo_slack(torch.distributed.init_process_group)
 torch.distributed.new_group = _with_gloo_slack(torch.distributed.new_group)
 seeded_chunks.install()
+processes.exit_with_parent()
 
 Release = Literal["released", "pending", "gone"]
 
