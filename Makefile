@@ -99,9 +99,11 @@ bench-modes:
 # buf breaking: the public contract changes only compatibly, checked against main's last
 # commit (the stages' own package, prism.stage.v1, may change with the code that uses it).
 # checkov: the hardening of the manifests, the Dockerfile and compose.yaml.
+# lint-imports: the front loads neither vLLM nor torch ([tool.importlinter]).
 lint:
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
+	.venv/bin/lint-imports
 	.venv/bin/buf lint
 	.venv/bin/buf breaking --against "$$(git rev-parse --git-common-dir)#branch=main" --path protos/prism/v1
 	.venv/bin/check-jsonschema --builtin-schema vendor.compose-spec compose.yaml
