@@ -195,12 +195,17 @@ def test_each_image_is_encoded_once_by_the_encoder_that_owns_it(kv_mesh):
 
 
 def test_a_worker_that_dies_leaves_the_index_and_the_other_serves(kv_mesh):
-    assert wait_for(lambda: index_blocks(kv_mesh, "worker-1") > 0) or pytest.skip(
-        "worker-1 holds nothing to lose"
-    )
+    size = block_size(kv_mesh)
+    client = openai.OpenAI(base_url=kv_mesh.base_url, api_key="unused", max_retries=0)
+    # Prompts that match no cache go to each worker in turn: until worker-1 holds blocks.
+    for n in range(8):
+        prompt = [300 + 7 * n + i % 50 for i in range(2 * size)]
+        client.completions.create(model=kv_mesh.model, prompt=prompt, max_tokens=1)
+        if wait_for(lambda: index_blocks(kv_mesh, "worker-1") > 0, timeout=2):
+            break
+    assert wait_for(lambda: index_blocks(kv_mesh, "worker-1") > 0)
     os.killpg(kv_mesh.mesh.stage("worker-1").process.pid, signal.SIGKILL)
     assert wait_for(lambda: index_blocks(kv_mesh, "worker-1") == 0)
-    client = openai.OpenAI(base_url=kv_mesh.base_url, api_key="unused", max_retries=0)
     for i in range(4):
         reply = client.completions.create(model=kv_mesh.model, prompt=f"Count {i}", max_tokens=2)
         assert reply.choices[0].finish_reason == "length"
