@@ -59,14 +59,16 @@ def test_a_stage_that_exits_leaves_no_processes_behind_and_is_started_again(tmp_
     assert stage.process.poll() is not None and other.process.poll() is not None
 
 
-def test_stopping_a_mesh_ends_a_stage_that_ignores_sigterm():
+def test_stopping_a_mesh_ends_a_stage_that_ignores_sigterm(tmp_path):
     stubborn = [sys.executable, "-c",
                 "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                 "print('up', flush=True); time.sleep(60)"]  # fmt: skip
-    stage = Stage("gateway", "", stubborn, lambda: True)
+    output = tmp_path / "gateway.log"
+    # Healthy once it says so: from then on it ignores SIGTERM.
+    stage = Stage("gateway", "", stubborn, lambda: output.read_text() == "up\n")
     mesh = Mesh([stage])
-    mesh.start(timeout=10)
-    time.sleep(0.5)  # the interpreter is past start-up and ignores SIGTERM
+    with output.open("w") as log:
+        mesh.start(timeout=10, log=log)
     started = time.monotonic()
     mesh.stop(grace=1)
     assert stage.process.returncode == -9
