@@ -267,8 +267,9 @@ class Server:
     # /metrics of a vLLM decode engine, to tell how much of its prompts' KV it read.
     decode_metrics: str = ""
     stop: list = field(default_factory=list)
-    # The Python process of each stage, to profile.
+    # The Python process of each stage, to profile, and its /metrics.
     pids: dict[str, int] = field(default_factory=dict)
+    metrics: dict[str, str] = field(default_factory=dict)
     # A Prism mesh's public gRPC API.
     grpc_address: str = ""
 
@@ -459,10 +460,11 @@ def anchor(start: Callable[[], Server], name: str) -> Callable[[], Server]:
     return started
 
 
-def start_prism(mode: str, model: str, log: Path) -> Server:
+def start_prism(mode: str, model: str, log: Path, **config: object) -> Server:
+    """A mesh of `mode`; `config`, MeshConfig fields beside the bench's own."""
     port, grpc_port = free_port(), free_port()
     mesh = Mesh(plan(MeshConfig(mode=mode, model=model, http_port=port, grpc_port=grpc_port,
-                                log_level="warning", max_in_flight=0)))  # fmt: skip
+                                log_level="warning", max_in_flight=0, **config)))  # fmt: skip
     with open(log, "w") as out:
         mesh.start(timeout=300, log=out)
     reader = {"e/pd": "worker", "e/p/d": "prefill"}.get(mode, "")
@@ -470,6 +472,7 @@ def start_prism(mode: str, model: str, log: Path) -> Server:
     pids = {stage.name: stage.process.pid for stage in mesh.stages if stage.process}
     return Server(
         mode, f"http://127.0.0.1:{port}", reader_metrics=metrics, stop=[mesh.stop], pids=pids,
+        metrics={stage.name: stage.metrics_url for stage in mesh.stages},
         grpc_address=f"127.0.0.1:{grpc_port}",
     )  # fmt: skip
 
