@@ -5,7 +5,7 @@ STUB_DIRS := prism/v1 prism/stage/v1 prism/kserve
 PROTOS := $(foreach dir,$(STUB_DIRS),$(wildcard protos/$(dir)/*.proto))
 
 .PHONY: setup demo test test-unit test-net lint protos check-protos bench bench-transfer bench-encoder bench-modes \
-	bench-routing bench-choices bench-anchors bench-scale manifests bundle verify-gpu
+	bench-routing bench-choices bench-anchors bench-scale manifests docs bundle verify-gpu
 
 # Prism in .venv; checkov in .venv-checkov, apart (make lint).
 setup:
@@ -109,11 +109,16 @@ lint:
 	.venv/bin/check-jsonschema --builtin-schema vendor.compose-spec compose.yaml
 	$(MAKE) check-protos
 	scripts/kubernetes_manifests.sh --check
+	$(PY) scripts/flag_reference.py --check
 	scripts/checkov.sh
 
 # deploy/kubernetes/: every mode's manifests, from `prism deploy kubernetes`.
 manifests:
 	scripts/kubernetes_manifests.sh
+
+# docs/configuration.md: every flag of every command, from the CLI's own parsers.
+docs:
+	$(PY) scripts/flag_reference.py
 
 # Stubs are generated with grpc_tools (the protoc that matches the grpcio runtime).
 protos:
