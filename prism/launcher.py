@@ -63,7 +63,9 @@ def core_slices(engines: int) -> list[set[int]]:
 
 
 @dataclass
-class Stage:
+class StageProcess:
+    """A stage as the launcher runs it: its command line, and where and how it runs."""
+
     name: str
     address: str
     argv: list[str]
@@ -135,13 +137,15 @@ class MeshConfig:
     log_format: str = "text"
 
 
-def _grpc_stage(name: str, host: str, argv: list[str], port: int = 0, reach: str = "") -> Stage:
+def _grpc_stage(
+    name: str, host: str, argv: list[str], port: int = 0, reach: str = ""
+) -> StageProcess:
     """A gRPC stage bound to `host` at `port` (0: a free one); `reach`: the host to reach
     it at where `host` is a wildcard."""
     port = port or free_port(host)
     address = f"{reach or host}:{port}"
     metrics_port = free_port(host)
-    return Stage(
+    return StageProcess(
         name,
         address,
         [*argv, "--host", host, "--port", str(port), "--metrics-port", str(metrics_port)],
@@ -157,7 +161,7 @@ def _gateway_healthy(base_url: str, kserve_address: str) -> bool:
     return not kserve_address or check_health(kserve_address, "inference.GRPCInferenceService")
 
 
-def _place_on_gpus(config: MeshConfig, by_role: dict[str, list[Stage]]) -> None:
+def _place_on_gpus(config: MeshConfig, by_role: dict[str, list[StageProcess]]) -> None:
     """Holds each encoder and engine to the GPUs `--gpus` plans for it."""
     units = [
         gpus.Unit(stage.name, role, config.engine_gpus if role != MeshRole.ENCODER else 0)
@@ -180,7 +184,7 @@ def _place_on_gpus(config: MeshConfig, by_role: dict[str, list[Stage]]) -> None:
             stage.argv += ["--gpu-memory-utilization", str(fraction)]
 
 
-def plan(config: MeshConfig) -> list[Stage]:
+def plan(config: MeshConfig) -> list[StageProcess]:
     """The stages of a mode, in start order, with their ports and peers."""
     deployed = mode(config.mode)
     prism = [sys.executable, "-m", "prism.cli", "--log-level", config.log_level,
@@ -206,11 +210,11 @@ def plan(config: MeshConfig) -> list[Stage]:
         for i in range(config.encoders if deployed.has_encoder else 0)
     ]
 
-    def workers(name: str, count: int, flags: list[str]) -> list[Stage]:
+    def workers(name: str, count: int, flags: list[str]) -> list[StageProcess]:
         argv = [*prism, "worker", *common, *engine, *reasoning, *transfer, *flags]
         return [_grpc_stage(f"{name}-{i}", config.host, argv) for i in range(count)]
 
-    by_role: dict[str, list[Stage]]
+    by_role: dict[str, list[StageProcess]]
     if deployed.prefill is not None:
         by_role = {
             MeshRole.PREFILL: workers(
@@ -235,7 +239,7 @@ def plan(config: MeshConfig) -> list[Stage]:
     by_role[MeshRole.ENCODER] = encoders
     _place_on_gpus(config, by_role)
 
-    def peers(by_role: dict[str, list[Stage]]) -> list[str]:
+    def peers(by_role: dict[str, list[StageProcess]]) -> list[str]:
         # A dynamic registry tells each stage where its peers are.
         if config.registry_args:
             return []
@@ -256,7 +260,7 @@ def plan(config: MeshConfig) -> list[Stage]:
     base_url = f"http://{config.host}:{config.http_port}"
     kserve_address = f"{config.host}:{config.kserve_grpc_port}" if config.kserve_grpc_port else ""
     kserve = ["--kserve-grpc-port", str(config.kserve_grpc_port)] if kserve_address else []
-    gateway = Stage(
+    gateway = StageProcess(
         "gateway",
         base_url,
         [*prism, "gateway", "--host", config.host, "--port", str(config.http_port),
@@ -280,10 +284,10 @@ def plan(config: MeshConfig) -> list[Stage]:
 class Mesh:
     """Starts and stops a planned set of stages."""
 
-    def __init__(self, stages: list[Stage]):
+    def __init__(self, stages: list[StageProcess]):
         self.stages = stages
 
-    def stage(self, name: str) -> Stage:
+    def stage(self, name: str) -> StageProcess:
         """The stage called `name`, or the first `name-N` replica."""
         return next(s for s in self.stages if s.name in (name, f"{name}-0"))
 
@@ -310,7 +314,7 @@ class Mesh:
         self.spawn(stage, log)
         self._wait_healthy([stage], timeout)
 
-    def spawn(self, stage: Stage, log: IO | None = None) -> None:
+    def spawn(self, stage: StageProcess, log: IO | None = None) -> None:
         stage.process = subprocess.Popen(
             stage.argv,
             env={**os.environ, **stage.env},
@@ -325,7 +329,7 @@ class Mesh:
             preexec_fn=functools.partial(prepare_child, stage.cpus),
         )
 
-    def _wait_healthy(self, pending: list[Stage], timeout: float) -> None:
+    def _wait_healthy(self, pending: list[StageProcess], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while pending:
             self.check_alive()

@@ -47,7 +47,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 import parity
 
 from prism import rpc
-from prism.launcher import Mesh, MeshConfig, Stage, plan
+from prism.launcher import Mesh, MeshConfig, StageProcess, plan
 from prism.modes import MODES
 from prism.ports import free_port
 from prism.tiny_models import build
@@ -443,7 +443,7 @@ def start_mesh(
     mode: str,
     model: Path,
     log_dir: Path,
-    place: Callable[[list[Stage]], None] | None = None,
+    place: Callable[[list[StageProcess]], None] | None = None,
     **config: Any,
 ) -> RunningMesh:
     """Starts a mesh; `config` sets further MeshConfig fields (replicas, registry), and

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from conftest import wait_for
 
-from prism.launcher import Mesh, Stage
+from prism.launcher import Mesh, StageProcess
 from prism.supervisor import RestartPolicy, Supervisor
 
 
@@ -31,8 +31,8 @@ def test_a_stage_that_exits_leaves_no_processes_behind_and_is_started_again(tmp_
     # The first time: a child that would outlive the stage, then exit 3; then it serves.
     script = (f"if [ -e {started} ]; then exec sleep 30; fi; touch {started}; "
               "sleep 30 & exit 3")  # fmt: skip
-    stage = Stage("encoder-0", "", ["sh", "-c", script], lambda: True)
-    other = Stage("processor", "", ["sleep", "30"], lambda: True)
+    stage = StageProcess("encoder-0", "", ["sh", "-c", script], lambda: True)
+    other = StageProcess("processor", "", ["sleep", "30"], lambda: True)
     mesh = Mesh([stage, other])
     for each in mesh.stages:
         mesh.spawn(each)
@@ -63,7 +63,7 @@ def test_stopping_a_mesh_ends_a_stage_that_ignores_sigterm():
     stubborn = [sys.executable, "-c",
                 "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                 "print('up', flush=True); time.sleep(60)"]  # fmt: skip
-    stage = Stage("gateway", "", stubborn, lambda: True)
+    stage = StageProcess("gateway", "", stubborn, lambda: True)
     mesh = Mesh([stage])
     mesh.start(timeout=10)
     time.sleep(0.5)  # the interpreter is past start-up and ignores SIGTERM
