@@ -53,7 +53,9 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from prism import gpus
-from prism.launcher import Mesh, MeshConfig, core_slices, http_ok, plan, prepare_child
+from prism.config.common import LimitConfig, LogConfig, ModelConfig
+from prism.config.stages import MeshConfig, ServeConfig
+from prism.launcher import Mesh, core_slices, http_ok, plan, prepare_child
 from prism.ports import free_port
 from prism.processes import reap
 from prism.video import encode_video
@@ -461,8 +463,9 @@ def anchor(start: Callable[[], Server], name: str) -> Callable[[], Server]:
 
 def start_prism(mode: str, model: str, log: Path) -> Server:
     port, grpc_port = free_port(), free_port()
-    mesh = Mesh(plan(MeshConfig(mode=mode, model=model, http_port=port, grpc_port=grpc_port,
-                                log_level="warning", max_in_flight=0)))  # fmt: skip
+    config = MeshConfig(ModelConfig(model), ServeConfig(mode, http_port=port, grpc_port=grpc_port),
+                        limit=LimitConfig(0), log=LogConfig("warning"))  # fmt: skip
+    mesh = Mesh(plan(config))
     with open(log, "w") as out:
         mesh.start(timeout=300, log=out)
     reader = {"e/pd": "worker", "e/p/d": "prefill"}.get(mode, "")

@@ -29,9 +29,11 @@ from dataclasses import dataclass, field
 from importlib.metadata import version
 from typing import Any
 
+from prism.config.common import AddressConfig, MetricsConfig, ModelConfig, RoutingConfig
+from prism.config.stages import MeshConfig, ServeConfig
 from prism.deploy import network_policy, security, tls
 from prism.deploy.ports import ENGINES, HEALTH_PORT, KV_PORT, METRICS_PORT, UCX_PORTS, port
-from prism.launcher import MeshConfig, plan
+from prism.launcher import plan
 
 # The image this checkout builds, by its fixed version.
 IMAGE = f"prism:{version('prism-mesh')}"
@@ -75,8 +77,8 @@ class Settings:
     tls_secret: str = "prism-tls"
     # The namespace whose pods (Prometheus) may scrape the stages' metrics.
     metrics_namespace: str = "monitoring"
-    # MeshConfig fields beyond mode and model (routing, transfer, parsers, ...).
-    mesh: dict[str, Any] = field(default_factory=dict)
+    # How the processor picks among replicas.
+    routing: RoutingConfig = field(default_factory=RoutingConfig)
 
 
 def _stage_kind(name: str) -> str:
@@ -110,10 +112,10 @@ def _container_args(kind: str, argv: list[str], settings: Settings) -> list[str]
     # Only the static registry has peers (one per replica): here, each role's upstream.
     for role in dict.fromkeys(_peer_roles(args)):
         kept += ["--peer", f"{role}=127.0.0.1:{UPSTREAMS[role]}"]
-    kept += ["--host", "0.0.0.0", "--port", str(port(kind)), "--advertise-host", "$(POD_IP)",
+    kept += [*AddressConfig("0.0.0.0", port(kind)).to_argv(), "--advertise-host", "$(POD_IP)",
              "--shutdown-grace-s", str(settings.shutdown_grace_s)]  # fmt: skip
     if kind != "gateway":
-        kept += ["--metrics-port", str(METRICS_PORT)]
+        kept += MetricsConfig(metrics_port=METRICS_PORT).to_argv()
     if "--kv-port" in args:
         kept += ["--kv-host", "$(POD_IP)", "--kv-port", str(KV_PORT)]
     if _tls(settings):
@@ -361,10 +363,10 @@ def _registry(settings: Settings) -> list[str]:
 def stages(settings: Settings) -> dict[str, list[str]]:
     """Each stage of the mode, in start order, and its container's arguments."""
     config = MeshConfig(
-        mode=settings.mode,
-        model=settings.model,
+        ModelConfig(settings.model),
+        ServeConfig(settings.mode),
+        routing=settings.routing,
         registry_args=_registry(settings),
-        **settings.mesh,
     )
     out: dict[str, list[str]] = {}
     for stage in plan(config):
@@ -427,7 +429,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         shutdown_grace_s=args.shutdown_grace_s,
         tls_secret=args.tls_secret,
         metrics_namespace=args.metrics_namespace,
-        mesh={"routing": args.routing, "kv_overlap_weight": args.kv_overlap_weight},
+        routing=RoutingConfig.from_args(args),
     )
 
 

@@ -1,5 +1,5 @@
 """Typed configs (prism.config): a field's flag goes into a parser, back into the field and
-onto a stage's command line unchanged."""
+onto a stage's command line unchanged, and `prism serve` hands every flag it takes on."""
 
 from __future__ import annotations
 
@@ -11,9 +11,12 @@ from typing import Any
 
 import pytest
 
+from prism.cli import build_parser
 from prism.config import common, stages
+from prism.config.common import LogConfig, ModelConfig
 from prism.config.flags import Flags, flag
-from prism.config.stages import MeshConfig
+from prism.config.stages import MeshConfig, ServeConfig
+from prism.launcher import plan
 
 CONFIGS = [
     cls
@@ -99,3 +102,43 @@ def test_a_field_declares_its_flag_help_default_and_choices_once():
     assert config == Example("x", 5, "a", None, ["t1", "t2"], True)
     assert config.to_argv() == ["--name", "x", "--count", "5", "--tags", "t1", "--tags", "t2",
                                 "--on"]  # fmt: skip
+
+
+def test_serve_reads_its_flags_into_each_stages_config():
+    args = build_parser().parse_args(
+        ["serve", "--model", "m", "--mode", "e/p/d", "--prefill", "2", "--max-images", "3",
+         "--routing", "kv", "--tls-cert", "c.pem", "--request-timeout", "5"]
+    )  # fmt: skip
+    config = MeshConfig.from_args(args, log=LogConfig.from_args(args))
+    assert (config.serve.mode, config.serve.prefill_workers) == ("e/p/d", 2)
+    assert (config.model.model, config.media.max_images) == ("m", 3)
+    assert (config.routing.routing, config.tls.tls_cert) == ("kv", "c.pem")
+    assert config.gateway.request_timeout == 5.0 and config.log == LogConfig()
+
+
+def test_every_flag_serve_hands_on_reaches_a_stage(monkeypatch):
+    """Each flag `prism serve` takes for its stages, set to something other than its
+    default, is what some stage reads from its command line (the API key from its
+    environment, where `ps` does not show it)."""
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    hints = typing.get_type_hints(MeshConfig)
+    parts = {f.name: changed(hints[f.name]) for f in dataclasses.fields(MeshConfig)
+             if f.metadata.get("nested") and f.name not in ("model", "serve")}  # fmt: skip
+    parts["engine"]["engine"] = "sim"  # the simulated engine's flags go to sim engines only
+    config = MeshConfig(
+        ModelConfig(**changed(ModelConfig)),
+        ServeConfig("e/p/d", enable_mm_embeds=True),
+        **{name: hints[name](**values) for name, values in parts.items()},
+        log=LogConfig(**changed(LogConfig)),
+    )
+    planned = plan(config)
+    read = [build_parser().parse_args(stage.argv[3:]) for stage in planned]
+    gateway = next(stage for stage in planned if stage.name == "gateway")
+    assert gateway.env["PRISM_API_KEY"] == config.gateway.api_key
+    assert "--api-key" not in gateway.argv
+    del parts["gateway"]["api_key"]
+    given = {**changed(ModelConfig), **changed(LogConfig), "enable_mm_embeds": True}
+    for values in parts.values():
+        given |= values
+    for name, value in given.items():
+        assert any(getattr(args, name, None) == value for args in read), name
