@@ -1,9 +1,7 @@
 """`prism serve | worker | processor | gateway | model build | health | deploy kubernetes`.
 
-Each command's flags are those of the typed configs it takes (prism.config), which also
-write the command lines `prism serve` starts its stages with. Heavy imports (vLLM, torch)
-happen inside the subcommand that needs them, so the gateway and the launcher start in a
-fraction of a second.
+Heavy imports (vLLM, torch) happen inside the subcommand that needs them, so the gateway
+and the launcher start in a fraction of a second.
 """
 
 from __future__ import annotations
@@ -32,6 +30,7 @@ from prism.config.common import (
     ToolsConfig,
     TransferConfig,
 )
+from prism.config.deploy import KubernetesConfig
 from prism.config.flags import Flags, option
 from prism.config.stages import (
     EncoderConfig,
@@ -42,7 +41,6 @@ from prism.config.stages import (
     SimEngineConfig,
     WorkerConfig,
 )
-from prism.modes import MODES
 
 
 def _forwarded_registry_args(args: argparse.Namespace) -> list[str]:
@@ -110,61 +108,11 @@ def _deploy_parser(sub: argparse._SubParsersAction) -> None:
     kube = deploy_sub.add_parser(
         "kubernetes", help="a Deployment, Service and PodDisruptionBudget per stage of a mode"
     )
-    kube.add_argument("--mode", default="e/p/d", choices=MODES)
-    kube.add_argument("--model", required=True, help="the model's path (in the pod) or hub id")
-    kube.add_argument("--name", default="prism", help="prefix of every object's name")
-    kube.add_argument(
-        "--namespace",
-        default="prism",
-        help="the mesh's own namespace, which the manifests create (Pod Security: restricted)",
-    )
-    kube.add_argument(
-        "--image",
-        default="",
-        help="the image, by a fixed tag or REPO@sha256:DIGEST (default: prism:VERSION, as "
-        "this checkout builds it)",
-    )
-    kube.add_argument("--model-pvc", default="", help="a PersistentVolumeClaim mounted at /models")
-    kube.add_argument(
-        "--tiny-model", default="", choices=["", "llava", "qwen2-vl"],
-        help="each pod builds this tiny model at --model (under /models) before it starts",
-    )  # fmt: skip
-    for flag, what in (
-        ("--replicas", "replicas of STAGE (default 1)"),
-        ("--gpus", "nvidia.com/gpu per pod of STAGE"),
-        ("--autoscale", "a HorizontalPodAutoscaler on STAGE, up to N replicas"),
-    ):
-        kube.add_argument(flag, action="append", default=[], metavar="STAGE=N", help=what)
-    kube.add_argument(
-        "--discovery",
-        default="consul",
-        choices=["consul", "connect", "kubernetes"],
-        help="how stages find each other: Consul; Consul Connect (consul-k8s injects an "
-        "Envoy sidecar, which carries the gRPC hops); or the API server's EndpointSlices of "
-        "each stage's headless Service (no Consul needed)",
-    )
-    kube.add_argument(
-        "--consul",
-        default="consul-server.consul:8500",
-        help="Consul's HTTP API, where every stage registers (consul-k8s)",
-    )
-    kube.add_argument("--shutdown-grace-s", type=int, default=30)
-    kube.add_argument(
-        "--tls-secret",
-        default="prism-tls",
-        help="Secret with tls.crt, tls.key and ca.crt: mutual TLS between the stages, the "
-        "certificate naming NAME-mesh ('': plaintext; --discovery connect: the sidecars' "
-        "mutual TLS instead)",
-    )
-    kube.add_argument(
-        "--metrics-namespace",
-        default="monitoring",
-        help="the namespace whose pods (Prometheus) may reach the stages' metrics ports",
-    )
-    RoutingConfig.add_cli_args(kube)
-    kube.add_argument("--out", default="-", help="file to write (default: stdout)")
+    KubernetesConfig.add_cli_args(kube)
 
 
+# Each command's flags are those of the typed configs it takes (prism.config), which also
+# write the command lines `prism serve` starts its stages with.
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prism", description=__doc__)
     LogConfig.add_cli_args(parser)
@@ -301,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         from prism.deploy import kubernetes
 
         try:
-            text = kubernetes.render(kubernetes.manifests(kubernetes.settings_from(args)))
+            text = kubernetes.render(kubernetes.manifests(KubernetesConfig.from_args(args)))
         except ValueError as exc:
             raise SystemExit(f"prism deploy kubernetes: {exc}") from None
         if args.out == "-":

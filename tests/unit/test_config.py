@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from prism.cli import build_parser
-from prism.config import common, stages
+from prism.config import common, deploy, stages
 from prism.config.common import LogConfig, ModelConfig
 from prism.config.flags import Flags, flag
 from prism.config.stages import MeshConfig, ServeConfig
@@ -20,7 +20,7 @@ from prism.launcher import plan
 
 CONFIGS = [
     cls
-    for module in (common, stages)
+    for module in (common, stages, deploy)
     for cls in vars(module).values()
     if isinstance(cls, type) and issubclass(cls, Flags) and cls.__module__ == module.__name__
 ]
@@ -64,13 +64,14 @@ def parse(cls: type[Flags], argv: list[str]) -> Flags:
 def test_every_flag_goes_from_argv_to_its_field_and_back(cls):
     values = changed(cls)
     config = cls(**values)
-    secret = {f.name for f in dataclasses.fields(cls) if f.metadata["flag"].secret}
+    flags = {f.name: f.metadata["flag"] for f in dataclasses.fields(cls) if "flag" in f.metadata}
+    secret = {name for name, spec in flags.items() if spec.secret}
     read = parse(cls, config.to_argv())
     for name, value in values.items():
         assert getattr(read, name) == (value if name not in secret else getattr(cls(), name))
     # Defaults stay off the command line, but those a reader should see.
     if "model" not in values:
-        always = {f.name for f in dataclasses.fields(cls) if f.metadata["flag"].always}
+        always = {name for name, spec in flags.items() if spec.always}
         assert parse(cls, cls().to_argv()) == cls()
         assert {arg for arg in cls().to_argv() if arg.startswith("--")} == {
             f"--{name.replace('_', '-')}" for name in always
