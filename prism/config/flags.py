@@ -137,7 +137,7 @@ class Flags:
         return cls(**values)
 
     def to_argv(self) -> list[str]:
-        """Its flags as a command line that `from_args` reads back as this config."""
+        """Its flags (but secret ones) as a command line that `from_args` reads back."""
         argv: list[str] = []
         for field in dataclasses.fields(self):  # type: ignore[arg-type]
             value = getattr(self, field.name)
