@@ -26,7 +26,9 @@ import numpy as np
 from openai import OpenAI
 from PIL import Image
 
-from prism.launcher import Mesh, MeshConfig, plan
+from prism.config.common import LogConfig, ModelConfig
+from prism.config.stages import MeshConfig, ServeConfig
+from prism.launcher import Mesh, plan
 from prism.modes import MODES
 from prism.ports import free_port
 
@@ -62,7 +64,10 @@ def one_request(client: OpenAI, model: str, url: str, max_tokens: int) -> tuple[
 
 def bench_mode(mode: str, model: str, reps: int, max_tokens: int, log_dir: Path) -> dict:
     port = free_port()
-    mesh = Mesh(plan(MeshConfig(mode=mode, model=model, http_port=port, log_level="warning")))
+    config = MeshConfig(
+        ModelConfig(model), ServeConfig(mode, http_port=port), log=LogConfig("warning")
+    )
+    mesh = Mesh(plan(config))
     with open(log_dir / f"{mode.replace('/', '')}.log", "w") as log:
         mesh.start(timeout=300, log=log)
         try:

@@ -37,7 +37,9 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 from serve import ROUTING_SECTION, Sample, image_url, one, percentile, write_section
 
-from prism.launcher import Mesh, MeshConfig, plan
+from prism.config.common import LimitConfig, LogConfig, ModelConfig
+from prism.config.stages import MeshConfig, ServeConfig
+from prism.launcher import Mesh, plan
 from prism.ports import free_port
 from prism.tiny_models import CORPUS
 
@@ -168,8 +170,9 @@ def bench_mode(
     rows = []
     for workers, policies in ((2, args.policies.split(",")), (1, [IDEAL])):
         port = free_port()
-        config = MeshConfig(mode=mode, model=args.model, http_port=port, log_level="warning",
-                            workers=workers, max_in_flight=0)  # fmt: skip
+        serve = ServeConfig(mode, workers=workers, http_port=port)
+        config = MeshConfig(ModelConfig(args.model), serve, limit=LimitConfig(0),
+                            log=LogConfig("warning"))  # fmt: skip
         mesh = Mesh(plan(config))
         base_url = f"http://127.0.0.1:{port}"
         with open(logs / f"{mode.replace('/', '_')}-{workers}.log", "w") as log:

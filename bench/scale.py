@@ -53,7 +53,9 @@ from serve import (
     write_section,
 )
 
-from prism.launcher import Mesh, MeshConfig, plan
+from prism.config.common import LimitConfig, LogConfig, ModelConfig
+from prism.config.stages import EngineConfig, MeshConfig, ServeConfig, SimEngineConfig
+from prism.launcher import Mesh, plan
 from prism.ports import free_port
 
 SECTION = "benchmarks-scale.md"
@@ -75,13 +77,15 @@ class Timing:
         """One step with the prompt: what its first token takes in an idle engine."""
         return self.decode_step_ms + 1000 * prompt_tokens / self.prefill_tokens_per_s
 
-    def sim_flags(self) -> list[str]:
-        return ["--sim-decode-step-ms", str(self.decode_step_ms),
-                "--sim-prefill-tokens-per-s", str(self.prefill_tokens_per_s),
-                "--sim-block-size", str(self.block_size),
-                "--sim-kv-blocks", str(self.kv_blocks),
-                "--sim-max-num-seqs", str(self.max_num_seqs),
-                "--sim-max-num-batched-tokens", str(self.max_num_batched_tokens)]  # fmt: skip
+    def sim(self) -> SimEngineConfig:
+        return SimEngineConfig(
+            sim_prefill_tokens_per_s=self.prefill_tokens_per_s,
+            sim_decode_step_ms=self.decode_step_ms,
+            sim_block_size=self.block_size,
+            sim_kv_blocks=self.kv_blocks,
+            sim_max_num_seqs=self.max_num_seqs,
+            sim_max_num_batched_tokens=self.max_num_batched_tokens,
+        )
 
     def mocker_profile(self, path: Path, max_len: int = 16384) -> Path:
         """The same timing as dynamo.mocker's profile (its NPZ form): a prompt of `isl`
@@ -114,9 +118,9 @@ class Front:
 
 def start_prism(model: str, workers: int, timing: Timing, log: Path) -> Front:
     port = free_port()
-    config = MeshConfig(mode="epd", model=model, http_port=port, workers=workers, engine="sim",
-                        engine_args=timing.sim_flags(), log_level="warning",
-                        max_in_flight=0)  # fmt: skip
+    config = MeshConfig(ModelConfig(model), ServeConfig("epd", workers=workers, http_port=port),
+                        engine=EngineConfig(engine="sim"), sim=timing.sim(),
+                        limit=LimitConfig(0), log=LogConfig("warning"))  # fmt: skip
     mesh = Mesh(plan(config))
     with open(log, "w") as out:
         mesh.start(timeout=300, log=out)

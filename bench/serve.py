@@ -44,6 +44,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -53,7 +54,9 @@ from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
 from prism import gpus
-from prism.launcher import Mesh, MeshConfig, core_slices, http_ok, plan, prepare_child
+from prism.config.common import LimitConfig, LogConfig, ModelConfig
+from prism.config.stages import MeshConfig, ServeConfig
+from prism.launcher import Mesh, core_slices, http_ok, plan, prepare_child
 from prism.ports import free_port
 from prism.processes import reap
 from prism.video import encode_video
@@ -460,11 +463,13 @@ def anchor(start: Callable[[], Server], name: str) -> Callable[[], Server]:
     return started
 
 
-def start_prism(mode: str, model: str, log: Path, **config: object) -> Server:
-    """A mesh of `mode`; `config`, MeshConfig fields beside the bench's own."""
+def start_prism(mode: str, model: str, log: Path, **serve: Any) -> Server:
+    """A mesh of `mode`; `serve`, fields of its ServeConfig (prefill_workers=2)."""
     port, grpc_port = free_port(), free_port()
-    mesh = Mesh(plan(MeshConfig(mode=mode, model=model, http_port=port, grpc_port=grpc_port,
-                                log_level="warning", max_in_flight=0, **config)))  # fmt: skip
+    config = MeshConfig(ModelConfig(model),
+                        ServeConfig(mode, http_port=port, grpc_port=grpc_port, **serve),
+                        limit=LimitConfig(0), log=LogConfig("warning"))  # fmt: skip
+    mesh = Mesh(plan(config))
     with open(log, "w") as out:
         mesh.start(timeout=300, log=out)
     reader = {"e/pd": "worker", "e/p/d": "prefill"}.get(mode, "")

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from prism import gpus, processes
+from prism.config.common import AddressConfig, MetricsConfig
+from prism.config.stages import MeshConfig, ProcessorConfig, WorkerConfig
 from prism.modes import EngineRole, MeshRole, mode
 from prism.ports import free_port
 from prism.rpc import check_health
@@ -63,7 +65,9 @@ def core_slices(engines: int) -> list[set[int]]:
 
 
 @dataclass
-class Stage:
+class StageProcess:
+    """A stage as the launcher runs it: its command line, and where and how it runs."""
+
     name: str
     address: str
     argv: list[str]
@@ -77,77 +81,22 @@ class Stage:
     process: subprocess.Popen | None = None
 
 
-@dataclass
-class MeshConfig:
-    mode: str
-    model: str
-    host: str = "127.0.0.1"
-    http_port: int = 8000
-    # The public gRPC API (the processor's InferenceService): where it binds (default:
-    # `host`) and its port (0: a free one).
-    grpc_host: str = ""
-    grpc_port: int = 0
-    # KServe v2 gRPC on the gateway, at `host` (0: not served).
-    kserve_grpc_port: int = 0
-    served_model_name: str = ""
-    dtype: str = "auto"
-    max_model_len: int = 0
-    # Media flags for every stage (--max-images 8 ...); none: the defaults.
-    media_args: list[str] = field(default_factory=list)
-    # Clients may send image embeddings (the processor checks them; engines take them).
-    enable_mm_embeds: bool = False
-    kv_cache_gib: int = 1
-    # "vllm", or "sim": workers on the simulated engine, with `engine_args` (--sim-* flags).
-    engine: str = "vllm"
-    engine_args: list[str] = field(default_factory=list)
-    # vLLM engine arguments for every worker, as `vllm serve` takes them.
-    vllm_flags: list[str] = field(default_factory=list)
-    # --gpus as given (prism.gpus), and the GPUs each vLLM engine spans (tensor parallel).
-    gpus: list[str] = field(default_factory=lambda: ["auto"])
-    engine_gpus: int = 1
-    # How embeddings go from encoders to workers (prism.transfer.KINDS).
-    transfer: str = "nixl"
-    encoders: int = 1
-    workers: int = 1
-    prefill_workers: int = 1
-    decode_workers: int = 1
-    routing: str = "round-robin"
-    # `kv` routing: the cost of one prompt block to compute, against one of load.
-    kv_overlap_weight: float = 1.0
-    # Hosts or networks that image URLs may reach although not public (processor, encoder).
-    fetch_allow: list[str] = field(default_factory=list)
-    # The front's bound on requests in flight, the gateway's and the processor's (every
-    # stage has one; see --max-in-flight).
-    max_in_flight: int = 256
-    # Gateway: seconds a generation may take (0: no limit), and the API key clients must send.
-    request_timeout: float = 0
-    api_key: str = ""
-    # vLLM's output parsers, by name (none when empty): the processor's tool parser, and
-    # the reasoning parser of the processor and the engines.
-    tool_call_parser: str = ""
-    enable_auto_tool_choice: bool = False
-    reasoning_parser: str = ""
-    # Registry flags for every stage (e.g. --registry consul://...); none: the static one.
-    registry_args: list[str] = field(default_factory=list)
-    # TLS flags for every stage (--tls-cert ...); none: plaintext gRPC.
-    tls_args: list[str] = field(default_factory=list)
-    log_level: str = "info"
-    log_format: str = "text"
-
-
-def _grpc_stage(name: str, host: str, argv: list[str], port: int = 0, reach: str = "") -> Stage:
+def _grpc_stage(
+    name: str, host: str, argv: list[str], port: int = 0, reach: str = ""
+) -> StageProcess:
     """A gRPC stage bound to `host` at `port` (0: a free one); `reach`: the host to reach
     it at where `host` is a wildcard."""
     port = port or free_port(host)
     address = f"{reach or host}:{port}"
     metrics_port = free_port(host)
-    return Stage(
+    return StageProcess(
         name,
         address,
-        [*argv, "--host", host, "--port", str(port), "--metrics-port", str(metrics_port)],
+        [*argv, *AddressConfig(host, port).to_argv(),
+         *MetricsConfig(metrics_port=metrics_port).to_argv()],
         lambda: check_health(address),
         metrics_url=f"http://{reach or host}:{metrics_port}/metrics",
-    )
+    )  # fmt: skip
 
 
 def _gateway_healthy(base_url: str, kserve_address: str) -> bool:
@@ -157,14 +106,15 @@ def _gateway_healthy(base_url: str, kserve_address: str) -> bool:
     return not kserve_address or check_health(kserve_address, "inference.GRPCInferenceService")
 
 
-def _place_on_gpus(config: MeshConfig, by_role: dict[str, list[Stage]]) -> None:
+def _place_on_gpus(config: MeshConfig, by_role: dict[str, list[StageProcess]]) -> None:
     """Holds each encoder and engine to the GPUs `--gpus` plans for it."""
     units = [
         gpus.Unit(stage.name, role, config.engine_gpus if role != MeshRole.ENCODER else 0)
         for role, stages in by_role.items()
         for stage in stages
     ]
-    available = gpus.parse(config.gpus, set(by_role)) if config.engine == "vllm" else []
+    vllm = config.engine.engine == "vllm"
+    available = gpus.parse(config.serve.gpus or ["auto"], set(by_role)) if vllm else []
     placements = gpus.place(units, available)
     if not any(placement.gpus for placement in placements.values()):
         return
@@ -180,110 +130,128 @@ def _place_on_gpus(config: MeshConfig, by_role: dict[str, list[Stage]]) -> None:
             stage.argv += ["--gpu-memory-utilization", str(fraction)]
 
 
-def plan(config: MeshConfig) -> list[Stage]:
+def _prism(config: MeshConfig) -> list[str]:
+    """The command line of a stage up to its command."""
+    return [sys.executable, "-m", "prism.cli", *config.log.to_argv()]
+
+
+def _model(config: MeshConfig) -> list[str]:
+    """The flags of every stage that holds the model (all but the gateway)."""
+    return [*config.model.to_argv(), *config.media.to_argv(), *config.registry_args,
+            *config.tls.to_argv()]  # fmt: skip
+
+
+def _engines(config: MeshConfig) -> dict[str, list[StageProcess]]:
+    """The engines of the mode, by role: aggregated workers, or prefills and decodes."""
+    deployed = mode(config.serve.mode)
+    host = config.serve.host
+    sim = config.sim.to_argv() if config.engine.engine == "sim" else []
+    engine = [*_prism(config), "worker", *_model(config), *config.engine.to_argv(), *sim,
+              *config.vllm_flags, *config.reasoning.to_argv(),
+              *config.transfer.to_argv()]  # fmt: skip
+
+    def workers(name: str, count: int, role: EngineRole, embeds: bool) -> list[StageProcess]:
+        # Each disaggregated engine has its own KV side channel.
+        kv = deployed.prefill is not None
+        return [
+            _grpc_stage(f"{name}-{i}", host, [*engine, *WorkerConfig(
+                role, enable_mm_embeds=embeds, kv_port=free_port(host) if kv else 0
+            ).to_argv()])
+            for i in range(count)
+        ]  # fmt: skip
+
+    embeds = config.serve.enable_mm_embeds
+    if deployed.prefill is None:
+        # Behind encoders, the worker takes their embeddings.
+        behind = deployed.has_encoder and config.serve.encoders > 0
+        aggregated = workers("worker", config.serve.workers, EngineRole.AGGREGATED,
+                             embeds or behind)  # fmt: skip
+        return {MeshRole.WORKER: aggregated}
+    return {
+        MeshRole.PREFILL: workers(
+            "prefill", config.serve.prefill_workers, deployed.prefill, embeds
+        ),
+        MeshRole.DECODE: workers("decode", config.serve.decode_workers, EngineRole.DECODE, False),
+    }
+
+
+def plan(config: MeshConfig) -> list[StageProcess]:
     """The stages of a mode, in start order, with their ports and peers."""
-    deployed = mode(config.mode)
-    prism = [sys.executable, "-m", "prism.cli", "--log-level", config.log_level,
-             "--log-format", config.log_format]  # fmt: skip
-    common = ["--model", config.model, *config.media_args, *config.registry_args,
-              *config.tls_args]  # fmt: skip
-    if config.served_model_name:
-        common += ["--served-model-name", config.served_model_name]
-    if config.max_model_len:
-        common += ["--max-model-len", str(config.max_model_len)]
-    engine = ["--dtype", config.dtype, "--kv-cache-gib", str(config.kv_cache_gib),
-              "--engine", config.engine, *config.engine_args, *config.vllm_flags]  # fmt: skip
-    reasoning = ["--reasoning-parser", config.reasoning_parser] if config.reasoning_parser else []
-    tools = ["--tool-call-parser", config.tool_call_parser] if config.tool_call_parser else []
-    if config.enable_auto_tool_choice:
-        tools.append("--enable-auto-tool-choice")
-    fetch = [arg for allowed in config.fetch_allow for arg in ("--fetch-allow", allowed)]
-    embeds = ["--enable-mm-embeds"] if config.enable_mm_embeds else []
-
-    transfer = ["--transfer", config.transfer]
+    deployed = mode(config.serve.mode)
+    host = config.serve.host
     encoders = [
-        _grpc_stage(f"encoder-{i}", config.host, [*prism, "encoder", *common, *transfer, *fetch])
-        for i in range(config.encoders if deployed.has_encoder else 0)
-    ]
-
-    def workers(name: str, count: int, flags: list[str]) -> list[Stage]:
-        argv = [*prism, "worker", *common, *engine, *reasoning, *transfer, *flags]
-        return [_grpc_stage(f"{name}-{i}", config.host, argv) for i in range(count)]
-
-    by_role: dict[str, list[Stage]]
-    if deployed.prefill is not None:
-        by_role = {
-            MeshRole.PREFILL: workers(
-                "prefill", config.prefill_workers, ["--role", deployed.prefill, *embeds]
-            ),
-            MeshRole.DECODE: workers(
-                "decode", config.decode_workers, ["--role", EngineRole.DECODE]
-            ),
-        }
-        for stage in by_role[MeshRole.PREFILL] + by_role[MeshRole.DECODE]:
-            stage.argv += ["--kv-port", str(free_port(config.host))]
-    else:
-        flags = ["--role", EngineRole.AGGREGATED] + (["--enable-mm-embeds"] if encoders else embeds)
-        by_role = {MeshRole.WORKER: workers("worker", config.workers, flags)}
+        _grpc_stage(f"encoder-{i}", host, [*_prism(config), "encoder", *_model(config),
+                                           *config.transfer.to_argv(), *config.fetch.to_argv()])
+        for i in range(config.serve.encoders if deployed.has_encoder else 0)
+    ]  # fmt: skip
+    by_role = _engines(config)
     engines = [stage for stages in by_role.values() for stage in stages]
     # One engine alone keeps vLLM's own binding; simulated ones compute nothing.
-    vllm = config.engine == "vllm"
+    vllm = config.engine.engine == "vllm"
     if vllm and len(engines) > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         for stage, cores in zip(engines, core_slices(len(engines)), strict=True):
             stage.cpus = cores
             stage.env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(cores)))
     by_role[MeshRole.ENCODER] = encoders
     _place_on_gpus(config, by_role)
-
-    def peers(by_role: dict[str, list[Stage]]) -> list[str]:
-        # A dynamic registry tells each stage where its peers are.
-        if config.registry_args:
-            return []
-        return [arg for role, stages in by_role.items() for s in stages
-                for arg in ("--peer", f"{role}={s.address}")]  # fmt: skip
-
-    grpc_host = config.grpc_host or config.host
-    processor = _grpc_stage(
-        "processor",
-        grpc_host,
-        [*prism, "processor", *common, *fetch, *embeds, "--mode", config.mode,
-         "--routing", config.routing, "--kv-overlap-weight", str(config.kv_overlap_weight),
-         "--max-in-flight", str(config.max_in_flight), *tools, *reasoning,
-         *peers(by_role)],
-        port=config.grpc_port,
-        reach=config.host if _is_wildcard(grpc_host) else "",
-    )  # fmt: skip
-    base_url = f"http://{config.host}:{config.http_port}"
-    kserve_address = f"{config.host}:{config.kserve_grpc_port}" if config.kserve_grpc_port else ""
-    kserve = ["--kserve-grpc-port", str(config.kserve_grpc_port)] if kserve_address else []
-    gateway = Stage(
-        "gateway",
-        base_url,
-        [*prism, "gateway", "--host", config.host, "--port", str(config.http_port),
-         "--request-timeout", str(config.request_timeout), *kserve,
-         "--max-in-flight", str(config.max_in_flight),
-         *config.registry_args, *config.tls_args, *peers({"processor": [processor]})],
-        functools.partial(_gateway_healthy, base_url, kserve_address),
-        metrics_url=f"{base_url}/metrics",
-        # In the environment rather than the command line, where `ps` would show it.
-        env={"PRISM_API_KEY": config.api_key},
-    )  # fmt: skip
-    stages = [*encoders, *engines, processor, gateway]
+    processor = _processor(config, by_role)
+    stages = [*encoders, *engines, processor, _gateway(config, processor)]
     for stage in stages:
         # vLLM has its own logger; keep it as quiet as the stages were asked to be.
         stage.env.setdefault(
-            "VLLM_LOGGING_LEVEL", os.environ.get("VLLM_LOGGING_LEVEL", config.log_level.upper())
+            "VLLM_LOGGING_LEVEL",
+            os.environ.get("VLLM_LOGGING_LEVEL", config.log.log_level.upper()),
         )
     return stages
+
+
+def _peers(config: MeshConfig, by_role: dict[str, list[StageProcess]]) -> list[str]:
+    """The static registry's entries for `by_role`: a dynamic registry tells each stage
+    where its peers are."""
+    if config.registry_args:
+        return []
+    return [arg for role, stages in by_role.items() for s in stages
+            for arg in ("--peer", f"{role}={s.address}")]  # fmt: skip
+
+
+def _processor(config: MeshConfig, by_role: dict[str, list[StageProcess]]) -> StageProcess:
+    grpc_host = config.serve.grpc_host or config.serve.host
+    own = ProcessorConfig(config.serve.mode, enable_mm_embeds=config.serve.enable_mm_embeds)
+    return _grpc_stage(
+        "processor",
+        grpc_host,
+        [*_prism(config), "processor", *_model(config), *config.fetch.to_argv(), *own.to_argv(),
+         *config.routing.to_argv(), *config.limit.to_argv(), *config.tools.to_argv(),
+         *config.reasoning.to_argv(), *_peers(config, by_role)],
+        port=config.serve.grpc_port,
+        reach=config.serve.host if _is_wildcard(grpc_host) else "",
+    )  # fmt: skip
+
+
+def _gateway(config: MeshConfig, processor: StageProcess) -> StageProcess:
+    host, kserve_port = config.serve.host, config.gateway.kserve_grpc_port
+    base_url = f"http://{host}:{config.serve.http_port}"
+    kserve_address = f"{host}:{kserve_port}" if kserve_port else ""
+    return StageProcess(
+        "gateway",
+        base_url,
+        [*_prism(config), "gateway", *AddressConfig(host, config.serve.http_port).to_argv(),
+         *config.gateway.to_argv(), *config.limit.to_argv(), *config.registry_args,
+         *config.tls.to_argv(), *_peers(config, {"processor": [processor]})],
+        functools.partial(_gateway_healthy, base_url, kserve_address),
+        metrics_url=f"{base_url}/metrics",
+        # In the environment rather than the command line, where `ps` would show it.
+        env={"PRISM_API_KEY": config.gateway.api_key},
+    )  # fmt: skip
 
 
 class Mesh:
     """Starts and stops a planned set of stages."""
 
-    def __init__(self, stages: list[Stage]):
+    def __init__(self, stages: list[StageProcess]):
         self.stages = stages
 
-    def stage(self, name: str) -> Stage:
+    def stage(self, name: str) -> StageProcess:
         """The stage called `name`, or the first `name-N` replica."""
         return next(s for s in self.stages if s.name in (name, f"{name}-0"))
 
@@ -310,7 +278,7 @@ class Mesh:
         self.spawn(stage, log)
         self._wait_healthy([stage], timeout)
 
-    def spawn(self, stage: Stage, log: IO | None = None) -> None:
+    def spawn(self, stage: StageProcess, log: IO | None = None) -> None:
         stage.process = subprocess.Popen(
             stage.argv,
             env={**os.environ, **stage.env},
@@ -325,7 +293,7 @@ class Mesh:
             preexec_fn=functools.partial(prepare_child, stage.cpus),
         )
 
-    def _wait_healthy(self, pending: list[Stage], timeout: float) -> None:
+    def _wait_healthy(self, pending: list[StageProcess], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while pending:
             self.check_alive()
@@ -372,13 +340,13 @@ def _is_wildcard(host: str) -> bool:
 
 def endpoints(config: MeshConfig, mesh: Mesh) -> dict:
     """Where a running mesh answers: its public APIs, and each stage."""
-    kserve = f"{config.host}:{config.kserve_grpc_port}" if config.kserve_grpc_port else None
+    host, kserve_port = config.serve.host, config.gateway.kserve_grpc_port
     return {
-        "mode": config.mode,
-        "model": config.served_model_name or config.model,
-        "openai": f"http://{config.host}:{config.http_port}/v1",
+        "mode": config.serve.mode,
+        "model": config.model.served_model_name or config.model.model,
+        "openai": f"http://{host}:{config.serve.http_port}/v1",
         "grpc": mesh.address("processor"),
-        "kserve_grpc": kserve,
+        "kserve_grpc": f"{host}:{kserve_port}" if kserve_port else None,
         "pid": os.getpid(),
         "stages": [
             {"name": stage.name, "role": stage.name.rpartition("-")[0] or stage.name,
@@ -420,10 +388,10 @@ def _say(line: str) -> None:
     print(f"prism: {line}", file=sys.stderr, flush=True)
 
 
-def run(config: MeshConfig, status_file: str = "") -> int:
+def run(config: MeshConfig) -> int:
     """Runs the mesh in the foreground until a signal, restarting the stages that exit
     (prism.supervisor) until one exits too often; once it is ready, prints its
-    endpoints (and writes them to `status_file` as JSON, if given)."""
+    endpoints (and writes them to `--status-file` as JSON, if given)."""
 
     signal.signal(signal.SIGINT, _raise_stop)
     signal.signal(signal.SIGTERM, _raise_stop)
@@ -437,8 +405,8 @@ def run(config: MeshConfig, status_file: str = "") -> int:
     try:
         mesh.start()
         status = endpoints(config, mesh)
-        if status_file:
-            _write_status(status_file, status)
+        if config.serve.status_file:
+            _write_status(config.serve.status_file, status)
             written = True
         print(describe(status), flush=True)
         supervisor = Supervisor(mesh, mesh.stages, report=_say)
@@ -457,5 +425,5 @@ def run(config: MeshConfig, status_file: str = "") -> int:
         if written:
             # A file left behind would name endpoints that are gone.
             with contextlib.suppress(FileNotFoundError):
-                os.remove(status_file)
+                os.remove(config.serve.status_file)
         mesh.stop()

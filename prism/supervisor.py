@@ -19,7 +19,7 @@ from typing import IO, TYPE_CHECKING, Protocol
 from prism.processes import exit_reason, kill_group
 
 if TYPE_CHECKING:
-    from prism.launcher import Stage
+    from prism.launcher import StageProcess
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class GaveUp(RuntimeError):
 
 
 class Spawner(Protocol):
-    def spawn(self, stage: Stage, log: IO | None = None) -> None: ...
+    def spawn(self, stage: StageProcess, log: IO | None = None) -> None: ...
 
 
 @dataclass
@@ -60,7 +60,7 @@ class Supervisor:
     def __init__(
         self,
         mesh: Spawner,
-        stages: list[Stage],
+        stages: list[StageProcess],
         policy: RestartPolicy | None = None,
         output: IO | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -102,7 +102,7 @@ class Supervisor:
                 continue
             self._exited(stage, record, code, now)
 
-    def _exited(self, stage: Stage, record: _Record, code: int, now: float) -> None:
+    def _exited(self, stage: StageProcess, record: _Record, code: int, now: float) -> None:
         # A stage's children (vLLM's engine core) outlive it otherwise, holding memory.
         kill_group(stage.process)
         record.recovering = False

@@ -18,6 +18,7 @@ import prism  # noqa: F401
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import io
 import json
 import multiprocessing.process
@@ -47,7 +48,9 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 import parity
 
 from prism import rpc
-from prism.launcher import Mesh, MeshConfig, Stage, plan
+from prism.config.common import ModelConfig
+from prism.config.stages import MeshConfig, ServeConfig
+from prism.launcher import Mesh, StageProcess, plan
 from prism.modes import MODES
 from prism.ports import free_port
 from prism.tiny_models import build
@@ -259,8 +262,7 @@ def ask_case(mesh: Any, case: tuple, stream: bool) -> tuple[str, Any]:
 
 
 # Video caps of the tests' meshes: low enough that tests can pass them with small videos.
-VIDEO_CAPS = ["--max-video-frames", "100", "--max-video-seconds", "30",
-              "--max-video-pixels", str(128 * 96)]  # fmt: skip
+VIDEO_CAPS = {"max_video_frames": 100, "max_video_seconds": 30, "max_video_pixels": 128 * 96}
 
 
 def _concurrent_case(i: int) -> tuple:
@@ -438,30 +440,37 @@ class RunningMesh:
 ENGINE_MAX_NUM_SEQS = 72
 
 
+def mesh_config(mode: str, model: str, **fields: Any) -> MeshConfig:
+    """A MeshConfig with `fields` set by name wherever each lives (workers=2: its serve
+    config's, routing="kv": its routing config's; registry_args: its own)."""
+    config = MeshConfig(ModelConfig(model), ServeConfig(mode))
+    parts = [part for part in vars(config).values() if dataclasses.is_dataclass(part)]
+    for name, value in fields.items():
+        owners = [part for part in parts if name in {f.name for f in dataclasses.fields(part)}]
+        (owner,) = owners or [config]
+        setattr(owner, name, value)
+    return config
+
+
 def start_mesh(
     family: str,
     mode: str,
     model: Path,
     log_dir: Path,
-    place: Callable[[list[Stage]], None] | None = None,
+    place: Callable[[list[StageProcess]], None] | None = None,
     **config: Any,
 ) -> RunningMesh:
-    """Starts a mesh; `config` sets further MeshConfig fields (replicas, registry), and
+    """Starts a mesh; `config` sets further fields (replicas, registry: `mesh_config`), and
     `place` may move the planned stages elsewhere (`hosts.place`)."""
     if config.get("engine", "vllm") == "vllm":
         # A vLLM engine argument through `prism serve` to every engine (test_metrics reads
         # it back from the running engines); above the tests' concurrency, so it limits none.
         config.setdefault("vllm_flags", ["--max-num-seqs", str(ENGINE_MAX_NUM_SEQS)])
-    config = MeshConfig(
-        mode=mode,
-        model=str(model),
+    config = mesh_config(
+        mode,
+        str(model),
         http_port=free_port(),
-        **{
-            "log_level": "warning",
-            "fetch_allow": [ALLOWED_HOST],
-            "media_args": VIDEO_CAPS,
-            **config,
-        },
+        **{"log_level": "warning", "fetch_allow": [ALLOWED_HOST], **VIDEO_CAPS, **config},
     )
     stages = plan(config)
     if place is not None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from prism import processes
-from prism.launcher import Stage, http_ok
+from prism.launcher import StageProcess, http_ok
 from prism.rpc import check_health
 
 LOOPBACK = "127.0.0.1"
@@ -132,7 +132,7 @@ class Hosts:
         netem.stdin.flush()
 
 
-def place(stages: list[Stage], placement: dict[str, Host]) -> None:
+def place(stages: list[StageProcess], placement: dict[str, Host]) -> None:
     """Moves every stage of a loopback plan onto its host in `placement` (by stage name):
     its command runs in the host's namespace, its addresses and its peers' are the
     hosts'."""

@@ -22,16 +22,17 @@ server or Consul Connect needs it.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import re
-from dataclasses import dataclass, field
 from importlib.metadata import version
 from typing import Any
 
+from prism.config.common import AddressConfig, MetricsConfig, ModelConfig
+from prism.config.deploy import KubernetesConfig
+from prism.config.stages import MeshConfig, ServeConfig
 from prism.deploy import network_policy, security, tls
 from prism.deploy.ports import ENGINES, HEALTH_PORT, KV_PORT, METRICS_PORT, UCX_PORTS, port
-from prism.launcher import MeshConfig, plan
+from prism.launcher import plan
 
 # The image this checkout builds, by its fixed version.
 IMAGE = f"prism:{version('prism-mesh')}"
@@ -47,48 +48,16 @@ UPSTREAMS = {"processor": 21001, "encoder": 21002, "worker": 21003, "prefill": 2
 _REWRITTEN = {"--host", "--port", "--metrics-port", "--kv-port", "--kv-host", "--peer"}
 
 
-@dataclass
-class Settings:
-    """What a deployment chooses beyond the mode's plan."""
-
-    mode: str
-    model: str
-    name: str = "prism"
-    namespace: str = "prism"
-    image: str = IMAGE
-    # The model from a PersistentVolumeClaim mounted at /models, or a tiny model each pod
-    # builds for itself (seeded: every pod builds the same), or else in the image.
-    model_pvc: str = ""
-    tiny_model: str = ""
-    replicas: dict[str, int] = field(default_factory=dict)
-    gpus: dict[str, int] = field(default_factory=dict)
-    # Stage → the most replicas a HorizontalPodAutoscaler may run (on CPU use).
-    autoscale: dict[str, int] = field(default_factory=dict)
-    # consul: every stage registers with Consul at `consul`; kubernetes: the API server;
-    # connect: consul-k8s registers the pods and injects an Envoy sidecar into each, and
-    # a stage calls each role through its sidecar's upstream listener.
-    discovery: str = "consul"
-    consul: str = "consul-server.consul:8500"
-    shutdown_grace_s: int = 30
-    # The Secret of the stages' certificates (prism.deploy.tls); "": plaintext between them.
-    # Connect's sidecars bring their own mutual TLS.
-    tls_secret: str = "prism-tls"
-    # The namespace whose pods (Prometheus) may scrape the stages' metrics.
-    metrics_namespace: str = "monitoring"
-    # MeshConfig fields beyond mode and model (routing, transfer, parsers, ...).
-    mesh: dict[str, Any] = field(default_factory=dict)
-
-
 def _stage_kind(name: str) -> str:
     """`prefill-0` → `prefill`: a Deployment per stage, whatever its replicas."""
     return re.sub(r"-\d+$", "", name)
 
 
-def _tls(settings: Settings) -> bool:
+def _tls(settings: KubernetesConfig) -> bool:
     return bool(settings.tls_secret) and settings.discovery != "connect"
 
 
-def _container_args(kind: str, argv: list[str], settings: Settings) -> list[str]:
+def _container_args(kind: str, argv: list[str], settings: KubernetesConfig) -> list[str]:
     """The plan's command line as the image's entrypoint (`prism`) takes it: bound to the
     pod's interfaces on fixed ports, reached at the pod's IP, peers found through Consul
     (or the API server, by the stages that call others), under mutual TLS."""
@@ -110,10 +79,10 @@ def _container_args(kind: str, argv: list[str], settings: Settings) -> list[str]
     # Only the static registry has peers (one per replica): here, each role's upstream.
     for role in dict.fromkeys(_peer_roles(args)):
         kept += ["--peer", f"{role}=127.0.0.1:{UPSTREAMS[role]}"]
-    kept += ["--host", "0.0.0.0", "--port", str(port(kind)), "--advertise-host", "$(POD_IP)",
+    kept += [*AddressConfig("0.0.0.0", port(kind)).to_argv(), "--advertise-host", "$(POD_IP)",
              "--shutdown-grace-s", str(settings.shutdown_grace_s)]  # fmt: skip
     if kind != "gateway":
-        kept += ["--metrics-port", str(METRICS_PORT)]
+        kept += MetricsConfig(metrics_port=METRICS_PORT).to_argv()
     if "--kv-port" in args:
         kept += ["--kv-host", "$(POD_IP)", "--kv-port", str(KV_PORT)]
     if _tls(settings):
@@ -126,7 +95,7 @@ def _peer_roles(args: list[str]) -> list[str]:
     return [value.partition("=")[0] for arg, value in itertools.pairwise(args) if arg == "--peer"]
 
 
-def _probes(kind: str, settings: Settings) -> dict[str, Any]:
+def _probes(kind: str, settings: KubernetesConfig) -> dict[str, Any]:
     served = port(kind)
     if kind == "gateway":
         ready: dict[str, Any] = {"httpGet": {"path": "/health", "port": served}}
@@ -142,7 +111,7 @@ def _probes(kind: str, settings: Settings) -> dict[str, Any]:
     }
 
 
-def _resources(kind: str, settings: Settings) -> dict[str, Any]:
+def _resources(kind: str, settings: KubernetesConfig) -> dict[str, Any]:
     """Requests, and limits at twice as much: room for bursts (an engine's start-up, a
     batch of large images) that cannot starve the node. An engine's /dev/shm counts
     against its memory."""
@@ -152,13 +121,13 @@ def _resources(kind: str, settings: Settings) -> dict[str, Any]:
         "requests": {"cpu": str(cpu), "memory": f"{memory}Gi"},
         "limits": {"cpu": str(2 * cpu), "memory": f"{2 * memory}Gi"},
     }
-    if gpus := settings.gpus.get(kind, 0):
+    if gpus := _counts(settings, "gpus").get(kind, 0):
         # Kubernetes takes extended resources as limits (requests default to them).
         resources["limits"]["nvidia.com/gpu"] = gpus
     return resources
 
 
-def _labels(kind: str, settings: Settings) -> dict[str, str]:
+def _labels(kind: str, settings: KubernetesConfig) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "prism",
         "app.kubernetes.io/instance": settings.name,
@@ -166,11 +135,11 @@ def _labels(kind: str, settings: Settings) -> dict[str, str]:
     }
 
 
-def _meta(name: str, kind: str, settings: Settings) -> dict[str, Any]:
+def _meta(name: str, kind: str, settings: KubernetesConfig) -> dict[str, Any]:
     return {"name": name, "namespace": settings.namespace, "labels": _labels(kind, settings)}
 
 
-def _token(kind: str, settings: Settings) -> str:
+def _token(kind: str, settings: KubernetesConfig) -> str:
     """Why stage `kind` needs its service-account token, or "" when it does not."""
     if settings.discovery == "kubernetes" and kind in network_policy.CALLERS:
         return "it reads EndpointSlices through the API server (prism.registry.kubernetes)"
@@ -179,14 +148,14 @@ def _token(kind: str, settings: Settings) -> str:
     return ""
 
 
-def _container(name: str, settings: Settings, **fields: Any) -> dict[str, Any]:
+def _container(name: str, settings: KubernetesConfig, **fields: Any) -> dict[str, Any]:
     """A container of the mesh: the image, `fields`, bounded and hardened."""
-    return {"name": name, "image": settings.image, "imagePullPolicy": "IfNotPresent", **fields,
+    return {"name": name, "image": _image(settings), "imagePullPolicy": "IfNotPresent", **fields,
             "resources": _resources(name, settings),
             "securityContext": security.container_context()}  # fmt: skip
 
 
-def _pod(kind: str, args: list[str], settings: Settings) -> dict[str, Any]:
+def _pod(kind: str, args: list[str], settings: KubernetesConfig) -> dict[str, Any]:
     served = port(kind)
     ports = [{"name": "http" if kind == "gateway" else "grpc", "containerPort": served}]
     if kind != "gateway":
@@ -202,7 +171,7 @@ def _pod(kind: str, args: list[str], settings: Settings) -> dict[str, Any]:
         # NIXL pod to pod: UCX's TCP transport works on every network; GPU pods let UCX
         # pick its GPU transports too. Its listeners stay in the range the NetworkPolicies
         # open.
-        transports = "all" if settings.gpus.get(kind) else "tcp,self"
+        transports = "all" if _counts(settings, "gpus").get(kind) else "tcp,self"
         env.append({"name": "UCX_TLS", "value": transports})
         env.append({"name": "UCX_TCP_PORT_RANGE", "value": "{}-{}".format(*UCX_PORTS)})
     mounts, volumes = security.writable()
@@ -264,10 +233,10 @@ def _pod(kind: str, args: list[str], settings: Settings) -> dict[str, Any]:
             "spec": spec}  # fmt: skip
 
 
-def _objects(kind: str, args: list[str], settings: Settings) -> list[dict[str, Any]]:
+def _objects(kind: str, args: list[str], settings: KubernetesConfig) -> list[dict[str, Any]]:
     name = f"{settings.name}-{kind}"
     selector = {"matchLabels": _labels(kind, settings)}
-    replicas = settings.replicas.get(kind, 1)
+    replicas = _counts(settings, "replicas").get(kind, 1)
     served = port(kind)
     service_port = {"name": "http" if kind == "gateway" else "grpc", "port": served,
                     "targetPort": served}  # fmt: skip
@@ -281,7 +250,7 @@ def _objects(kind: str, args: list[str], settings: Settings) -> list[dict[str, A
             "kind": "Deployment",
             "metadata": {
                 **_meta(name, kind, settings),
-                "annotations": security.skips(settings.image, _token(kind, settings)),
+                "annotations": security.skips(_image(settings), _token(kind, settings)),
             },
             "spec": {
                 "replicas": replicas,
@@ -306,7 +275,7 @@ def _objects(kind: str, args: list[str], settings: Settings) -> list[dict[str, A
         objects.append({"apiVersion": "v1", "kind": "ServiceAccount",
                         "metadata": _meta(name, kind, settings),
                         "automountServiceAccountToken": False})  # fmt: skip
-    if kind in settings.autoscale:
+    if autoscale := _counts(settings, "autoscale").get(kind):
         objects.append({
             "apiVersion": "autoscaling/v2",
             "kind": "HorizontalPodAutoscaler",
@@ -314,7 +283,7 @@ def _objects(kind: str, args: list[str], settings: Settings) -> list[dict[str, A
             "spec": {
                 "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
                 "minReplicas": replicas,
-                "maxReplicas": settings.autoscale[kind],
+                "maxReplicas": autoscale,
                 "metrics": [{"type": "Resource", "resource": {
                     "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80},
                 }}],
@@ -323,7 +292,7 @@ def _objects(kind: str, args: list[str], settings: Settings) -> list[dict[str, A
     return objects
 
 
-def _discovery_access(settings: Settings) -> list[dict[str, Any]]:
+def _discovery_access(settings: KubernetesConfig) -> list[dict[str, Any]]:
     """The service account of the stages that discover others, which may read the
     EndpointSlices of its namespace; its token is mounted only in their pods."""
     meta = {
@@ -348,7 +317,7 @@ def _discovery_access(settings: Settings) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def _registry(settings: Settings) -> list[str]:
+def _registry(settings: KubernetesConfig) -> list[str]:
     if settings.discovery == "kubernetes":
         return ["--registry", f"kubernetes:///{settings.name}"]
     if settings.discovery == "consul":
@@ -358,13 +327,13 @@ def _registry(settings: Settings) -> list[str]:
     raise ValueError(f"discovery is consul, connect or kubernetes, not {settings.discovery!r}")
 
 
-def stages(settings: Settings) -> dict[str, list[str]]:
+def stages(settings: KubernetesConfig) -> dict[str, list[str]]:
     """Each stage of the mode, in start order, and its container's arguments."""
     config = MeshConfig(
-        mode=settings.mode,
-        model=settings.model,
+        ModelConfig(settings.model),
+        ServeConfig(settings.mode),
+        routing=settings.routing,
         registry_args=_registry(settings),
-        **settings.mesh,
     )
     out: dict[str, list[str]] = {}
     for stage in plan(config):
@@ -373,12 +342,11 @@ def stages(settings: Settings) -> dict[str, list[str]]:
     return out
 
 
-def manifests(settings: Settings) -> list[dict[str, Any]]:
+def manifests(settings: KubernetesConfig) -> list[dict[str, Any]]:
     """The mesh's Kubernetes objects."""
     planned = stages(settings)
-    for what, given in (("replicas", settings.replicas), ("gpus", settings.gpus),
-                        ("autoscale", settings.autoscale)):  # fmt: skip
-        unknown = sorted(set(given) - set(planned))
+    for what in ("replicas", "gpus", "autoscale"):
+        unknown = sorted(set(_counts(settings, what)) - set(planned))
         if unknown:
             raise ValueError(
                 f"--{what}: mode {settings.mode} has no stage {', '.join(unknown)} "
@@ -400,35 +368,19 @@ def manifests(settings: Settings) -> list[dict[str, Any]]:
     return [security.namespace(settings.namespace, enforce), *access, *objects, *policies]
 
 
-def _pairs(values: list[str], flag: str) -> dict[str, int]:
+def _counts(settings: KubernetesConfig, what: str) -> dict[str, int]:
+    """`--replicas`, `--gpus` or `--autoscale` (`what`): STAGE → N."""
     out = {}
-    for value in values:
+    for value in getattr(settings, what):
         role, sep, count = value.partition("=")
         if not sep or not count.isdigit():
-            raise SystemExit(f"{flag} takes STAGE=N, got {value!r}")
+            raise SystemExit(f"--{what} takes STAGE=N, got {value!r}")
         out[role] = int(count)
     return out
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
-    return Settings(
-        mode=args.mode,
-        model=args.model,
-        name=args.name,
-        namespace=args.namespace,
-        image=args.image or IMAGE,
-        model_pvc=args.model_pvc,
-        tiny_model=args.tiny_model,
-        replicas=_pairs(args.replicas, "--replicas"),
-        gpus=_pairs(args.gpus, "--gpus"),
-        autoscale=_pairs(args.autoscale, "--autoscale"),
-        discovery=args.discovery,
-        consul=args.consul,
-        shutdown_grace_s=args.shutdown_grace_s,
-        tls_secret=args.tls_secret,
-        metrics_namespace=args.metrics_namespace,
-        mesh={"routing": args.routing, "kv_overlap_weight": args.kv_overlap_weight},
-    )
+def _image(settings: KubernetesConfig) -> str:
+    return settings.image or IMAGE
 
 
 def render(objects: list[dict[str, Any]]) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from prism.config.common import MetricsConfig, TlsConfig
 from prism.deploy.ports import HEALTH_PORT
 
 MOUNT = "/etc/prism/tls"
@@ -32,11 +33,10 @@ def server_name(mesh: str) -> str:
 
 def args(mesh: str, kind: str) -> list[str]:
     """The TLS flags of stage `kind` of the mesh named `mesh`."""
-    out = ["--tls-cert", f"{MOUNT}/tls.crt", "--tls-key", f"{MOUNT}/tls.key",
-           "--tls-ca", f"{MOUNT}/ca.crt", "--tls-server-name", server_name(mesh)]  # fmt: skip
-    if kind != "gateway":  # the gateway's /health is HTTP, outside TLS
-        out += ["--health-port", str(HEALTH_PORT)]
-    return out
+    files = TlsConfig(f"{MOUNT}/tls.crt", f"{MOUNT}/tls.key", f"{MOUNT}/ca.crt", server_name(mesh))
+    if kind == "gateway":  # the gateway's /health is HTTP, outside TLS
+        return files.to_argv()
+    return [*files.to_argv(), *MetricsConfig(health_port=HEALTH_PORT).to_argv()]
 
 
 def volume(secret: str) -> tuple[dict[str, Any], dict[str, Any]]:

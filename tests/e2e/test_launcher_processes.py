@@ -11,7 +11,7 @@ from pathlib import Path
 
 from conftest import wait_for
 
-from prism.launcher import Mesh, Stage
+from prism.launcher import Mesh, StageProcess
 from prism.supervisor import RestartPolicy, Supervisor
 
 
@@ -31,8 +31,8 @@ def test_a_stage_that_exits_leaves_no_processes_behind_and_is_started_again(tmp_
     # The first time: a child that would outlive the stage, then exit 3; then it serves.
     script = (f"if [ -e {started} ]; then exec sleep 30; fi; touch {started}; "
               "sleep 30 & exit 3")  # fmt: skip
-    stage = Stage("encoder-0", "", ["sh", "-c", script], lambda: True)
-    other = Stage("processor", "", ["sleep", "30"], lambda: True)
+    stage = StageProcess("encoder-0", "", ["sh", "-c", script], lambda: True)
+    other = StageProcess("processor", "", ["sleep", "30"], lambda: True)
     mesh = Mesh([stage, other])
     for each in mesh.stages:
         mesh.spawn(each)
@@ -65,7 +65,7 @@ def test_stopping_a_mesh_ends_a_stage_that_ignores_sigterm(tmp_path):
                 "print('up', flush=True); time.sleep(60)"]  # fmt: skip
     output = tmp_path / "gateway.log"
     # Healthy once it says so: from then on it ignores SIGTERM.
-    stage = Stage("gateway", "", stubborn, lambda: output.read_text() == "up\n")
+    stage = StageProcess("gateway", "", stubborn, lambda: output.read_text() == "up\n")
     mesh = Mesh([stage])
     with output.open("w") as log:
         mesh.start(timeout=10, log=log)

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 
 from prism.cli import build_parser
+from prism.config.deploy import KubernetesConfig
 from prism.deploy import kubernetes, security
-from prism.deploy.kubernetes import Settings, manifests
+from prism.deploy.kubernetes import manifests
 from prism.deploy.ports import CONNECT_INBOUND_PORT, HEALTH_PORT, KV_PORT, METRICS_PORT, UCX_PORTS
 from prism.modes import MODES
 
@@ -41,8 +42,8 @@ def flag(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]
 
 
-def settings(mode: str, **given) -> Settings:
-    return Settings(mode=mode, model="/models/tiny-llava", tiny_model="llava", **given)
+def settings(mode: str, **given) -> KubernetesConfig:
+    return KubernetesConfig(mode=mode, model="/models/tiny-llava", tiny_model="llava", **given)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -107,8 +108,8 @@ def test_probes_are_on_the_ports_the_stages_serve(mode):
 
 
 def test_gpus_replicas_and_autoscaling_where_asked():
-    objects = manifests(settings("e/p/d", gpus={"prefill": 1, "decode": 2},
-                                 replicas={"decode": 3}, autoscale={"decode": 6}))  # fmt: skip
+    objects = manifests(settings("e/p/d", gpus=["prefill=1", "decode=2"],
+                                 replicas=["decode=3"], autoscale=["decode=6"]))  # fmt: skip
     by_stage = deployments(objects)
     limits = {stage: container(d)["resources"]["limits"] for stage, d in by_stage.items()}
     gpus = {
@@ -125,11 +126,11 @@ def test_gpus_replicas_and_autoscaling_where_asked():
 
 def test_a_stage_the_mode_lacks_is_refused_by_name():
     with pytest.raises(ValueError, match="mode epd has no stage decode"):
-        manifests(settings("epd", replicas={"decode": 2}))
+        manifests(settings("epd", replicas=["decode=2"]))
 
 
 def test_the_model_comes_from_a_claim_or_is_built_in_each_pod():
-    claimed = manifests(Settings(mode="epd", model="/models/m", model_pvc="models"))
+    claimed = manifests(KubernetesConfig(mode="epd", model="/models/m", model_pvc="models"))
     worker = pod(deployments(claimed)["worker"])
     (models,) = [volume for volume in worker["volumes"] if volume["name"] == "models"]
     assert models["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}

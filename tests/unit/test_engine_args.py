@@ -4,9 +4,10 @@ except those a worker's role and Prism's own flags decide."""
 from __future__ import annotations
 
 import pytest
+from conftest import mesh_config
 
 from prism import cli
-from prism.launcher import MeshConfig, plan
+from prism.launcher import plan
 from prism.modes import EngineRole
 from prism.services.worker.engine import engine_args, vllm_flags
 
@@ -56,7 +57,7 @@ def test_serve_passes_vllm_engine_arguments_to_every_engine():
     args.engine_gpus = 1
     assert cli._vllm_flags(cli.build_parser(), args, unknown) == unknown
     assert args.engine_gpus == 2
-    config = MeshConfig(mode="ep/d", model="m", gpus=["none"], vllm_flags=unknown)
+    config = mesh_config("ep/d", "m", gpus=["none"], vllm_flags=unknown)
     engines = [stage for stage in plan(config) if stage.name.startswith(("prefill", "decode"))]
     for stage in engines:
         start = stage.argv.index("--max-num-seqs")

@@ -4,10 +4,11 @@ memory each engine may take."""
 from __future__ import annotations
 
 import pytest
+from conftest import mesh_config
 
 from prism import gpus
 from prism.gpus import Placement, Unit, place
-from prism.launcher import MeshConfig, endpoints, plan
+from prism.launcher import endpoints, plan
 
 
 def units(*engines: str, encoders: int = 0, width: int = 1) -> list[Unit]:
@@ -83,7 +84,7 @@ def test_visible_gpus_follow_cuda_visible_devices(monkeypatch):
 
 
 def test_serve_holds_each_stage_to_its_gpus_and_prints_the_plan(monkeypatch):
-    config = MeshConfig(mode="e/p/d", model="m", gpus=["0,1"],
+    config = mesh_config("e/p/d", "m", gpus=["0,1"],
                         vllm_flags=["--max-num-seqs", "8"])  # fmt: skip
     stages = {stage.name: stage for stage in plan(config)}
     prefill, decode, encoder = stages["prefill-0"], stages["decode-0"], stages["encoder-0"]
@@ -108,12 +109,12 @@ def test_the_status_names_each_stages_gpus(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
 
     class Running:
-        stages = plan(MeshConfig(mode="e/pd", model="m"))
+        stages = plan(mesh_config("e/pd", "m"))
 
         def address(self, name: str) -> str:
             return "a"
 
-    status = endpoints(MeshConfig(mode="e/pd", model="m"), Running())  # type: ignore[arg-type]
+    status = endpoints(mesh_config("e/pd", "m"), Running())  # type: ignore[arg-type]
     by_name = {stage["name"]: stage for stage in status["stages"]}
     assert by_name["worker-0"]["gpus"] == [7]
     assert by_name["worker-0"]["gpu_memory_fraction"] == 0.8

@@ -6,10 +6,12 @@ import json
 import os
 
 import pytest
+from conftest import mesh_config
 
-from prism import cli, launcher
+from prism import launcher
 from prism.cli import _forwarded_registry_args, build_parser
-from prism.launcher import MeshConfig, plan
+from prism.config.stages import MeshConfig
+from prism.launcher import plan
 from prism.ports import _ephemeral_ports, free_port
 
 
@@ -19,7 +21,7 @@ def flag(argv: list[str], name: str) -> list[str]:
 
 @pytest.mark.parametrize("mode,prefill_role", [("e/p/d", "prefill"), ("ep/d", "encode_prefill")])
 def test_disaggregated_modes_wire_prefill_and_decode(mode, prefill_role):
-    stages = plan(MeshConfig(mode=mode, model="m", prefill_workers=2, decode_workers=1))
+    stages = plan(mesh_config(mode, "m", prefill_workers=2, decode_workers=1))
     names = [stage.name for stage in stages]
     encoders = ["encoder-0"] if mode == "e/p/d" else []
     assert names == [*encoders, "prefill-0", "prefill-1", "decode-0", "processor", "gateway"]
@@ -40,7 +42,7 @@ def test_disaggregated_modes_wire_prefill_and_decode(mode, prefill_role):
 def test_engines_get_disjoint_cores():
     if "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
         pytest.skip("the caller chose the cores")
-    stages = plan(MeshConfig(mode="ep/d", model="m"))
+    stages = plan(mesh_config("ep/d", "m"))
     prefill, decode = (s for s in stages if s.name in ("prefill-0", "decode-0"))
     assert prefill.cpus and decode.cpus
     if len(os.sched_getaffinity(0)) >= 2:
@@ -48,7 +50,7 @@ def test_engines_get_disjoint_cores():
     assert prefill.env["VLLM_CPU_OMP_THREADS_BIND"] == ",".join(map(str, sorted(prefill.cpus)))
     # More engines than cores: the prefill keeps a core of its own, the decodes share.
     cores = len(os.sched_getaffinity(0))
-    stages = plan(MeshConfig(mode="e/p/d", model="m", decode_workers=cores + 1))
+    stages = plan(mesh_config("e/p/d", "m", decode_workers=cores + 1))
     prefill, *decodes = (s for s in stages if s.name.startswith(("prefill", "decode")))
     assert all(not prefill.cpus & decode.cpus for decode in decodes)
 
@@ -60,7 +62,7 @@ def test_free_ports_avoid_the_ephemeral_range():
 
 def test_a_dynamic_registry_replaces_the_static_peers():
     consul = ["--registry", "consul://127.0.0.1:8500", "--consul-check-interval", "1s"]
-    stages = plan(MeshConfig(mode="e/pd", model="m", encoders=2, workers=2,
+    stages = plan(mesh_config("e/pd", "m", encoders=2, workers=2,
                              routing="least-loaded", registry_args=consul))  # fmt: skip
     assert [s.name for s in stages] == [
         "encoder-0",
@@ -96,7 +98,7 @@ def test_parsers_go_to_the_processor_and_reasoning_to_every_engine():
         ["serve", "--model", "m", "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
          "--reasoning-parser", "deepseek_r1"]
     )  # fmt: skip
-    config = MeshConfig(mode="e/p/d", model="m", tool_call_parser=args.tool_call_parser,
+    config = mesh_config("e/p/d", "m", tool_call_parser=args.tool_call_parser,
                         enable_auto_tool_choice=args.enable_auto_tool_choice,
                         reasoning_parser=args.reasoning_parser)  # fmt: skip
     by_name = {stage.name: stage for stage in plan(config)}
@@ -107,14 +109,14 @@ def test_parsers_go_to_the_processor_and_reasoning_to_every_engine():
         assert flag(by_name[name].argv, "--reasoning-parser") == ["deepseek_r1"], name
     for name in ("prefill-0", "decode-0", "encoder-0", "gateway"):
         assert not flag(by_name[name].argv, "--tool-call-parser"), name
-    plain = plan(MeshConfig(mode="epd", model="m"))
+    plain = plan(mesh_config("epd", "m"))
     assert not any("--reasoning-parser" in stage.argv for stage in plain)
 
 
 def test_the_public_grpc_api_and_kserve_are_where_serve_is_told():
     args = build_parser().parse_args(["serve", "--model", "m"])
     assert (args.grpc_port, args.grpc_host, args.kserve_grpc_port) == (50050, "", 0)
-    config = MeshConfig(mode="epd", model="m", grpc_host="0.0.0.0", grpc_port=50050,
+    config = mesh_config("epd", "m", grpc_host="0.0.0.0", grpc_port=50050,
                         kserve_grpc_port=8001)  # fmt: skip
     by_name = {stage.name: stage for stage in plan(config)}
     processor, gateway = by_name["processor"], by_name["gateway"]
@@ -129,13 +131,13 @@ def test_the_public_grpc_api_and_kserve_are_where_serve_is_told():
     assert flag(gateway.argv, "--max-in-flight") == ["256"]
     assert flag(by_name["worker-0"].argv, "--host") == ["127.0.0.1"]
     # Port 0: a free one; no KServe unless asked.
-    default = {stage.name: stage for stage in plan(MeshConfig(mode="epd", model="m"))}
+    default = {stage.name: stage for stage in plan(mesh_config("epd", "m"))}
     assert int(flag(default["processor"].argv, "--port")[0]) > 0
     assert not flag(default["gateway"].argv, "--kserve-grpc-port")
 
 
 def test_serve_describes_every_endpoint_and_writes_them_as_json(tmp_path):
-    config = MeshConfig(mode="e/p/d", model="m", served_model_name="tiny", kserve_grpc_port=8001)
+    config = mesh_config("e/p/d", "m", served_model_name="tiny", kserve_grpc_port=8001)
     mesh = launcher.Mesh(plan(config))
     status = launcher.endpoints(config, mesh)
     assert status["model"] == "tiny" and status["openai"] == "http://127.0.0.1:8000/v1"
@@ -162,10 +164,8 @@ def test_simulated_engines_get_their_flags_and_no_cores_of_their_own(monkeypatch
         ["serve", "--model", "m", "--mode", "ep/d", "--engine", "sim", "--decode", "2",
          "--sim-decode-step-ms", "2.5"]
     )  # fmt: skip
-    forwarded = cli._forward(args, cli.SIM_FLAGS)
-    assert flag(forwarded, "--sim-decode-step-ms") == ["2.5"]
-    config = MeshConfig(mode="ep/d", model="m", decode_workers=2, engine="sim",
-                        engine_args=forwarded)  # fmt: skip
+    config = MeshConfig.from_args(args)
+    assert config.sim.sim_decode_step_ms == 2.5
     engines = [stage for stage in plan(config) if stage.name.startswith(("prefill", "decode"))]
     assert len(engines) == 3
     for stage in engines:

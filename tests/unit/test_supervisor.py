@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from prism import processes
-from prism.launcher import Stage
+from prism.launcher import StageProcess
 from prism.supervisor import GaveUp, RestartPolicy, Supervisor
 
 
@@ -28,7 +28,7 @@ class FakeMesh:
     def __init__(self) -> None:
         self.spawned: list[str] = []
 
-    def spawn(self, stage: Stage, log: object = None) -> None:
+    def spawn(self, stage: StageProcess, log: object = None) -> None:
         self.spawned.append(stage.name)
         stage.process = FakeProcess()
 
@@ -45,7 +45,7 @@ class Clock:
 def supervised(monkeypatch):
     monkeypatch.setattr("prism.supervisor.kill_group", lambda process: None)
     healthy = {"encoder-0": False}
-    stage = Stage("encoder-0", "", [], lambda: healthy["encoder-0"])
+    stage = StageProcess("encoder-0", "", [], lambda: healthy["encoder-0"])
     mesh, clock, reports = FakeMesh(), Clock(), []
     mesh.spawn(stage)
     mesh.spawned.clear()

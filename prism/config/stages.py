@@ -1,0 +1,203 @@
+"""The configs of one stage each (worker, encoder, processor, gateway), and `prism serve`'s:
+its own flags, and `MeshConfig`, everything it takes, which the launcher hands out to the
+stages it starts."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from prism.config.common import (
+    FetchConfig,
+    LimitConfig,
+    LogConfig,
+    MediaConfig,
+    ModelConfig,
+    ReasoningConfig,
+    RoutingConfig,
+    TlsConfig,
+    ToolsConfig,
+    TransferConfig,
+)
+from prism.config.flags import Flags, flag, nested
+from prism.modes import MODES, EngineRole
+from prism.services.worker.sim_engine import SimConfig
+
+_SIM = SimConfig()
+
+
+@dataclass
+class EngineConfig(Flags):
+    dtype: str = flag("auto", "weights dtype (auto: float32 on CPU, else the model's)",
+                      always=True)  # fmt: skip
+    kv_cache_gib: int = flag(1, "KV cache size on CPU (GiB)", always=True)
+    engine: str = flag(
+        "vllm",
+        "vllm, or sim: a simulated engine without a model (vLLM-like batching and "
+        "prefix cache, timing from the --sim-* flags), for routing, migration and load",
+        choices=("vllm", "sim"),
+        always=True,
+    )
+
+
+@dataclass
+class SimEngineConfig(Flags):
+    """The simulated engine's timing and sizes (prism.services.worker.sim_engine)."""
+
+    group = "simulated engine (--engine sim)"
+
+    sim_prefill_tokens_per_s: float = flag(_SIM.prefill_tokens_per_s,
+                                           "prompt tokens computed a second")  # fmt: skip
+    sim_decode_step_ms: float = flag(_SIM.decode_step_s * 1000,
+                                     "time of each step, besides its prompt tokens")  # fmt: skip
+    sim_block_size: int = flag(_SIM.block_size, "tokens per KV block")
+    sim_kv_blocks: int = flag(_SIM.num_blocks, "KV cache size in blocks")
+    sim_max_num_seqs: int = flag(_SIM.max_num_seqs, "sequences a step may hold")
+    sim_max_num_batched_tokens: int = flag(_SIM.max_num_batched_tokens,
+                                           "tokens a step may compute")  # fmt: skip
+    sim_media_tokens: int = flag(16, "prompt tokens an image or video file takes")
+    sim_kv_tokens_per_s: float = flag(
+        1_000_000.0, "decode: prompt tokens of KV read from prefill a second"
+    )
+
+
+@dataclass
+class WorkerConfig(Flags):
+    """`prism worker`'s own flags."""
+
+    role: EngineRole = flag(
+        EngineRole.AGGREGATED,
+        "aggregated: whole answers; prefill (images as embeddings) and encode_prefill "
+        "(images as pixels): the prompt's KV cache and first token; decode: the rest",
+        always=True,
+    )
+    seed: int = flag(0)
+    enable_mm_embeds: bool = flag(
+        False,
+        "take precomputed embeddings (an encoder's, read over NIXL, or a client's, inline) "
+        "instead of images (implied by --role prefill and decode)",
+    )
+    kv_host: str = flag(
+        "", "address of the KV side channel that decode workers connect to (default: --host)"
+    )
+    kv_port: int = flag(0, "KV side channel port (default: a free port)")
+    kv_lease_s: int = flag(
+        30, "prefill roles: free a prompt's KV after this long if no decode reads it"
+    )
+    pool_mib: int = flag(256, "NIXL read buffer (MiB)")
+    engine_nice: int | None = flag(
+        None,
+        "run the engine's processes this much nicer than the mesh's request path "
+        "(default: 10 on the CPU backend, where they share its cores; 0 elsewhere)",
+    )
+
+
+@dataclass
+class EncoderConfig(Flags):
+    """`prism encoder`'s own flags."""
+
+    pool_mib: int = flag(256, "NIXL embedding pool (MiB)")
+    cache_mib: int = flag(256, "embedding cache (MiB)")
+    device: str = flag(
+        "auto",
+        "where the vision path runs and its embeddings are published: cpu, cuda, "
+        "cuda:N (auto: the accelerator when there is one)",
+    )
+    dtype: str = flag(
+        "auto",
+        "the vision path's dtype (auto: float32 on CPU, as the CPU engine; else the "
+        "checkpoint's 16-bit dtype)",
+    )
+    batch_size: int = flag(
+        32, "most items (images, or videos) of concurrent requests encoded in one pass"
+    )
+    batch_wait_ms: float = flag(2.0, "how long an item waits for others to share its forward pass")
+    lease_s: float = flag(30.0, "free unread embeddings after this long")
+
+
+@dataclass
+class ProcessorConfig(Flags):
+    """`prism processor`'s own flags."""
+
+    mode: str = flag("epd", choices=MODES, always=True)
+    enable_mm_embeds: bool = flag(False, "take image embeddings from clients (image_embeds parts)")
+    migration_limit: int = flag(
+        1, "times a request moves to another worker replica when the one streaming it dies"
+    )
+
+
+@dataclass
+class GatewayConfig(Flags):
+    api_key: str = flag(
+        help="require 'Authorization: Bearer KEY' on /v1 (default: PRISM_API_KEY; none if unset)",
+        factory=lambda: os.environ.get("PRISM_API_KEY", ""),
+        secret=True,
+    )
+    request_timeout: float = flag(
+        0, "seconds a generation may take before it ends with 504 (0: no limit)", always=True
+    )
+    kserve_grpc_port: int = flag(
+        0,
+        "also serve KServe v2 gRPC (inference.GRPCInferenceService, as Triton with its "
+        "vLLM backend) on this port (0: not served)",
+    )
+
+
+@dataclass
+class ServeConfig(Flags):
+    """`prism serve`'s own flags: which stages, how many, where."""
+
+    mode: str = flag("epd", choices=MODES)
+    encoders: int = flag(1, "encoder replicas (e/pd, e/p/d)")
+    gpus: list[str] = flag(
+        help="GPUs for the encoders and engines: auto (every GPU shown; the default), none, "
+        "a list (0,1,2: an engine per GPU while there are enough, else shared with memory "
+        "fractions), or once per role, ROLE=GPUS (--gpus encoder=0 --gpus prefill=1 "
+        "--gpus decode=2,3)",
+        factory=list,
+        metavar="GPUS",
+    )
+    workers: int = flag(1, "aggregated worker replicas (epd, e/pd)")
+    prefill_workers: int = flag(1, "prefill worker replicas (e/p/d, ep/d)", aliases=("--prefill",))
+    decode_workers: int = flag(1, "decode worker replicas (e/p/d, ep/d)", aliases=("--decode",))
+    host: str = flag("127.0.0.1")
+    http_port: int = flag(8000)
+    # The public gRPC API (the processor's InferenceService).
+    grpc_port: int = flag(
+        50050, "port of the public gRPC API, prism.v1.InferenceService (0: a free one)"
+    )
+    grpc_host: str = flag("", "address the public gRPC API binds (default: --host)")
+    status_file: str = flag(
+        "", "once ready, write every endpoint there as JSON (removed on exit)", metavar="PATH"
+    )
+    enable_mm_embeds: bool = flag(
+        False,
+        "take image embeddings from clients (image_embeds parts), as vLLM's flag: checked "
+        "against the model, safetensors only (never a pickle)",
+    )
+
+
+@dataclass
+class MeshConfig(Flags):
+    """Everything `prism serve` takes: the launcher hands each stage its part."""
+
+    model: ModelConfig = nested(ModelConfig)
+    serve: ServeConfig = nested(ServeConfig)
+    media: MediaConfig = nested(MediaConfig)
+    engine: EngineConfig = nested(EngineConfig)
+    sim: SimEngineConfig = nested(SimEngineConfig)
+    routing: RoutingConfig = nested(RoutingConfig)
+    transfer: TransferConfig = nested(TransferConfig)
+    fetch: FetchConfig = nested(FetchConfig)
+    gateway: GatewayConfig = nested(GatewayConfig)
+    limit: LimitConfig = nested(LimitConfig)
+    tools: ToolsConfig = nested(ToolsConfig)
+    reasoning: ReasoningConfig = nested(ReasoningConfig)
+    tls: TlsConfig = nested(TlsConfig)
+    # Not `prism serve`'s flags: the top-level ones, the registry flags every stage takes
+    # (e.g. --registry consul://...; none: the static registry), vLLM's engine arguments
+    # for every worker as `vllm serve` takes them, and the GPUs each engine spans.
+    log: LogConfig = field(default_factory=LogConfig)
+    registry_args: list[str] = field(default_factory=list)
+    vllm_flags: list[str] = field(default_factory=list)
+    engine_gpus: int = 1

@@ -1,0 +1,145 @@
+"""Typed configs (prism.config): a field's flag goes into a parser, back into the field and
+onto a stage's command line unchanged, and `prism serve` hands every flag it takes on."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import typing
+from typing import Any
+
+import pytest
+
+from prism.cli import build_parser
+from prism.config import common, deploy, stages
+from prism.config.common import LogConfig, ModelConfig
+from prism.config.flags import Flags, flag
+from prism.config.stages import MeshConfig, ServeConfig
+from prism.launcher import plan
+
+CONFIGS = [
+    cls
+    for module in (common, stages, deploy)
+    for cls in vars(module).values()
+    if isinstance(cls, type) and issubclass(cls, Flags) and cls.__module__ == module.__name__
+]
+LEAVES = [cls for cls in CONFIGS if cls is not MeshConfig]
+
+
+def other(field: dataclasses.Field, kind: Any) -> Any:
+    """A value of `field` (of type `kind`) other than its default."""
+    spec = field.metadata["flag"]
+    default = field.default
+    if kind is bool:
+        return True
+    if typing.get_origin(kind) is list:
+        return ["a", "b"]
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        return next(member for member in kind if member != default)
+    if spec.choices is not None:
+        return next(choice for choice in spec.choices if choice != default)
+    if kind is str:
+        return f"{field.name}-value"
+    return (default or 0) + (2.5 if kind is float else 7)
+
+
+def changed(cls: type[Flags]) -> dict[str, Any]:
+    """A value other than its default for every flag of `cls`."""
+    hints = typing.get_type_hints(cls)
+    return {
+        f.name: other(f, hints[f.name] if hints[f.name] != int | None else int)
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if "flag" in f.metadata
+    }
+
+
+def parse(cls: type[Flags], argv: list[str]) -> Flags:
+    parser = argparse.ArgumentParser()
+    cls.add_cli_args(parser)
+    return cls.from_args(parser.parse_args(argv))
+
+
+@pytest.mark.parametrize("cls", LEAVES, ids=lambda cls: cls.__name__)
+def test_every_flag_goes_from_argv_to_its_field_and_back(cls):
+    values = changed(cls)
+    config = cls(**values)
+    flags = {f.name: f.metadata["flag"] for f in dataclasses.fields(cls) if "flag" in f.metadata}
+    secret = {name for name, spec in flags.items() if spec.secret}
+    read = parse(cls, config.to_argv())
+    for name, value in values.items():
+        assert getattr(read, name) == (value if name not in secret else getattr(cls(), name))
+    # Defaults stay off the command line, but those a reader should see.
+    if "model" not in values:
+        always = {name for name, spec in flags.items() if spec.always}
+        assert parse(cls, cls().to_argv()) == cls()
+        assert {arg for arg in cls().to_argv() if arg.startswith("--")} == {
+            f"--{name.replace('_', '-')}" for name in always
+        }
+
+
+def test_a_field_declares_its_flag_help_default_and_choices_once():
+    @dataclasses.dataclass
+    class Example(Flags):
+        group = "example"
+        name: str = flag(help="required, with no default")
+        count: int = flag(3, "how many", aliases=("-n",), always=True)
+        kind: str = flag("a", choices=("a", "b"))
+        nice: int | None = flag(None, "an int, or nothing")
+        tags: list[str] = flag(help="repeatable", factory=list, metavar="TAG")
+        on: bool = flag(False, "a switch")
+
+    parser = argparse.ArgumentParser()
+    Example.add_cli_args(parser, count=5)
+    by_dest = {action.dest: action for action in parser._actions}
+    assert by_dest["name"].required and by_dest["name"].help == "required, with no default"
+    assert by_dest["count"].option_strings == ["-n", "--count"]
+    assert (by_dest["count"].default, by_dest["count"].type) == (5, int)
+    assert by_dest["kind"].choices == ("a", "b")
+    assert by_dest["nice"].type is int and by_dest["nice"].default is None
+    assert by_dest["tags"].metavar == "TAG"
+    args = parser.parse_args(["--name", "x", "--tags", "t1", "--tags", "t2", "--on"])
+    config = Example.from_args(args)
+    assert config == Example("x", 5, "a", None, ["t1", "t2"], True)
+    assert config.to_argv() == ["--name", "x", "--count", "5", "--tags", "t1", "--tags", "t2",
+                                "--on"]  # fmt: skip
+
+
+def test_serve_reads_its_flags_into_each_stages_config():
+    args = build_parser().parse_args(
+        ["serve", "--model", "m", "--mode", "e/p/d", "--prefill", "2", "--max-images", "3",
+         "--routing", "kv", "--tls-cert", "c.pem", "--request-timeout", "5"]
+    )  # fmt: skip
+    config = MeshConfig.from_args(args, log=LogConfig.from_args(args))
+    assert (config.serve.mode, config.serve.prefill_workers) == ("e/p/d", 2)
+    assert (config.model.model, config.media.max_images) == ("m", 3)
+    assert (config.routing.routing, config.tls.tls_cert) == ("kv", "c.pem")
+    assert config.gateway.request_timeout == 5.0 and config.log == LogConfig()
+
+
+def test_every_flag_serve_hands_on_reaches_a_stage(monkeypatch):
+    """Each flag `prism serve` takes for its stages, set to something other than its
+    default, is what some stage reads from its command line (the API key from its
+    environment, where `ps` does not show it)."""
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    hints = typing.get_type_hints(MeshConfig)
+    parts = {f.name: changed(hints[f.name]) for f in dataclasses.fields(MeshConfig)
+             if f.metadata.get("nested") and f.name not in ("model", "serve")}  # fmt: skip
+    parts["engine"]["engine"] = "sim"  # the simulated engine's flags go to sim engines only
+    config = MeshConfig(
+        ModelConfig(**changed(ModelConfig)),
+        ServeConfig("e/p/d", enable_mm_embeds=True),
+        **{name: hints[name](**values) for name, values in parts.items()},
+        log=LogConfig(**changed(LogConfig)),
+    )
+    planned = plan(config)
+    read = [build_parser().parse_args(stage.argv[3:]) for stage in planned]
+    gateway = next(stage for stage in planned if stage.name == "gateway")
+    assert gateway.env["PRISM_API_KEY"] == config.gateway.api_key
+    assert "--api-key" not in gateway.argv
+    del parts["gateway"]["api_key"]
+    given = {**changed(ModelConfig), **changed(LogConfig), "enable_mm_embeds": True}
+    for values in parts.values():
+        given |= values
+    for name, value in given.items():
+        assert any(getattr(args, name, None) == value for args in read), name
