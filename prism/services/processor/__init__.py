@@ -38,6 +38,7 @@ from prism.runtime.stage import Stage
 from prism.sampling import to_vllm
 from prism.services.processor.detokenize import Delta, Detokenizer
 from prism.services.processor.failover import Call
+from prism.services.processor.fan_out import UsageTally, merge, split
 from prism.services.processor.inputs import ModelInputs
 from prism.services.processor.logprobs import Logprobs
 from prism.services.processor.parsing import ChatParsing, Parsers, Step
@@ -316,26 +317,6 @@ class InferenceServicer:
             raise invalid(f"chat template failed: {exc}", "messages") from None
         return self.tokenizer.encode(prompt, add_special_tokens=False)
 
-    def _choices(
-        self, request_id: str, sampling: common_pb2.SamplingParams
-    ) -> list[tuple[str, common_pb2.SamplingParams]]:
-        """Each choice's engine request id and sampling, as vLLM splits a request with n > 1:
-        with a seed, choice i samples with seed + i."""
-        n = max(sampling.n, 1)
-        if n == 1:
-            return [(request_id, sampling)]
-        if sampling.HasField("seed") and sampling.seed + n - 1 >= 2**63:
-            raise invalid(f"seed + n - 1 must be below 2**63 (seed {sampling.seed})", "seed")
-        choices = []
-        for index in range(n):
-            params = common_pb2.SamplingParams()
-            params.CopyFrom(sampling)
-            params.n = 1
-            if sampling.HasField("seed"):
-                params.seed = sampling.seed + index
-            choices.append((f"{index}_{request_id}", params))
-        return choices
-
     def _check_sampling(self, sampling: common_pb2.SamplingParams, prompt_ids: list[int]) -> None:
         if len(prompt_ids) >= self.max_model_len:
             raise invalid(
@@ -386,10 +367,10 @@ class InferenceServicer:
         self._check_sampling(sampling, prompt_ids)
         if request_id in self._active:
             raise invalid(f"request id {request_id!r} is already running", "request_id")
-        choices = self._choices(request_id, sampling)
+        choices = split(request_id, sampling)
         calls = self._active[request_id] = [Call() for _ in choices]
         answer = _Answer(response_type, request_id, prompt_ids, media,
-                         _Tally(len(prompt_ids), len(choices)), echo, parsing)  # fmt: skip
+                         UsageTally(len(prompt_ids), len(choices)), echo, parsing)  # fmt: skip
         streams = [
             self._choice(answer, index, engine_id, params, calls[index])
             for index, (engine_id, params) in enumerate(choices)
@@ -538,71 +519,11 @@ class _Answer:
     request_id: str
     prompt_ids: list[int]
     media: PromptMedia
-    tally: _Tally
+    tally: UsageTally
     # The prompt's text, which starts each choice (completions' `echo`).
     echo: str | None
     # A chat's tools and parsers, where the server parses the output.
     parsing: ChatParsing | None = None
-
-
-class _Tally:
-    """A request's token counts, all choices together."""
-
-    def __init__(self, prompt_tokens: int, choices: int) -> None:
-        # What the processor counted, until the engine's first reply says.
-        self._prompt = engine_pb2.PromptUsage(prompt_tokens=prompt_tokens)
-        self._engine_said = False
-        self.sent = [0] * choices
-        self.reasoning = [0] * choices
-
-    def prompt(self, usage: engine_pb2.PromptUsage) -> None:
-        if not self._engine_said:
-            self._engine_said = True
-            self._prompt = engine_pb2.PromptUsage(
-                prompt_tokens=usage.prompt_tokens, cached_tokens=usage.cached_tokens
-            )
-
-    def usage(self) -> common_pb2.Usage:
-        completion = sum(self.sent)
-        return common_pb2.Usage(
-            prompt_tokens=self._prompt.prompt_tokens,
-            completion_tokens=completion,
-            total_tokens=self._prompt.prompt_tokens + completion,
-            cached_tokens=self._prompt.cached_tokens,
-            reasoning_tokens=sum(self.reasoning),
-        )
-
-
-async def merge(streams: list[AsyncIterator[Response]]) -> AsyncIterator[Response]:
-    """The messages of every stream as they come. The first error ends them all; closing
-    this closes every stream, which frees what each holds."""
-    queue: asyncio.Queue = asyncio.Queue()
-    done = object()
-
-    async def pump(stream: AsyncIterator[Response]) -> None:
-        try:
-            async for item in stream:
-                queue.put_nowait(item)
-        except Exception as exc:
-            queue.put_nowait(exc)
-        finally:
-            queue.put_nowait(done)
-
-    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
-    try:
-        running = len(tasks)
-        while running:
-            item = await queue.get()
-            if item is done:
-                running -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def context_length(model: str) -> int:
