@@ -11,23 +11,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import grpc
 from opentelemetry import trace
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
-from vllm.config import StructuredOutputsConfig
-from vllm.exceptions import VLLMClientError, VLLMValidationError
+from vllm.exceptions import VLLMValidationError
 from vllm.renderers.chat_utils import _postprocess_messages
 
-from prism import embeds, logs, rpc, telemetry
+from prism import logs, rpc, telemetry
 from prism.media import MediaLoader, PromptMedia, media_policy
 from prism.modes import MeshRole, mode
 from prism.registry import discovery_tags
@@ -36,6 +33,13 @@ from prism.rpc import PrismError, invalid
 from prism.runtime.service import Service
 from prism.runtime.stage import Stage
 from prism.sampling import to_vllm
+from prism.services.processor.checks import (
+    check_counts,
+    check_model,
+    check_placeholders,
+    check_sampling,
+    checked_embedding,
+)
 from prism.services.processor.detokenize import Delta, Detokenizer
 from prism.services.processor.failover import Call
 from prism.services.processor.fan_out import UsageTally, merge, split
@@ -44,7 +48,7 @@ from prism.services.processor.logprobs import Logprobs
 from prism.services.processor.parsing import ChatParsing, Parsers, Step
 from prism.services.processor.pipeline import Pipeline
 from prism.stage.v1 import encoder_pb2, engine_pb2
-from prism.v1 import common_pb2, errors_pb2, inference_pb2, inference_pb2_grpc
+from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +66,6 @@ _ROLE_NAMES = {
 Response = TypeVar("Response", inference_pb2.ChatResponse, inference_pb2.CompleteResponse)
 # A request's prompt: its token ids and its media.
 Prompt = tuple[list[int], PromptMedia]
-# What vLLM's structured-output check reads of the model's config.
-_NOT_DIFFUSION = SimpleNamespace(is_diffusion=False)
 
 
 @dataclass
@@ -113,15 +115,6 @@ class InferenceServicer:
         self.service.unary("ListModels", self.list_models)
         self.service.unary("Abort", self.abort)
 
-    def _check_model(self, model: str) -> None:
-        if model and model != self.served_model_name:
-            raise PrismError(
-                grpc.StatusCode.NOT_FOUND,
-                f"The model `{model}` does not exist.",
-                reason=errors_pb2.ERROR_REASON_MODEL_NOT_FOUND,
-                param="model",
-            )
-
     def _describe(self, request_id: str) -> None:
         """Names the request in this call's log lines and span."""
         if not logs.REQUEST_ID.get():
@@ -134,7 +127,7 @@ class InferenceServicer:
     def chat(self, request: inference_pb2.ChatRequest) -> AsyncIterator[inference_pb2.ChatResponse]:
         request_id = request.request_id or f"chatcmpl-{uuid.uuid4().hex}"
         self._describe(request_id)
-        self._check_model(request.model)
+        check_model(request.model, self.served_model_name)
         if request.sampling.HasField("prompt_logprobs"):
             raise invalid("prompt_logprobs are served on completions only", "prompt_logprobs")
         parsing = ChatParsing.of(self.parsers, self.tokenizer, request)
@@ -163,7 +156,7 @@ class InferenceServicer:
     ) -> AsyncIterator[inference_pb2.CompleteResponse]:
         request_id = request.request_id or f"cmpl-{uuid.uuid4().hex}"
         self._describe(request_id)
-        self._check_model(request.model)
+        check_model(request.model, self.served_model_name)
         kind = request.WhichOneof("prompt")
         if kind == "text" and request.text:
             prompt_ids = self.tokenizer.encode(request.text)
@@ -176,7 +169,9 @@ class InferenceServicer:
             raise invalid("prompt must not be empty", "prompt")
         images = list(request.images)
         if images:
-            self._check_placeholders(prompt_ids, len(images))
+            check_placeholders(
+                prompt_ids, len(images), self.inputs, self.loader.policy, self.tokenizer
+            )
 
         async def prompt() -> Prompt:
             loaded = await asyncio.gather(
@@ -192,26 +187,6 @@ class InferenceServicer:
         return self._answer(
             inference_pb2.CompleteResponse, request_id, prompt(), request.sampling, echo
         )
-
-    def _check_placeholders(self, prompt_ids: list[int], images: int) -> None:
-        """A prompt with images holds the model's image placeholder once for each, which
-        the engine expands to the image's tokens."""
-        token = self.inputs.image_token
-        if token is None:
-            raise invalid("this model does not accept images", "images")
-        if images > self.loader.policy.max_images:
-            raise invalid(
-                f"at most {self.loader.policy.max_images} images per request, got {images}",
-                "images",
-            )
-        placeholder = self.tokenizer.convert_ids_to_tokens(token)
-        found = prompt_ids.count(token)
-        if found != images:
-            raise invalid(
-                f"the prompt holds the image placeholder {placeholder!r} {found} times, "
-                f"for {images} images: put it in the prompt once for each image",
-                "prompt",
-            )
 
     def _conversation(
         self, messages: list[inference_pb2.ChatMessage]
@@ -244,14 +219,17 @@ class InferenceServicer:
                     media.videos.append((part.video, f"{where}.video_url"))
                 else:
                     parts.append({"type": "image"})
-                    media.embeddings.append(self._embedding(part.image_embedding, where))
+                    media.embeddings.append(
+                        checked_embedding(part.image_embedding, self.inputs, where)
+                    )
             conversation.append(self._message(role, parts, message, f"messages[{i}]"))
         try:
             # vLLM's own: call arguments as objects, as templates expect them.
             _postprocess_messages(conversation)
         except VLLMValidationError as exc:
             raise invalid(str(exc), "messages") from None
-        self._check_counts(media)
+        check_counts(len(media.images), len(media.embeddings), len(media.videos),
+                     self.loader.policy, self.pipeline.mode)  # fmt: skip
         return conversation, media
 
     @staticmethod
@@ -274,40 +252,6 @@ class InferenceServicer:
             ]  # fmt: skip
         return result
 
-    def _embedding(
-        self, embedding: common_pb2.ImageEmbedding, where: str
-    ) -> encoder_pb2.EmbeddingHandle:
-        param = f"{where}.image_embeds"
-        if not self.inputs.embeddings_enabled:
-            raise invalid(
-                "image_embeds are not enabled: start Prism with --enable-mm-embeds", param
-            )
-        if self.inputs.embeddings is None:
-            raise invalid("image_embeds cannot be checked for this model's family", param)
-        embeds.check(embedding, self.inputs.embeddings, param)
-        return embeds.to_handle(embedding)
-
-    def _check_counts(self, media: _MediaParts) -> None:
-        policy = self.loader.policy
-        if media.images and media.embeddings:
-            # As vLLM: one modality comes as pixels or as embeddings, not both.
-            raise invalid("a request cannot mix images and image_embeds", "messages")
-        if media.embeddings and media.videos and not self.pipeline.mode.has_encoder:
-            raise invalid(
-                f"in {self.pipeline.mode.name} a request with image_embeds takes no videos",
-                "messages",
-            )
-        images = len(media.images) + len(media.embeddings)
-        if images > policy.max_images:
-            raise invalid(
-                f"at most {policy.max_images} images per request, got {images}", "messages"
-            )
-        if len(media.videos) > policy.max_videos:
-            raise invalid(
-                f"at most {policy.max_videos} videos per request, got {len(media.videos)}",
-                "messages",
-            )
-
     def _prompt_ids(self, conversation: list[dict], tools: list[dict] | None) -> list[int]:
         try:
             prompt = self.tokenizer.apply_chat_template(
@@ -316,34 +260,6 @@ class InferenceServicer:
         except Exception as exc:  # jinja raises arbitrary errors for bad conversations
             raise invalid(f"chat template failed: {exc}", "messages") from None
         return self.tokenizer.encode(prompt, add_special_tokens=False)
-
-    def _check_sampling(self, sampling: common_pb2.SamplingParams, prompt_ids: list[int]) -> None:
-        if len(prompt_ids) >= self.max_model_len:
-            raise invalid(
-                f"prompt has {len(prompt_ids)} tokens, the model's context is {self.max_model_len}",
-                "messages",
-            )
-        if sampling.HasField("max_tokens") and sampling.max_tokens > self.max_model_len:
-            # As vLLM: past the context alone, an error; within it, clamped to what is left.
-            raise invalid(
-                f"max_tokens={sampling.max_tokens} cannot be greater than "
-                f"max_model_len={self.max_model_len}. Please request fewer output tokens.",
-                "max_tokens",
-            )
-        params = to_vllm(sampling)
-        if sampling.n > 1:
-            try:
-                to_vllm(sampling, n=sampling.n)
-            except PrismError as error:
-                # Only `n` differs from the parameters just checked.
-                raise dataclasses.replace(error, param="n") from None
-        try:
-            # vLLM's own check, which its engine repeats: here it fails before any stage
-            # is called, naming the parameter.
-            params._validate_structured_outputs(_NOT_DIFFUSION, StructuredOutputsConfig(),
-                                                self.tokenizer)  # fmt: skip
-        except (ValueError, VLLMClientError) as exc:
-            raise invalid(str(exc), "structured_output") from None
 
     async def _answer(
         self,
@@ -364,7 +280,7 @@ class InferenceServicer:
         ):
             # As vLLM: the echoed prompt comes with its logprobs.
             sampling.prompt_logprobs = sampling.logprobs
-        self._check_sampling(sampling, prompt_ids)
+        check_sampling(sampling, prompt_ids, self.max_model_len, self.tokenizer)
         if request_id in self._active:
             raise invalid(f"request id {request_id!r} is already running", "request_id")
         choices = split(request_id, sampling)
