@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import TypeVar
 
 import grpc
 from opentelemetry import trace
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
-from vllm.exceptions import VLLMValidationError
-from vllm.renderers.chat_utils import _postprocess_messages
 
 from prism import logs, rpc, telemetry
 from prism.media import MediaLoader, PromptMedia, media_policy
@@ -33,48 +30,22 @@ from prism.rpc import PrismError, invalid
 from prism.runtime.service import Service
 from prism.runtime.stage import Stage
 from prism.sampling import to_vllm
-from prism.services.processor.checks import (
-    check_counts,
-    check_model,
-    check_placeholders,
-    check_sampling,
-    checked_embedding,
-)
+from prism.services.processor.chat import ChatRenderer
+from prism.services.processor.checks import check_model, check_sampling
+from prism.services.processor.completion import CompletionRenderer
 from prism.services.processor.detokenize import Delta, Detokenizer
 from prism.services.processor.failover import Call
 from prism.services.processor.fan_out import UsageTally, merge, split
-from prism.services.processor.inputs import ModelInputs
+from prism.services.processor.inputs import ModelInputs, Prompt
 from prism.services.processor.logprobs import Logprobs
 from prism.services.processor.parsing import ChatParsing, Parsers, Step
 from prism.services.processor.pipeline import Pipeline
-from prism.stage.v1 import encoder_pb2, engine_pb2
+from prism.stage.v1 import engine_pb2
 from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc
-
-log = logging.getLogger(__name__)
 
 SERVICE = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
 
-_ROLE_NAMES = {
-    inference_pb2.ROLE_SYSTEM: "system",
-    inference_pb2.ROLE_USER: "user",
-    inference_pb2.ROLE_ASSISTANT: "assistant",
-    # OpenAI's developer role plays the system role for models that know no other.
-    inference_pb2.ROLE_DEVELOPER: "system",
-    inference_pb2.ROLE_TOOL: "tool",
-}
-
 Response = TypeVar("Response", inference_pb2.ChatResponse, inference_pb2.CompleteResponse)
-# A request's prompt: its token ids and its media.
-Prompt = tuple[list[int], PromptMedia]
-
-
-@dataclass
-class _MediaParts:
-    """A conversation's media parts, before loading."""
-
-    images: list[tuple[common_pb2.Image, str]] = field(default_factory=list)
-    videos: list[tuple[common_pb2.Video, str]] = field(default_factory=list)
-    embeddings: list[encoder_pb2.EmbeddingHandle] = field(default_factory=list)
 
 
 class InferenceServicer:
@@ -93,12 +64,12 @@ class InferenceServicer:
         parsers: Parsers | None = None,
     ):
         self.tokenizer = tokenizer
-        self.parsers = parsers or Parsers()
-        self.inputs = inputs or ModelInputs()
+        inputs = inputs or ModelInputs()
+        self._chat = ChatRenderer(tokenizer, parsers or Parsers(), inputs, loader, pipeline.mode)
+        self._completion = CompletionRenderer(tokenizer, inputs, loader)
         self.migration_limit = migration_limit
         self.served_model_name = served_model_name
         self.pipeline = pipeline
-        self.loader = loader
         self.max_model_len = max_model_len
         self.created = int(time.time())
         # Whether the stages behind can take a request: models are listed only then.
@@ -128,28 +99,10 @@ class InferenceServicer:
         request_id = request.request_id or f"chatcmpl-{uuid.uuid4().hex}"
         self._describe(request_id)
         check_model(request.model, self.served_model_name)
-        if request.sampling.HasField("prompt_logprobs"):
-            raise invalid("prompt_logprobs are served on completions only", "prompt_logprobs")
-        parsing = ChatParsing.of(self.parsers, self.tokenizer, request)
-        conversation, parts = self._conversation(list(request.messages))
-        prompt_ids = self._prompt_ids(conversation, parsing.tool_dicts)
-        parsing.prompt_ids = prompt_ids
-        parsing.adjust(request.sampling)
-
-        async def prompt() -> Prompt:
-            images, videos = await asyncio.gather(
-                asyncio.gather(*(self.loader.load(image, p) for image, p in parts.images)),
-                asyncio.gather(*(self.loader.load_video(video, p) for video, p in parts.videos)),
-            )
-            log.info("chat %s: %d prompt tokens, %d images, %d videos, %d image embeddings",
-                     request_id, len(prompt_ids), len(images), len(videos),
-                     len(parts.embeddings))  # fmt: skip
-            return prompt_ids, PromptMedia(list(images), list(videos), parts.embeddings)
-
+        prompt, parsing = self._chat.render(request, request_id)
         return self._answer(
-            inference_pb2.ChatResponse, request_id, prompt(), request.sampling,
-            parsing=parsing if parsing.active else None,
-        )  # fmt: skip
+            inference_pb2.ChatResponse, request_id, prompt, request.sampling, parsing=parsing
+        )
 
     def complete(
         self, request: inference_pb2.CompleteRequest
@@ -157,109 +110,10 @@ class InferenceServicer:
         request_id = request.request_id or f"cmpl-{uuid.uuid4().hex}"
         self._describe(request_id)
         check_model(request.model, self.served_model_name)
-        kind = request.WhichOneof("prompt")
-        if kind == "text" and request.text:
-            prompt_ids = self.tokenizer.encode(request.text)
-        elif kind == "token_ids" and request.token_ids.ids:
-            prompt_ids = list(request.token_ids.ids)
-            vocab = len(self.tokenizer)
-            if max(prompt_ids) >= vocab:
-                raise invalid(f"prompt token ids must be below {vocab}", "prompt")
-        else:
-            raise invalid("prompt must not be empty", "prompt")
-        images = list(request.images)
-        if images:
-            check_placeholders(
-                prompt_ids, len(images), self.inputs, self.loader.policy, self.tokenizer
-            )
-
-        async def prompt() -> Prompt:
-            loaded = await asyncio.gather(
-                *(self.loader.load(image, f"images[{i}]") for i, image in enumerate(images))
-            )
-            log.info("completion %s: %d prompt tokens, %d images",
-                     request_id, len(prompt_ids), len(loaded))  # fmt: skip
-            return prompt_ids, PromptMedia(list(loaded))
-
-        echo = None
-        if request.echo:
-            echo = request.text if kind == "text" else self.tokenizer.decode(prompt_ids)
+        prompt, echo = self._completion.render(request, request_id)
         return self._answer(
-            inference_pb2.CompleteResponse, request_id, prompt(), request.sampling, echo
+            inference_pb2.CompleteResponse, request_id, prompt, request.sampling, echo
         )
-
-    def _conversation(
-        self, messages: list[inference_pb2.ChatMessage]
-    ) -> tuple[list[dict], _MediaParts]:
-        if not messages:
-            raise invalid("messages must not be empty", "messages")
-        conversation, media = [], _MediaParts()
-        for i, message in enumerate(messages):
-            role = _ROLE_NAMES.get(message.role)
-            if role is None:
-                raise invalid(f"messages[{i}].role is missing or unknown", f"messages[{i}].role")
-            parts: list[dict] = []
-            for j, part in enumerate(message.content):
-                kind = part.WhichOneof("part")
-                where = f"messages[{i}].content[{j}]"
-                if kind == "text":
-                    parts.append({"type": "text", "text": part.text})
-                    continue
-                if kind is None:
-                    raise invalid("content part is empty", where)
-                if role != "user":
-                    raise invalid("images and videos are allowed in user messages only", where)
-                if kind == "image":
-                    parts.append({"type": "image"})
-                    media.images.append((part.image, f"{where}.image_url"))
-                elif kind == "video":
-                    if not self.inputs.video:
-                        raise invalid("this model does not accept video", f"{where}.video_url")
-                    parts.append({"type": "video"})
-                    media.videos.append((part.video, f"{where}.video_url"))
-                else:
-                    parts.append({"type": "image"})
-                    media.embeddings.append(
-                        checked_embedding(part.image_embedding, self.inputs, where)
-                    )
-            conversation.append(self._message(role, parts, message, f"messages[{i}]"))
-        try:
-            # vLLM's own: call arguments as objects, as templates expect them.
-            _postprocess_messages(conversation)
-        except VLLMValidationError as exc:
-            raise invalid(str(exc), "messages") from None
-        check_counts(len(media.images), len(media.embeddings), len(media.videos),
-                     self.loader.policy, self.pipeline.mode)  # fmt: skip
-        return conversation, media
-
-    @staticmethod
-    def _message(
-        role: str, parts: list[dict], message: inference_pb2.ChatMessage, where: str
-    ) -> dict:
-        """A message as vLLM's server hands it to the chat template."""
-        if message.tool_calls and role != "assistant":
-            raise invalid("only assistant messages carry tool_calls", f"{where}.tool_calls")
-        if role == "tool":
-            # As vLLM: a tool's result is text, its parts joined by lines.
-            content = "\n".join(part["text"] for part in parts)
-            return {"role": role, "content": content, "tool_call_id": message.tool_call_id}
-        result: dict[str, Any] = {"role": role, "content": parts}
-        if message.tool_calls:
-            result["tool_calls"] = [
-                {"id": call.id, "type": "function",
-                 "function": {"name": call.name, "arguments": call.arguments}}
-                for call in message.tool_calls
-            ]  # fmt: skip
-        return result
-
-    def _prompt_ids(self, conversation: list[dict], tools: list[dict] | None) -> list[int]:
-        try:
-            prompt = self.tokenizer.apply_chat_template(
-                conversation, tools=tools, add_generation_prompt=True, tokenize=False
-            )
-        except Exception as exc:  # jinja raises arbitrary errors for bad conversations
-            raise invalid(f"chat template failed: {exc}", "messages") from None
-        return self.tokenizer.encode(prompt, add_special_tokens=False)
 
     async def _answer(
         self,
@@ -273,13 +127,6 @@ class InferenceServicer:
         """Chat and Complete answer alike: one message per delta of each choice. `echo`:
         the prompt's text, which then starts each choice; `parsing`: a chat's parsers."""
         prompt_ids, media = await prompt
-        if (
-            echo is not None
-            and sampling.HasField("logprobs")
-            and not sampling.HasField("prompt_logprobs")
-        ):
-            # As vLLM: the echoed prompt comes with its logprobs.
-            sampling.prompt_logprobs = sampling.logprobs
         check_sampling(sampling, prompt_ids, self.max_model_len, self.tokenizer)
         if request_id in self._active:
             raise invalid(f"request id {request_id!r} is already running", "request_id")
