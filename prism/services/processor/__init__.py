@@ -14,10 +14,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass
-from typing import TypeVar
 
-import grpc
 from opentelemetry import trace
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -26,26 +23,21 @@ from prism.media import MediaLoader, PromptMedia, media_policy
 from prism.modes import MeshRole, mode
 from prism.registry import discovery_tags
 from prism.routing import Router
-from prism.rpc import PrismError, invalid
+from prism.rpc import invalid
 from prism.runtime.service import Service
 from prism.runtime.stage import Stage
-from prism.sampling import to_vllm
 from prism.services.processor.chat import ChatRenderer
 from prism.services.processor.checks import check_model, check_sampling
+from prism.services.processor.choice import ChoiceAnswer, RequestAnswer, Response
 from prism.services.processor.completion import CompletionRenderer
-from prism.services.processor.detokenize import Delta, Detokenizer
 from prism.services.processor.failover import Call
 from prism.services.processor.fan_out import UsageTally, merge, split
 from prism.services.processor.inputs import ModelInputs, Prompt
-from prism.services.processor.logprobs import Logprobs
-from prism.services.processor.parsing import ChatParsing, Parsers, Step
+from prism.services.processor.parsing import ChatParsing, Parsers
 from prism.services.processor.pipeline import Pipeline
-from prism.stage.v1 import engine_pb2
 from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
 SERVICE = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
-
-Response = TypeVar("Response", inference_pb2.ChatResponse, inference_pb2.CompleteResponse)
 
 
 class InferenceServicer:
@@ -132,123 +124,35 @@ class InferenceServicer:
             raise invalid(f"request id {request_id!r} is already running", "request_id")
         choices = split(request_id, sampling)
         calls = self._active[request_id] = [Call() for _ in choices]
-        answer = _Answer(response_type, request_id, prompt_ids, media,
-                         UsageTally(len(prompt_ids), len(choices)), echo, parsing)  # fmt: skip
-        streams = [
-            self._choice(answer, index, engine_id, params, calls[index])
-            for index, (engine_id, params) in enumerate(choices)
-        ]
+        tally = UsageTally(len(prompt_ids), len(choices))
+        answer = RequestAnswer(
+            response_type, request_id, self.served_model_name, prompt_ids, tally, echo, parsing
+        )
         try:
+            streams = [
+                self._choice(answer, index, engine_id, params, media, calls[index])
+                for index, (engine_id, params) in enumerate(choices)
+            ]
             async for response in streams[0] if len(streams) == 1 else merge(streams):
                 yield response
         finally:
             self._active.pop(request_id, None)
 
-    async def _choice(
+    def _choice(
         self,
-        answer: _Answer,
+        answer: RequestAnswer[Response],
         index: int,
         engine_id: str,
         sampling: common_pb2.SamplingParams,
+        media: PromptMedia,
         call: Call,
     ) -> AsyncIterator[Response]:
-        """One choice's messages, each with the request's usage so far."""
-        prompt_ids, tally, echo = answer.prompt_ids, answer.tally, answer.echo
-        params = to_vllm(sampling)
-        detokenizer = Detokenizer(self.tokenizer, engine_id, prompt_ids, params)
-        logprobs = Logprobs(self.tokenizer, params)
-        parsing = answer.parsing.choice() if answer.parsing is not None else None
+        """One choice's messages, its engine request run through the mode's pipeline."""
         replies = self.pipeline.run(
-            engine_id, prompt_ids, answer.media, sampling, call, self.migration_limit
+            engine_id, answer.prompt_ids, media, sampling, call, self.migration_limit
         )
-        started = False
-        # Tokens whose text the parsers held back, sent with the next message.
-        held: list[int] = []
-
-        def response(delta: Delta, positions: list, reply: engine_pb2.GenerateResponse | None):
-            nonlocal started
-            message = answer.response_type(
-                request_id=answer.request_id,
-                model=self.served_model_name,
-                index=index,
-                text=delta.text,
-                token_ids=delta.token_ids,
-                finish_reason=delta.finish_reason,
-                logprobs=positions,
-            )
-            if not started:
-                started = True
-                first = reply.first if reply is not None else engine_pb2.PromptUsage()
-                prompt_positions = logprobs.prompt(prompt_ids, first.prompt_logprobs)
-                if answer.response_type is inference_pb2.CompleteResponse:
-                    message.prompt_logprobs.extend(prompt_positions)
-                if echo is not None:
-                    message.text = echo + message.text
-                    message.token_ids[:0] = prompt_ids
-                    if sampling.HasField("logprobs"):
-                        positions = [*prompt_positions, *message.logprobs]
-                        del message.logprobs[:]
-                        message.logprobs.extend(positions)
-            tally.sent[index] = detokenizer.sent
-            message.usage.CopyFrom(tally.usage())
-            return message
-
-        def parsed(
-            delta: Delta, positions: list, reply: engine_pb2.GenerateResponse
-        ) -> Response | None:
-            """The message of `delta` where a chat's output is parsed; None where vLLM's
-            server would send nothing for it."""
-            assert parsing is not None
-            step = parsing.step(delta.text, delta.token_ids, delta.finished)
-            if step is None and not delta.finished and not positions:
-                held.extend(delta.token_ids)
-                return None
-            step = step or Step()
-            ids = [*held, *delta.token_ids]
-            held.clear()
-            reason = parsing.finish_reason(delta.finish_reason) if delta.finished else 0
-            if delta.finished:
-                tally.reasoning[index] = parsing.reasoning_tokens()
-            message = response(Delta(step.content, ids, reason), positions, reply)
-            message.reasoning = step.reasoning
-            message.tool_calls.extend(step.tool_calls)
-            if delta.finished:
-                message.parsed.CopyFrom(parsing.whole(delta.finish_reason))
-            return message
-
-        try:
-            async for reply in replies:
-                if reply.HasField("first"):
-                    tally.prompt(reply.first)
-                delta = detokenizer.update(list(reply.token_ids), reply.last.reason)
-                positions = logprobs.output(reply.logprobs[: len(delta.token_ids)])
-                if not (delta.finished or delta.text or delta.token_ids):
-                    continue
-                if parsing is not None:
-                    message = parsed(delta, positions, reply)
-                    if message is not None:
-                        yield message
-                else:
-                    yield response(delta, positions, reply)
-                if not delta.finished:
-                    continue
-                if reply.HasField("last"):
-                    # The stage ends its stream after its last reply: read to that end, so
-                    # that every stage sees its call complete rather than cancelled.
-                    async for _ in replies:
-                        pass
-                return
-        except asyncio.CancelledError:
-            if not call.aborted:
-                raise
-            yield response(Delta("", [], common_pb2.FINISH_REASON_ABORT), [], None)
-            return
-        except grpc.aio.AioRpcError as exc:
-            raise PrismError.from_rpc_error(exc) from None
-        finally:
-            # Closing the pipeline cancels its open stage call and frees what it holds.
-            await replies.aclose()
-        raise PrismError(grpc.StatusCode.INTERNAL, "worker stream ended without a finish reason")
+        choice = ChoiceAnswer(answer, index, engine_id, sampling, self.tokenizer)
+        return choice.stream(replies, call)
 
     async def list_models(
         self, request: inference_pb2.ListModelsRequest
@@ -272,21 +176,6 @@ class InferenceServicer:
         for call in calls:
             call.abort()
         return inference_pb2.AbortResponse(aborted=True)
-
-
-@dataclass
-class _Answer:
-    """What the choices of one request share."""
-
-    response_type: type
-    request_id: str
-    prompt_ids: list[int]
-    media: PromptMedia
-    tally: UsageTally
-    # The prompt's text, which starts each choice (completions' `echo`).
-    echo: str | None
-    # A chat's tools and parsers, where the server parses the output.
-    parsing: ChatParsing | None = None
 
 
 def context_length(model: str) -> int:
