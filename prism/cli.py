@@ -235,9 +235,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return _run_stage(encoder.serve(args))
     if args.command == "processor":
-        from prism.services import processor
+        from prism.services.processor import serving
 
-        return _run_stage(processor.serve(args))
+        return _run_stage(serving.serve(args))
     if args.command == "gateway":
         from prism.gateway import app
 

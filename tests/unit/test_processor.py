@@ -13,9 +13,9 @@ from prism.media import MediaLoader, MediaPolicy
 from prism.modes import MODES
 from prism.rpc import PrismError
 from prism.sampling import to_vllm
-from prism.services.processor import InferenceServicer
 from prism.services.processor.detokenize import Detokenizer
 from prism.services.processor.inputs import ModelInputs
+from prism.services.processor.servicer import InferenceServicer
 from prism.stage.v1 import engine_pb2
 from prism.tiny_models import llava_tokenizer
 from prism.v1 import common_pb2, inference_pb2

@@ -19,7 +19,7 @@ from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.rpc import PrismError
 from prism.runtime.service import Service
-from prism.services.processor import _track_readiness  # vLLM's import runs `file`
+from prism.services.processor.serving import _track_readiness  # vLLM's import runs `file`
 from prism.v1 import errors_pb2, inference_pb2, inference_pb2_grpc
 
 

@@ -13,6 +13,8 @@ from prism.media import PromptMedia, content_hash
 
 # A media item as `kv_index.lay_out` takes it: its identifier and its count of tokens.
 Item = tuple[str, int]
+# A request's prompt, rendered and its media loaded: its token ids and its media.
+Prompt = tuple[list[int], PromptMedia]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,100 @@
+"""The processor stage as a process: `serve` builds the servicer from its flags and serves
+it on the stage runtime, which reports SERVING, and lists the model, only while the stages
+the processor calls can take a request."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from transformers import AutoTokenizer
+
+from prism import rpc, telemetry
+from prism.media import MediaLoader, media_policy
+from prism.modes import MeshRole, mode
+from prism.registry import discovery_tags
+from prism.routing import Router
+from prism.runtime.stage import Stage
+from prism.services.processor.inputs import ModelInputs
+from prism.services.processor.parsing import Parsers
+from prism.services.processor.pipeline import Pipeline
+from prism.services.processor.servicer import InferenceServicer
+from prism.v1 import inference_pb2
+
+SERVICE = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
+
+
+def context_length(model: str) -> int:
+    """The model's context length, read from its config as vLLM does by default."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    text = getattr(config, "text_config", None) or config
+    return int(text.max_position_embeddings)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    deployed = mode(args.mode)
+    stage = Stage(args, MeshRole.PROCESSOR)
+    served_model = args.served_model_name or args.model
+    for role in deployed.roles:
+        await stage.registry.watch(role, discovery_tags(served_model, deployed.name))
+    # `kv` routing keys the blocks of a prompt's images, which needs their token counts.
+    inputs = ModelInputs.of(args.model, args.enable_mm_embeds, count_tokens=args.routing == "kv")
+    router = Router(stage.registry, args.routing, overlap_weight=args.kv_overlap_weight)
+    pipeline = Pipeline(deployed, router, inputs)
+    loader = MediaLoader(media_policy(args))
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    try:
+        parsers = Parsers.of(tokenizer, args.tool_call_parser, args.reasoning_parser,
+                             args.enable_auto_tool_choice)  # fmt: skip
+    except ValueError as exc:
+        raise SystemExit(f"prism processor: {exc}") from None
+    servicer = InferenceServicer(
+        tokenizer,
+        served_model,
+        pipeline,
+        loader,
+        args.max_model_len or context_length(args.model),
+        args.max_in_flight,
+        args.migration_limit,
+        inputs,
+        parsers,
+    )
+
+    try:
+        await stage.serve(
+            [servicer.service],
+            [args.mode],
+            [
+                telemetry.cache_collector(
+                    "prism_image_cache", "Image and video URL", loader.url_cache.stats
+                )
+            ],
+            tasks=[lambda server: _track_readiness(server, pipeline, servicer)],
+            serving=False,
+        )
+    finally:
+        await loader.close()
+        await pipeline.close()
+
+
+async def _track_readiness(
+    server: rpc.Server,
+    pipeline: Pipeline,
+    servicer: InferenceServicer,
+    period: float = 1.0,
+    failure_threshold: int = 3,
+) -> None:
+    """Reports SERVING, and lists the model, only while the stages this processor calls
+    are serving.
+
+    Like a Kubernetes probe, one slow health check on a busy stage is not an outage: the
+    processor turns NOT_SERVING after `failure_threshold` failed probes in a row.
+    """
+    failures = failure_threshold
+    while True:
+        failures = 0 if await pipeline.ready() else failures + 1
+        servicer.ready = failures < failure_threshold
+        await server.set_serving([SERVICE], servicer.ready)
+        await asyncio.sleep(period)
