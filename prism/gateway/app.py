@@ -22,14 +22,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from prism import logs, rpc, telemetry, tracing
-from prism.gateway import kserve, translate
-from prism.modes import MeshRole
+from prism.gateway import translate
+from prism.gateway.client import GrpcProcessorClient, ProcessorClient
+from prism.gateway.kserve import servicer as kserve
 from prism.registry import Instance, instance, open_registry
 from prism.routing import Router
 from prism.rpc import PrismError, invalid, multiplex
-from prism.runtime.clients import CHAT, COMPLETE, Batched, Peers
 from prism.runtime.stage import freeze_startup_heap
-from prism.v1 import errors_pb2, inference_pb2, inference_pb2_grpc
+from prism.v1 import errors_pb2, inference_pb2
 
 log = logging.getLogger(__name__)
 
@@ -53,42 +53,6 @@ async def _json_body(request: Request) -> Any:
 
 def _sse(payload: dict) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
-
-
-class Gateway:
-    """The gateway's calls to its processors."""
-
-    def __init__(self, router: Router, request_timeout: float = 0):
-        self._peers = Peers(router)
-        # The deadline of each generation (none when 0): past it, 504 and every stage
-        # aborts the request.
-        self.timeout = request_timeout or None
-
-    def _pick(self) -> str:
-        return self._peers.router.pick(MeshRole.PROCESSOR)
-
-    def stub(self) -> inference_pb2_grpc.InferenceServiceStub:
-        return inference_pb2_grpc.InferenceServiceStub(self._peers.channel(self._pick()))
-
-    def chat(self, request: inference_pb2.ChatRequest) -> multiplex.Call:
-        return self._call(CHAT, request)
-
-    def complete(self, request: inference_pb2.CompleteRequest) -> multiplex.Call:
-        return self._call(COMPLETE, request)
-
-    def _call(self, method: Batched, request: Any) -> multiplex.Call:
-        batched = self._peers.batched(self._pick(), method)
-        return batched.call(request, rpc.call_metadata(), self.timeout)
-
-    async def healthy(self) -> bool:
-        try:
-            channel = self._peers.channel(self._pick())
-        except PrismError:
-            return False
-        return await rpc.is_serving(channel, timeout=2.0)
-
-    async def close(self) -> None:
-        await self._peers.close()
 
 
 async def _open_stream(call: multiplex.Call) -> tuple[Any, AsyncIterator]:
@@ -303,7 +267,7 @@ def authorize(api_key: str, authorization: str) -> None:
         )
 
 
-async def _healthy(gateway: Gateway, kserve_server: rpc.Server | None) -> bool:
+async def _healthy(gateway: ProcessorClient, kserve_server: rpc.Server | None) -> bool:
     """Whether the processor can serve; the KServe port's gRPC health says the same."""
     serving = await gateway.healthy()
     if kserve_server is not None:
@@ -311,7 +275,7 @@ async def _healthy(gateway: Gateway, kserve_server: rpc.Server | None) -> bool:
     return serving
 
 
-async def _track_health(server: rpc.Server, gateway: Gateway, period: float = 1.0) -> None:
+async def _track_health(server: rpc.Server, gateway: ProcessorClient, period: float = 1.0) -> None:
     """The KServe port's gRPC health between /health checks (each of which sets it too)."""
     while True:
         await _healthy(gateway, server)
@@ -330,7 +294,7 @@ def create_app(
     """The app, routing to the processors `router` finds; registered as `me` if given.
     With `api_key`, /v1 requests need it as a Bearer token. With `kserve_address`, KServe
     v2 gRPC is served there too, with the same key, bound and deadline."""
-    gateway = Gateway(router, request_timeout)
+    gateway = GrpcProcessorClient(router, request_timeout)
     registry = router.registry
     # One bound on generations in flight, whichever door they came in by.
     limit = rpc.InFlightLimit(max_in_flight, "generations")
@@ -389,9 +353,7 @@ def create_app(
     @app.get("/v1/models")
     async def models() -> JSONResponse:
         try:
-            reply = await gateway.stub().ListModels(
-                inference_pb2.ListModelsRequest(), metadata=rpc.call_metadata()
-            )
+            reply = await gateway.list_models()
         except (grpc.aio.AioRpcError, PrismError) as exc:
             error = rpc.status_for(exc)
             if error.code != grpc.StatusCode.UNAVAILABLE:
