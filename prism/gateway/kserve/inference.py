@@ -10,8 +10,9 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
-from prism.gateway import translate
 from prism.gateway.kserve.tensors import OUTPUTS, pack_bytes, read_inputs
+from prism.gateway.openai import protocol
+from prism.gateway.openai.completions import completion_request
 from prism.kserve import grpc_service_pb2 as kserve
 from prism.rpc import invalid
 from prism.v1 import common_pb2, inference_pb2
@@ -29,7 +30,7 @@ def _text(value: bytes, name: str) -> str:
 
 
 def _sampling_body(text: str) -> dict[str, Any]:
-    """`sampling_parameters` as a request body that translate.sampling reads."""
+    """`sampling_parameters` as a request body that protocol.sampling reads."""
     try:
         params = json.loads(text) if text.strip() else {}
     except json.JSONDecodeError as exc:
@@ -39,12 +40,12 @@ def _sampling_body(text: str) -> dict[str, Any]:
         raise invalid("sampling_parameters must be a JSON object", "sampling_parameters")
     body: dict[str, Any] = {}
     for key, value in params.items():
-        if key not in translate.SAMPLING_KEYS:
+        if key not in protocol.SAMPLING_KEYS:
             raise invalid(f"unsupported sampling parameter '{key}'", key)
-        if isinstance(value, str) and key in _INTS | _BOOLS | set(translate.FLOAT_RANGES):
+        if isinstance(value, str) and key in _INTS | _BOOLS | set(protocol.FLOAT_RANGES):
             value = _from_string(key, value)
         elif isinstance(value, str) and key == "structured_outputs":
-            value = translate.json_text(value, key)
+            value = protocol.json_text(value, key)
         body[key] = value
     return body
 
@@ -95,7 +96,7 @@ def generation(request: kserve.ModelInferRequest) -> Generation:
             "when streaming, exclude_input_in_output = false is not allowed",
             "exclude_input_in_output",
         )
-    message = translate.completion_request(body)
+    message = completion_request(body)
     for index, image in enumerate(values.get("image", [])):
         try:
             data = base64.b64decode(image, validate=True)
@@ -139,7 +140,7 @@ class Answer:
         self.prompt_tokens = message.usage.prompt_tokens
         self.texts[message.index] += message.text
         self.tokens[message.index] += len(message.token_ids)
-        self.reasons[message.index] = translate.finish_reason(message.finish_reason)
+        self.reasons[message.index] = protocol.finish_reason(message.finish_reason)
 
     def tensors(self, outputs: list[str]) -> tuple[list, list[bytes]]:
         """The output tensors and their raw contents, in the order asked."""
