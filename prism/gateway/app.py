@@ -35,11 +35,13 @@ def create_app(
     request_timeout: float = 0,
     kserve_address: str = "",
     shutdown_grace_s: float = 10.0,
+    processor: ProcessorClient | None = None,
 ) -> FastAPI:
-    """The app, routing to the processors `router` finds; registered as `me` if given.
-    With `api_key`, /v1 requests need it as a Bearer token. With `kserve_address`, KServe
-    v2 gRPC is served there too, with the same key, bound and deadline."""
-    processor = GrpcProcessorClient(router, request_timeout)
+    """The app, routing to the processors `router` finds (or calling `processor`, if
+    given); registered as `me` if given. With `api_key`, /v1 requests need it as a Bearer
+    token. With `kserve_address`, KServe v2 gRPC is served there too, with the same key,
+    bound and deadline."""
+    processor = processor or GrpcProcessorClient(router, request_timeout)
     # One bound on generations in flight, whichever door they came in by.
     limit = rpc.InFlightLimit(max_in_flight, "generations")
     authorize = functools.partial(middleware.authorize, api_key)
