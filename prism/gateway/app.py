@@ -1,4 +1,4 @@
-"""The HTTP front door: OpenAI's REST API over the processor's gRPC `InferenceService`,
+"""The HTTP front door: OpenAI's REST API over the processor's `InferenceService`,
 assembled from one router per endpoint, and KServe v2 gRPC on a port of its own."""
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ def create_app(
     processor: ProcessorClient | None = None,
 ) -> FastAPI:
     """The app, routing to the processors `router` finds (or calling `processor`, if
-    given); registered as `me` if given. With `api_key`, /v1 requests need it as a Bearer
-    token. With `kserve_address`, KServe v2 gRPC is served there too, with the same key,
-    bound and deadline."""
+    given, with its own deadline); registered as `me` if given. With `api_key`, /v1
+    requests need it as a Bearer token. With `kserve_address`, KServe v2 gRPC is served
+    there too, with the same key, bound and deadline."""
     processor = processor or GrpcProcessorClient(router, request_timeout)
     # One bound on generations in flight, whichever door they came in by.
     limit = rpc.InFlightLimit(max_in_flight, "generations")

@@ -308,11 +308,11 @@ class ChatAnswer:
     """One chat request's answer: an SSE chunk per message (`chunk`), or the whole body
     from each choice's messages (`final`)."""
 
-    def __init__(self, request_id: str, sampling: common_pb2.SamplingParams) -> None:
+    def __init__(self, request_id: str, params: common_pb2.SamplingParams) -> None:
         self.request_id = request_id
         self.created = int(time.time())
         # Top logprobs per position, where logprobs are asked for.
-        self.top_logprobs = sampling.logprobs if sampling.HasField("logprobs") else None
+        self.top_logprobs = params.logprobs if params.HasField("logprobs") else None
 
     def _logprobs(self, positions: list) -> dict | None:
         if self.top_logprobs is None:

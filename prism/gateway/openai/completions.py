@@ -111,11 +111,11 @@ class CompletionAnswer:
     """One completion request's answer: an SSE chunk per message (`chunk`), or the whole
     body from each choice's messages (`final`)."""
 
-    def __init__(self, request_id: str, sampling: common_pb2.SamplingParams) -> None:
+    def __init__(self, request_id: str, params: common_pb2.SamplingParams) -> None:
         self.request_id = request_id
         self.created = int(time.time())
         # Top logprobs per position, where logprobs are asked for.
-        self.logprobs = sampling.logprobs if sampling.HasField("logprobs") else None
+        self.logprobs = params.logprobs if params.HasField("logprobs") else None
         # Each choice's next text offset, for logprobs streamed chunk by chunk.
         self.offsets: dict[int, int] = {}
 
