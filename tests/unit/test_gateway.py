@@ -218,7 +218,7 @@ def test_a_server_error_names_the_stage_its_cause_and_the_request(monkeypatch):
             )
         # The gateway's own unforeseen errors too: an OpenAI body, never a bare 500.
         monkeypatch.setattr(
-            "prism.gateway.translate.chat_request",
+            "prism.gateway.openai.chat.chat_request",
             lambda *args, **kwargs: (_ for _ in ()).throw(KeyError("oops")),
         )
         reply = c.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "r-1"})

@@ -15,8 +15,8 @@ import pytest
 from conftest import serving, until, wait_for
 from fastapi.testclient import TestClient
 
-from prism.gateway import kserve
 from prism.gateway.app import create_app
+from prism.gateway.kserve import inference, tensors
 from prism.kserve import grpc_service_pb2 as pb
 from prism.kserve import grpc_service_pb2_grpc as pb_grpc
 from prism.ports import free_port
@@ -55,7 +55,7 @@ def request(raw: bool = True, **inputs: list) -> pb.ModelInferRequest:
 
 def error_of(message: pb.ModelInferRequest) -> PrismError:
     with pytest.raises(PrismError) as caught:
-        kserve.generation(message)
+        inference.generation(message)
     assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
     return caught.value
 
@@ -64,7 +64,7 @@ def error_of(message: pb.ModelInferRequest) -> PrismError:
 def test_a_request_becomes_a_completion_of_its_raw_prompt(raw):
     image = base64.b64encode(b"\x89PNG...")
     sampling = b'{"temperature": "0", "max_tokens": "12", "top_k": 5, "ignore_eos": "true"}'
-    wanted = kserve.generation(
+    wanted = inference.generation(
         request(raw, text_input=[b"USER: <image> Hi"], image=[image],
                 sampling_parameters=[sampling], return_num_input_tokens=[True])
     )  # fmt: skip
@@ -79,9 +79,9 @@ def test_a_request_becomes_a_completion_of_its_raw_prompt(raw):
 
 
 def test_streaming_excludes_the_prompt_and_refuses_to_include_it():
-    wanted = kserve.generation(request(text_input=[b"Hi"], stream=[True]))
+    wanted = inference.generation(request(text_input=[b"Hi"], stream=[True]))
     assert wanted.stream and wanted.echo == ""
-    excluded = kserve.generation(request(text_input=[b"Hi"], exclude_input_in_output=[True]))
+    excluded = inference.generation(request(text_input=[b"Hi"], exclude_input_in_output=[True]))
     assert excluded.echo == ""
     error = error_of(request(text_input=[b"Hi"], stream=[True], exclude_input_in_output=[False]))
     assert error.param == "exclude_input_in_output"
@@ -133,13 +133,13 @@ def test_outputs_asked_for_by_name_and_unknown_ones_refused():
     message = request(text_input=[b"Hi"])
     message.outputs.add(name="finish_reason")
     message.outputs.add(name="text_output")
-    assert kserve.generation(message).outputs == ["finish_reason", "text_output"]
+    assert inference.generation(message).outputs == ["finish_reason", "text_output"]
     message.outputs.add(name="logits")
     assert "unexpected inference output 'logits'" in error_of(message).message
 
 
 def test_an_answer_is_laid_out_as_tritonclient_reads_it():
-    answer = kserve.Answer(2)
+    answer = inference.Answer(2)
     answer.texts = ["Q: ", "Q: "]
     for index, text, ids, reason in ((0, "ab", [1, 2], 0), (1, "c", [3], 1), (0, "d", [4], 2)):
         answer.add(inference_pb2.CompleteResponse(
@@ -208,7 +208,7 @@ def kserve_door(processor: Processor, **gateway) -> Iterator[tuple[TestClient, S
 
 def _text(response: pb.ModelInferResponse) -> list[str]:
     index = [o.name for o in response.outputs].index("text_output")
-    return [e.decode() for e in kserve._unpack_bytes(response.raw_output_contents[index], "")]
+    return [e.decode() for e in tensors._unpack_bytes(response.raw_output_contents[index], "")]
 
 
 KEY = (("authorization", "Bearer s3cret"),)

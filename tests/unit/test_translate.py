@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
-from prism.gateway import translate
+from prism.gateway.openai import chat as chat_api
+from prism.gateway.openai import completions, protocol
 from prism.rpc import PrismError
 from prism.v1 import common_pb2, errors_pb2, inference_pb2
 
@@ -34,7 +35,7 @@ def test_chat_request_maps_parts_in_order():
             },
         ]
     )
-    request = translate.chat_request(body, "rid")
+    request = chat_api.chat_request(body, "rid")
     assert request.request_id == "rid"
     roles = [m.role for m in request.messages]
     assert roles == [inference_pb2.ROLE_SYSTEM, inference_pb2.ROLE_USER]
@@ -50,7 +51,7 @@ def test_chat_request_maps_parts_in_order():
 def _embeds_part(value) -> dict:
     body = chat(messages=[{"role": "user", "content": [{"type": "image_embeds",
                                                          "image_embeds": value}]}])  # fmt: skip
-    return translate.chat_request(body).messages[0].content[0]
+    return chat_api.chat_request(body).messages[0].content[0]
 
 
 def test_image_embeds_parts_take_base64_safetensors_and_a_grid():
@@ -71,7 +72,7 @@ def test_image_embeds_parts_take_base64_safetensors_and_a_grid():
 
 
 def test_sampling_fields_are_carried():
-    params = translate.sampling(
+    params = protocol.sampling(
         chat(temperature=0, top_p=0.5, top_k=3, max_tokens=7, seed=11, stop="x",
              stop_token_ids=[2], ignore_eos=True, min_tokens=1)
     )  # fmt: skip
@@ -82,12 +83,12 @@ def test_sampling_fields_are_carried():
 
 
 def test_unset_sampling_fields_stay_unset():
-    params = translate.sampling(chat())
+    params = protocol.sampling(chat())
     assert not params.HasField("temperature") and not params.HasField("max_tokens")
 
 
 def test_max_completion_tokens_wins_over_max_tokens():
-    assert translate.sampling(chat(max_tokens=5, max_completion_tokens=9)).max_tokens == 9
+    assert protocol.sampling(chat(max_tokens=5, max_completion_tokens=9)).max_tokens == 9
 
 
 @pytest.mark.parametrize(
@@ -135,41 +136,41 @@ def test_max_completion_tokens_wins_over_max_tokens():
 )  # fmt: skip
 def test_invalid_chat_fields_name_the_parameter(fields, param):
     with pytest.raises(PrismError) as info:
-        translate.chat_request(chat(**fields))
+        chat_api.chat_request(chat(**fields))
     assert info.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.param == param
     assert info.value.http_status == 400
 
 
 def test_null_fields_are_accepted():
-    translate.chat_request(chat(tools=None, temperature=None, stop=None))
+    chat_api.chat_request(chat(tools=None, temperature=None, stop=None))
 
 
 def test_completion_prompt_forms():
-    assert translate.completion_request({"model": "m", "prompt": "hi"}).text == "hi"
-    assert translate.completion_request({"model": "m", "prompt": ["hi"]}).text == "hi"
-    ids = translate.completion_request({"model": "m", "prompt": [1, 2, 3]}).token_ids.ids
+    assert completions.completion_request({"model": "m", "prompt": "hi"}).text == "hi"
+    assert completions.completion_request({"model": "m", "prompt": ["hi"]}).text == "hi"
+    ids = completions.completion_request({"model": "m", "prompt": [1, 2, 3]}).token_ids.ids
     assert list(ids) == [1, 2, 3]
     for bad in ("", [], ["a", "b"], [-1], None):
         with pytest.raises(PrismError):
-            translate.completion_request({"model": "m", "prompt": bad})
+            completions.completion_request({"model": "m", "prompt": bad})
 
 
 def test_stream_options():
-    options = translate.stream_options({"stream_options": {"include_usage": True}})
+    options = protocol.stream_options({"stream_options": {"include_usage": True}})
     assert options.include_usage and not options.continuous_usage_stats
-    assert translate.stream_options({}) == translate.StreamOptions()
+    assert protocol.stream_options({}) == protocol.StreamOptions()
     with pytest.raises(PrismError):
-        translate.stream_options({"stream_options": "yes"})
+        protocol.stream_options({"stream_options": "yes"})
     with pytest.raises(PrismError):
-        translate.wants_stream({"stream": "true"})
+        protocol.wants_stream({"stream": "true"})
 
 
 def test_finish_reasons_and_usage():
-    assert translate.finish_reason(common_pb2.FINISH_REASON_LENGTH) == "length"
-    assert translate.finish_reason(common_pb2.FINISH_REASON_UNSPECIFIED) is None
+    assert protocol.finish_reason(common_pb2.FINISH_REASON_LENGTH) == "length"
+    assert protocol.finish_reason(common_pb2.FINISH_REASON_UNSPECIFIED) is None
     usage = common_pb2.Usage(prompt_tokens=3, completion_tokens=4, total_tokens=7, cached_tokens=2)
-    assert translate.usage(usage) == {
+    assert protocol.usage(usage) == {
         "prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
         "prompt_tokens_details": {"cached_tokens": 2},
     }  # fmt: skip
@@ -190,31 +191,31 @@ def test_error_body(code, reason, status, kind):
     named = errors_pb2.ErrorReason.Value(f"ERROR_REASON_{reason}") if reason else 0
     error = PrismError(code, "boom", reason=named, param="p")
     assert error.http_status == status
-    body = translate.error_body(error)["error"]
+    body = protocol.error_body(error)["error"]
     assert body == {"message": "boom", "type": kind, "param": "p",
                     "code": (reason or code.name).lower()}  # fmt: skip
 
 
 def test_logprobs_parameters():
-    sampling = translate.chat_request(chat(logprobs=True, top_logprobs=3)).sampling
+    sampling = chat_api.chat_request(chat(logprobs=True, top_logprobs=3)).sampling
     assert sampling.logprobs == 3
-    assert translate.chat_request(chat(logprobs=True)).sampling.logprobs == 0
-    assert not translate.chat_request(chat(logprobs=False)).sampling.HasField("logprobs")
+    assert chat_api.chat_request(chat(logprobs=True)).sampling.logprobs == 0
+    assert not chat_api.chat_request(chat(logprobs=False)).sampling.HasField("logprobs")
     body = {"model": "m", "prompt": "hi", "logprobs": 2, "echo": True, "prompt_logprobs": 1}
-    request = translate.completion_request(body)
+    request = completions.completion_request(body)
     assert (request.sampling.logprobs, request.sampling.prompt_logprobs, request.echo) == (
         2,
         1,
         True,
     )
     with pytest.raises(PrismError) as info:
-        translate.completion_request({**body, "stream": True})
+        completions.completion_request({**body, "stream": True})
     assert info.value.param == "prompt_logprobs"
 
 
 def test_structured_output_forms():
     def structured(**fields):
-        return translate.chat_request(chat(**fields)).sampling.structured_output
+        return chat_api.chat_request(chat(**fields)).sampling.structured_output
 
     schema = {"type": "object"}
     form = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
@@ -228,14 +229,14 @@ def test_structured_output_forms():
 
 
 def test_logit_bias_is_clamped_as_vllm_clamps_it():
-    sampling = translate.chat_request(chat(logit_bias={"5": 300, "7": -1.5})).sampling
+    sampling = chat_api.chat_request(chat(logit_bias={"5": 300, "7": -1.5})).sampling
     assert dict(sampling.logit_bias) == {5: 100.0, 7: -1.5}
 
 
 def test_an_unserved_constraint_error_names_what_the_client_sent():
     error = PrismError(grpc.StatusCode.INVALID_ARGUMENT, "bad", param="structured_output")
-    assert translate.as_sent(error, {"response_format": {}}).param == "response_format"
-    assert translate.as_sent(error, {"structured_outputs": {}}).param == "structured_outputs"
+    assert protocol.as_sent(error, {"response_format": {}}).param == "response_format"
+    assert protocol.as_sent(error, {"structured_outputs": {}}).param == "structured_outputs"
 
 
 def _position(token, logprob, rank, *top):
@@ -251,12 +252,12 @@ def _position(token, logprob, rank, *top):
 def test_chat_logprobs_list_the_drawn_token_first_as_vllm_does():
     # Drawn at rank 3: vLLM lists it first, then the top tokens, without repeats.
     position = _position((9, "c"), -2.0, 3, (1, "a", -0.5), (2, "b", -1.0), (9, "c", -2.0))
-    body = translate.chat_logprobs([position], 2)
+    body = chat_api.chat_logprobs([position], 2)
     (entry,) = body["content"]
     assert (entry["token"], entry["logprob"], entry["bytes"]) == ("c", -2.0, [99])
     assert [t["token"] for t in entry["top_logprobs"]] == ["c", "a"]
     minus_infinity = _position((4, "é"), float("-inf"), 1500)
-    (entry,) = translate.chat_logprobs([minus_infinity], 0)["content"]
+    (entry,) = chat_api.chat_logprobs([minus_infinity], 0)["content"]
     assert entry["logprob"] == -9999.0 and entry["top_logprobs"] == []
     assert entry["bytes"] == [0xC3, 0xA9]
 
@@ -264,13 +265,13 @@ def test_chat_logprobs_list_the_drawn_token_first_as_vllm_does():
 def test_completion_logprobs_offsets_and_the_unscored_first_prompt_token():
     first = common_pb2.PositionLogprobs(token=common_pb2.TokenLogprob(token_id=3, token="Hi"))
     second = _position((5, " there"), -1.0, 2, (6, "!", -0.5), (5, " there", -1.0))
-    body = translate.completion_logprobs([first, second], 1, text_offset=10)
+    body = completions.completion_logprobs([first, second], 1, text_offset=10)
     assert body["tokens"] == ["Hi", " there"]
     assert body["text_offset"] == [10, 12]
     assert body["token_logprobs"] == [None, -1.0]
     # The asked number plus the token itself.
     assert body["top_logprobs"] == [None, {" there": -1.0, "!": -0.5}]
-    assert translate.prompt_logprobs([first, second]) == [
+    assert completions.prompt_logprobs([first, second]) == [
         None,
         {"5": {"logprob": -1.0, "rank": 2, "decoded_token": " there"},
          "6": {"logprob": -0.5, "rank": 1, "decoded_token": "!"}},
@@ -279,7 +280,7 @@ def test_completion_logprobs_offsets_and_the_unscored_first_prompt_token():
 
 def test_tools_and_calls_reach_the_processor_as_typed_fields():
     weather = {"type": "object", "properties": {"city": {"type": "string"}}}
-    request = translate.chat_request(chat(
+    request = chat_api.chat_request(chat(
         messages=[
             {"role": "user", "content": "Weather in Paris?"},
             {"role": "assistant", "content": None, "tool_calls": [{
@@ -305,42 +306,42 @@ def test_tools_and_calls_reach_the_processor_as_typed_fields():
     assert not second.HasField("strict")
     assert request.tool_choice.function == "get_weather"
     assert request.HasField("parallel_tool_calls") and not request.parallel_tool_calls
-    modes = {m: translate.chat_request(chat(tool_choice=m)).tool_choice.mode
+    modes = {m: chat_api.chat_request(chat(tool_choice=m)).tool_choice.mode
              for m in ("none", "auto", "required")}  # fmt: skip
     assert modes == {"none": inference_pb2.TOOL_CHOICE_MODE_NONE,
                      "auto": inference_pb2.TOOL_CHOICE_MODE_AUTO,
                      "required": inference_pb2.TOOL_CHOICE_MODE_REQUIRED}  # fmt: skip
-    assert not translate.chat_request(chat()).HasField("tool_choice")
+    assert not chat_api.chat_request(chat()).HasField("tool_choice")
 
 
 def test_streamed_deltas_carry_content_reasoning_and_calls_as_vllm_streams_them():
     reply = inference_pb2.ChatResponse
     call = inference_pb2.ToolCallDelta
-    assert translate.chat_delta(reply(text="Hi")) == {"content": "Hi"}
-    assert translate.chat_delta(reply()) == {"content": ""}
-    assert translate.chat_delta(reply(reasoning="hm")) == {
+    assert chat_api.chat_delta(reply(text="Hi")) == {"content": "Hi"}
+    assert chat_api.chat_delta(reply()) == {"content": ""}
+    assert chat_api.chat_delta(reply(reasoning="hm")) == {
         "reasoning": "hm", "reasoning_content": "hm"}  # fmt: skip
     started = reply(tool_calls=[call(index=0, id="chatcmpl-tool-1", name="f"),
                                 call(index=0, arguments='{"a"')])  # fmt: skip
-    assert translate.chat_delta(started) == {"content": None, "tool_calls": [
+    assert chat_api.chat_delta(started) == {"content": None, "tool_calls": [
         {"index": 0, "id": "chatcmpl-tool-1", "type": "function", "function": {"name": "f"}},
         {"index": 0, "function": {"arguments": '{"a"'}},
     ]}  # fmt: skip
-    assert translate.finish_reason(common_pb2.FINISH_REASON_TOOL_CALLS) == "tool_calls"
+    assert protocol.finish_reason(common_pb2.FINISH_REASON_TOOL_CALLS) == "tool_calls"
 
 
 def test_a_parsed_choice_is_the_whole_message():
     parsed = inference_pb2.ParsedChoice(
         reasoning="first", tool_calls=[inference_pb2.ToolCall(id="x", name="f", arguments="{}")]
     )
-    assert translate.chat_message(parsed) == {
+    assert chat_api.chat_message(parsed) == {
         "role": "assistant", "content": None,
         "tool_calls": [{"id": "x", "type": "function",
                         "function": {"name": "f", "arguments": "{}"}}],
         "reasoning": "first", "reasoning_content": "first",
     }  # fmt: skip
-    plain = translate.chat_message(inference_pb2.ParsedChoice(content=""))
+    plain = chat_api.chat_message(inference_pb2.ParsedChoice(content=""))
     assert plain == {"role": "assistant", "content": "", "reasoning": None,
                      "reasoning_content": None}  # fmt: skip
-    assert translate.usage(common_pb2.Usage(reasoning_tokens=3))["completion_tokens_details"] == {
+    assert protocol.usage(common_pb2.Usage(reasoning_tokens=3))["completion_tokens_details"] == {
         "reasoning_tokens": 3}  # fmt: skip

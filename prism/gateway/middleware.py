@@ -1,0 +1,114 @@
+"""What every HTTP request meets around its endpoint, once for all of them: its request
+id, the API key, the bound on generations in flight, the count by final status, and every
+error answered as OpenAI's error body."""
+
+from __future__ import annotations
+
+import hmac
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from prism import logs, rpc, telemetry
+from prism.gateway.openai.protocol import error_body
+from prism.rpc import PrismError
+from prism.v1 import errors_pb2
+
+# Routes counted by path in the request metrics; anything else counts as "other".
+_GENERATIONS = ("/v1/chat/completions", "/v1/completions")
+_ROUTES = (*_GENERATIONS, "/v1/models")
+
+
+def error_response(error: PrismError) -> JSONResponse:
+    headers = {}
+    if "retry_after_s" in error.metadata:
+        headers["Retry-After"] = error.metadata["retry_after_s"]
+    elif error.http_status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    body = error_body(error, logs.REQUEST_ID.get())
+    return JSONResponse(body, status_code=error.http_status, headers=headers)
+
+
+async def prism_error(request: Request, exc: PrismError) -> JSONResponse:
+    return error_response(exc)
+
+
+async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """Starlette's own errors (no such route or method) as OpenAI's error body."""
+    code = {404: grpc.StatusCode.NOT_FOUND, 405: grpc.StatusCode.UNIMPLEMENTED}.get(
+        exc.status_code, grpc.StatusCode.INVALID_ARGUMENT
+    )
+    body = error_body(PrismError(code, str(exc.detail)))
+    return JSONResponse(body, status_code=exc.status_code)
+
+
+class FrontDoor:
+    """What every HTTP request meets first: an id (the client's `x-request-id` if it is a
+    sane one, returned in the response headers), the API key when one is set, the bound
+    on generations in flight, and the count of requests by final status.
+
+    Pure ASGI rather than Starlette's BaseHTTPMiddleware, which would run the app in
+    another task and get in the way of streaming and disconnect handling."""
+
+    def __init__(self, app: Any, api_key: str, limit: rpc.InFlightLimit):
+        self.app = app
+        self.api_key = api_key
+        self.limit = limit
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        given = headers.get(logs.HEADER.encode(), b"").decode("latin-1")
+        request_id = given if logs.CLIENT_ID.fullmatch(given) else uuid.uuid4().hex
+        token = logs.REQUEST_ID.set(request_id)
+        status = 0
+
+        async def send_with_id(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = [*message.get("headers", []), (logs.HEADER.encode(), request_id.encode())]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        path = scope["path"]
+        try:
+            if path.startswith("/v1/"):
+                authorize(self.api_key, headers.get(b"authorization", b"").decode("latin-1"))
+            if path in _GENERATIONS:
+                with self.limit.admit():
+                    await self.app(scope, receive, send_with_id)
+            else:
+                await self.app(scope, receive, send_with_id)
+        except PrismError as error:
+            await error_response(error)(scope, receive, send_with_id)
+        except Exception as exc:
+            if status:
+                raise
+            # Starlette's own answer would be a bare text 500.
+            await error_response(rpc.status_for(exc, "gateway"))(scope, receive, send_with_id)
+        finally:
+            logs.REQUEST_ID.reset(token)
+            if path.startswith("/v1/"):
+                endpoint = path if path in _ROUTES else "other"
+                telemetry.REQUESTS.labels(endpoint, str(status or 500)).inc()
+
+
+def authorize(api_key: str, authorization: str) -> None:
+    """Raises unless `authorization` (an HTTP header, or gRPC metadata) carries `api_key`
+    as a Bearer token; passes all when no key is set."""
+    if not api_key:
+        return
+    scheme, _, key = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip(), api_key):
+        raise PrismError(
+            grpc.StatusCode.UNAUTHENTICATED,
+            "missing or wrong API key: send 'Authorization: Bearer <key>'",
+            reason=errors_pb2.ERROR_REASON_INVALID_API_KEY,
+        )

@@ -1,0 +1,1 @@
+"""The OpenAI REST API: one module per endpoint, and what they share (`protocol`)."""

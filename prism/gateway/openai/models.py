@@ -1,0 +1,39 @@
+"""GET /v1/models: the processor's served models, as vLLM's OpenAI server lists them."""
+
+from __future__ import annotations
+
+import grpc
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from prism import rpc
+from prism.gateway.client import ProcessorClient
+from prism.rpc import PrismError
+from prism.v1 import inference_pb2
+
+router = APIRouter()
+
+
+@router.get("/v1/models")
+async def models(request: Request) -> JSONResponse:
+    processor: ProcessorClient = request.app.state.processor
+    try:
+        reply = await processor.list_models()
+    except (grpc.aio.AioRpcError, PrismError) as exc:
+        error = rpc.status_for(exc)
+        if error.code != grpc.StatusCode.UNAVAILABLE:
+            raise error from None
+        # No processor to ask: no model can be served yet.
+        reply = inference_pb2.ListModelsResponse()
+    data = [
+        {
+            "id": m.id,
+            "object": "model",
+            "created": m.created,
+            "owned_by": m.owned_by,
+            "root": m.id,
+            "max_model_len": m.max_model_len,
+        }
+        for m in reply.models
+    ]
+    return JSONResponse({"object": "list", "data": data})
