@@ -65,7 +65,7 @@ def one_request(client: OpenAI, model: str, url: str, max_tokens: int) -> tuple[
 def bench_mode(mode: str, model: str, reps: int, max_tokens: int, log_dir: Path) -> dict:
     port = free_port()
     config = MeshConfig(
-        ModelConfig(model), ServeConfig(mode, http_port=port), log=LogConfig("warning")
+        ModelConfig(model), ServeConfig(mode, http_port=port, grpc_port=0), log=LogConfig("warning")
     )
     mesh = Mesh(plan(config))
     with open(log_dir / f"{mode.replace('/', '')}.log", "w") as log:

@@ -170,7 +170,7 @@ def bench_mode(
     rows = []
     for workers, policies in ((2, args.policies.split(",")), (1, [IDEAL])):
         port = free_port()
-        serve = ServeConfig(mode, workers=workers, http_port=port)
+        serve = ServeConfig(mode, workers=workers, http_port=port, grpc_port=0)
         config = MeshConfig(ModelConfig(args.model), serve, limit=LimitConfig(0),
                             log=LogConfig("warning"))  # fmt: skip
         mesh = Mesh(plan(config))

@@ -118,7 +118,8 @@ class Front:
 
 def start_prism(model: str, workers: int, timing: Timing, log: Path) -> Front:
     port = free_port()
-    config = MeshConfig(ModelConfig(model), ServeConfig("epd", workers=workers, http_port=port),
+    serve = ServeConfig("epd", workers=workers, http_port=port, grpc_port=0)
+    config = MeshConfig(ModelConfig(model), serve,
                         engine=EngineConfig(engine="sim"), sim=timing.sim(),
                         limit=LimitConfig(0), log=LogConfig("warning"))  # fmt: skip
     mesh = Mesh(plan(config))
