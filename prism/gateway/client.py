@@ -203,7 +203,7 @@ async def _unary(handler: Callable, request: Any, timeout: float | None) -> Any:
 
 
 class LocalCall:
-    """A Chat or Complete call on a processor in this process, read as multiplex.Call
+    """A Chat or Complete call on a processor in this process, read as MultiplexCall
     is: the handler runs in a task of its own, and its replies wait here until read."""
 
     def __init__(self, handler: Callable, request: Any, timeout: float | None) -> None:

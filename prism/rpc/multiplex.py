@@ -65,7 +65,7 @@ def _end(error: rpc.PrismError | None) -> common_pb2.CallStatus:
     return common_pb2.CallStatus(code=status.code.value[0], message=status.details, details=details)
 
 
-class Server:
+class MultiplexServer:
     """The server side of one batched method: runs each call and batches the events of all
     calls. What a call does (its handler and every per-call concern) is `run`'s."""
 
@@ -143,7 +143,7 @@ class Server:
                 task.cancel()
 
 
-class Call:
+class MultiplexCall:
     """One call on a `Client`'s stream, used as a `grpc.aio.UnaryStreamCall` is."""
 
     def __init__(self, client: Client, call_id: int) -> None:
@@ -156,7 +156,7 @@ class Call:
         self._read_to_end = False
         self._deadline: asyncio.TimerHandle | None = None
 
-    def __aiter__(self) -> Call:
+    def __aiter__(self) -> MultiplexCall:
         return self
 
     async def __anext__(self) -> Any:
@@ -280,7 +280,7 @@ class Client:
         self._request_type = request_type
         self._merge = merge
         self._ids = itertools.count(1)
-        self._calls: dict[int, Call] = {}
+        self._calls: dict[int, MultiplexCall] = {}
         self._outgoing: asyncio.Queue | None = None
         self._reader: asyncio.Task | None = None
 
@@ -289,14 +289,14 @@ class Client:
         start: object,
         metadata: tuple[tuple[str, str], ...] = (),
         timeout: float | None = None,
-    ) -> Call:
+    ) -> MultiplexCall:
         """Starts a call; past `timeout` seconds it fails with DEADLINE_EXCEEDED."""
         if self._reader is None or self._reader.done():
             self._outgoing = asyncio.Queue()
             stream = self._open_stream(self._requests(self._outgoing))
             self._reader = asyncio.create_task(self._read(stream))
         call_id = next(self._ids)
-        call = self._calls[call_id] = Call(self, call_id)
+        call = self._calls[call_id] = MultiplexCall(self, call_id)
         carried = dict(metadata)
         if tracing.enabled():
             propagate.inject(carried)

@@ -67,7 +67,7 @@ class Service:
         self.stage = ""
         self._add_to_server = getattr(generated, f"add_{descriptor.name}Servicer_to_server")
         self._servicer = getattr(generated, f"{descriptor.name}Servicer")()
-        self._batches: list[multiplex.Server] = []
+        self._batches: list[multiplex.MultiplexServer] = []
         self._on_drain: list[Callable[[], None]] = []
 
     def stream(
@@ -94,7 +94,7 @@ class Service:
         async def run(request: Any, metadata: dict[str, str], emit: Emit) -> Any:
             return await self._run(method, request, metadata, emit)
 
-        batches = multiplex.Server(run, response_type, event_type)
+        batches = multiplex.MultiplexServer(run, response_type, event_type)
         self._batches.append(batches)
 
         async def serve_batches(requests: AsyncIterator, context: grpc.aio.ServicerContext):

@@ -95,7 +95,7 @@ def request(request_id: str, n: int) -> engine_pb2.GenerateRequest:
     return engine_pb2.GenerateRequest(request_id=request_id, prompt_token_ids=[n])
 
 
-async def tokens(call: multiplex.Call) -> list[int]:
+async def tokens(call: multiplex.MultiplexCall) -> list[int]:
     return [t async for reply in call for t in reply.token_ids]
 
 
@@ -115,7 +115,7 @@ def test_calls_ready_together_travel_in_one_message():
     asyncio.run(main())
 
 
-async def delivered(call: multiplex.Call) -> None:
+async def delivered(call: multiplex.MultiplexCall) -> None:
     for _ in range(200):
         if call.done():
             return

@@ -20,7 +20,7 @@ from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.rpc import PrismError
 from prism.runtime.service import Service
-from prism.services.processor.failover import Call
+from prism.services.processor.failover import StageCalls
 from prism.services.processor.pipeline import Pipeline
 from prism.stage.v1 import (
     encoder_pb2,
@@ -192,7 +192,9 @@ async def generate(*fakes: FakeEngine, dead: int = 0) -> tuple[list[int], Pipeli
     pipeline = Pipeline(MODES["epd"], Router(StaticRegistry({"worker": addresses})))
     tokens: list[int] = []
     try:
-        replies = pipeline.run("r1", [1, 2, 3], PromptMedia(), common_pb2.SamplingParams(), Call())
+        replies = pipeline.run(
+            "r1", [1, 2, 3], PromptMedia(), common_pb2.SamplingParams(), StageCalls()
+        )
         async for reply in replies:
             tokens += reply.token_ids
     finally:
@@ -236,7 +238,9 @@ def test_a_replica_that_comes_up_late_is_waited_for_not_failed():
         )
         tokens: list[int] = []
         try:
-            replies = pipeline.run("r1", [1], PromptMedia(), common_pb2.SamplingParams(), Call())
+            replies = pipeline.run(
+                "r1", [1], PromptMedia(), common_pb2.SamplingParams(), StageCalls()
+            )
             async for reply in replies:
                 tokens += reply.token_ids
         finally:
@@ -309,7 +313,7 @@ def test_a_stream_cut_mid_way_resumes_on_another_replica():
         sampling = common_pb2.SamplingParams(max_tokens=5, min_tokens=3)
         tokens: list[int] = []
         try:
-            replies = pipeline.run("r1", [7, 8], PromptMedia(), sampling, Call(), limit)
+            replies = pipeline.run("r1", [7, 8], PromptMedia(), sampling, StageCalls(), limit)
             async for reply in replies:
                 tokens += reply.token_ids
         finally:
@@ -359,7 +363,7 @@ async def migrated(
     tokens: list[int] = []
     try:
         media = PromptMedia(list(images))
-        async for reply in pipeline.run("r1", [7, 8], media, sampling, Call(), 1):
+        async for reply in pipeline.run("r1", [7, 8], media, sampling, StageCalls(), 1):
             tokens += reply.token_ids
     finally:
         await pipeline.close()
@@ -498,7 +502,7 @@ def test_kv_sends_each_image_to_the_encoder_that_owns_it():
         async def run(*images: LoadedImage) -> list[tuple[str, str]]:
             """(encoder, image) of each embedding the worker was sent."""
             replies = pipeline.run("r", [7], PromptMedia(list(images)), common_pb2.SamplingParams(),
-                                   Call())  # fmt: skip
+                                   StageCalls())  # fmt: skip
             async for _ in replies:
                 pass
             handles = worker.requests[-1].embeddings.images
