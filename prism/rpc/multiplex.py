@@ -27,16 +27,15 @@ from typing import Any
 import grpc
 from opentelemetry import propagate
 
-from prism import rpc, tracing
+from prism import tracing
+from prism.rpc.errors import PrismError, invalid
 from prism.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 
 # Runs one call: its request, its metadata and where its replies go, to the error it
 # ended with (None: it completed).
-CallRunner = Callable[
-    [Any, dict[str, str], Callable[[Any], None]], Awaitable["rpc.PrismError | None"]
-]
+CallRunner = Callable[[Any, dict[str, str], Callable[[Any], None]], Awaitable["PrismError | None"]]
 
 
 class _Outbox:
@@ -57,7 +56,7 @@ class _Outbox:
         return events
 
 
-def _end(error: rpc.PrismError | None) -> common_pb2.CallStatus:
+def _end(error: PrismError | None) -> common_pb2.CallStatus:
     if error is None:
         return common_pb2.CallStatus(code=grpc.StatusCode.OK.value[0])
     status = error.to_status()
@@ -108,11 +107,11 @@ class MultiplexServer:
                 if action == "start":
                     refused = None
                     if self._draining:
-                        refused = rpc.PrismError(
+                        refused = PrismError(
                             grpc.StatusCode.UNAVAILABLE, "the server is shutting down"
                         )
                     elif request.call_id in calls:
-                        refused = rpc.invalid(f"call {request.call_id} is running", "call_id")
+                        refused = invalid(f"call {request.call_id} is running", "call_id")
                     if refused is not None:
                         outbox.put(event_type(call_id=request.call_id, end=_end(refused)))
                         continue

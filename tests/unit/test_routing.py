@@ -11,14 +11,14 @@ import time
 import grpc
 import pytest
 
-from prism import rpc
 from prism.kv_index import prompt_keys
 from prism.media import LoadedImage, PromptMedia, content_hash
 from prism.modes import MODES
 from prism.ports import free_port
 from prism.registry import StaticRegistry
 from prism.routing import Router
-from prism.rpc import PrismError
+from prism.rpc.errors import PrismError
+from prism.rpc.server import Server, start_server
 from prism.runtime.service import Service
 from prism.services.processor.failover import StageCalls
 from prism.services.processor.pipeline import Pipeline
@@ -170,10 +170,10 @@ class FakeEngine:
         return engine_pb2.EngineServiceAbortResponse(aborted=False)
 
 
-async def engines(*fakes: FakeEngine) -> list[rpc.Server]:
+async def engines(*fakes: FakeEngine) -> list[Server]:
     servers = []
     for fake in fakes:
-        server = await rpc.start_server(
+        server = await start_server(
             "127.0.0.1:0",
             fake.service.add_to_server,
             ["prism.stage.v1.EngineService"],
@@ -231,7 +231,7 @@ def test_a_replica_that_comes_up_late_is_waited_for_not_failed():
             await asyncio.sleep(0.25)
         assert pipeline.peers.channel(address).get_state() != grpc.ChannelConnectivity.READY
         fake = FakeEngine(3)
-        server = await rpc.start_server(
+        server = await start_server(
             address,
             fake.service.add_to_server,
             ["prism.stage.v1.EngineService"],
@@ -354,7 +354,7 @@ class FakePrefill(FakeEngine):
 
 async def migrated(
     pipeline: Pipeline,
-    servers: list[rpc.Server],
+    servers: list[Server],
     sampling: common_pb2.SamplingParams,
     images: tuple[LoadedImage, ...] = (),
 ) -> list[int]:
@@ -472,10 +472,10 @@ class FakeEncoder:
         return encoder_pb2.EncodeResponse(embeddings=encoder_pb2.MediaEmbeddings(images=handles))
 
 
-async def encoders(*fakes: FakeEncoder) -> list[rpc.Server]:
+async def encoders(*fakes: FakeEncoder) -> list[Server]:
     servers = []
     for encoder in fakes:
-        server = await rpc.start_server(
+        server = await start_server(
             "127.0.0.1:0", encoder.service.add_to_server, ["prism.stage.v1.EncoderService"]
         )
         await server.set_serving(["prism.stage.v1.EncoderService"])
@@ -554,7 +554,7 @@ def test_embeddings_lost_with_their_encoder_are_encoded_again_elsewhere():
         worker = EmbeddingsReader(9, lost="lost")
         servers = []
         for encoder in (lost, spare):
-            server = await rpc.start_server(
+            server = await start_server(
                 "127.0.0.1:0",
                 encoder.service.add_to_server,
                 ["prism.stage.v1.EncoderService"],

@@ -17,11 +17,12 @@ import asyncio
 import logging
 import uuid
 
-from prism import logs, rpc, telemetry
+from prism import logs, telemetry
 from prism.cache import ByteLru
 from prism.media import MediaLoader, content_hash, media_policy
 from prism.modes import modes_served
-from prism.rpc import invalid
+from prism.rpc.errors import invalid
+from prism.rpc.server import InFlightLimit
 from prism.runtime.service import Service
 from prism.runtime.stage import Stage
 from prism.services.encoder.batching import Batcher
@@ -53,7 +54,7 @@ class EncoderServicer:
         self.loader = loader
         self.cache = cache
         self.lease_s = lease_s
-        self.limit = rpc.InFlightLimit(max_in_flight, "encode requests")
+        self.limit = InFlightLimit(max_in_flight, "encode requests")
         self.service = Service(
             encoder_pb2.DESCRIPTOR.services_by_name["EncoderService"],
             encoder_pb2_grpc,

@@ -13,7 +13,7 @@ from typing import Generic, TypeVar
 import grpc
 from transformers import PreTrainedTokenizerBase
 
-from prism.rpc import PrismError
+from prism.rpc.errors import PrismError
 from prism.sampling import to_vllm
 from prism.services.processor.detokenize import Delta, Detokenizer
 from prism.services.processor.failover import StageCalls

@@ -13,12 +13,14 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from prism import rpc, telemetry
+from prism import telemetry
 from prism.kv_index import lay_out, prompt_keys
 from prism.media import PromptMedia, content_hash
 from prism.modes import MeshRole, Mode
 from prism.routing import Router
-from prism.rpc import PrismError, multiplex
+from prism.rpc import multiplex
+from prism.rpc.channel import call_metadata
+from prism.rpc.errors import PrismError
 from prism.runtime.clients import GENERATE, Peers
 from prism.services.processor.cache_watch import CacheWatch
 from prism.services.processor.failover import Failover, StageCalls
@@ -135,7 +137,7 @@ class Pipeline:
 
             def encoded(address: str, encode=encode) -> grpc.aio.UnaryUnaryCall:
                 stub = encoder_pb2_grpc.EncoderServiceStub(self.peers.channel(address))
-                return stub.Encode(encode, metadata=rpc.call_metadata())
+                return stub.Encode(encode, metadata=call_metadata())
 
             async for reply in self.failover.on_replica(
                 MeshRole.ENCODER, call, encoded, content=hashes[indices[0]]
@@ -173,7 +175,7 @@ class Pipeline:
         """`keys`: the prompt's block keys, for the role that computes prompts."""
 
         def start(address: str) -> multiplex.MultiplexCall:
-            return self.peers.batched(address, GENERATE).call(request, rpc.call_metadata())
+            return self.peers.batched(address, GENERATE).call(request, call_metadata())
 
         blocks = 0
         if keys is not None and self.cache_watch is not None:
@@ -266,7 +268,7 @@ class Pipeline:
                 await engine_pb2_grpc.EngineServiceStub(self.peers.channel(address)).Abort(
                     engine_pb2.EngineServiceAbortRequest(request_id=request_id),
                     timeout=10,
-                    metadata=rpc.call_metadata(),
+                    metadata=call_metadata(),
                 )
             except grpc.aio.AioRpcError as exc:
                 log.warning("could not free the KV cache of %s on %s: %s", request_id, address,

@@ -14,9 +14,10 @@ from collections.abc import AsyncIterator, Awaitable
 from opentelemetry import trace
 from transformers import PreTrainedTokenizerBase
 
-from prism import logs, rpc
+from prism import logs
 from prism.media import MediaLoader, PromptMedia
-from prism.rpc import invalid
+from prism.rpc.errors import invalid
+from prism.rpc.server import InFlightLimit
 from prism.runtime.service import Service
 from prism.services.processor.chat import ChatRenderer
 from prism.services.processor.checks import check_model, check_sampling
@@ -61,7 +62,7 @@ class InferenceServicer:
         self.service = Service(
             inference_pb2.DESCRIPTOR.services_by_name["InferenceService"],
             inference_pb2_grpc,
-            rpc.InFlightLimit(max_in_flight),
+            InFlightLimit(max_in_flight),
         )
         self.service.stream("Chat", self.chat, timed=True)
         self.service.stream("Complete", self.complete, timed=True)

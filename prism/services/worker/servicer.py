@@ -29,10 +29,11 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from prism import logs, rpc, telemetry
+from prism import logs, telemetry
 from prism.media import content_hash, decode_image
 from prism.modes import EngineRole, modes_served
-from prism.rpc import PrismError, invalid
+from prism.rpc.errors import PrismError, invalid
+from prism.rpc.server import Server
 from prism.runtime.stage import Stage
 from prism.services.worker import check_request, engine_service
 from prism.services.worker.engine import config_info, embeddings_device, start_engine
@@ -318,7 +319,7 @@ class EngineServicer:
         self._last_output = time.monotonic()
         return ""
 
-    async def watch(self, server: rpc.Server, period: float = _WATCH_S) -> None:
+    async def watch(self, server: Server, period: float = _WATCH_S) -> None:
         """Keeps the health status true to whether the engine can generate, as Dynamo's
         canary checks do: a server that answers while its engine cannot generate would
         keep taking requests from routing and Consul."""
