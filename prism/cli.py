@@ -231,9 +231,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return _run_stage(worker.serve(args))
     if args.command == "encoder":
-        from prism.services import encoder
+        from prism.services.encoder import serving
 
-        return _run_stage(encoder.serve(args))
+        return _run_stage(serving.serve(args))
     if args.command == "processor":
         from prism.services.processor import serving
 

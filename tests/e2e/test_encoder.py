@@ -25,7 +25,7 @@ from prism.ports import free_port
 from prism.presets import write_weights
 from prism.rpc.channel import check_health, sync_channel
 from prism.rpc.errors import PrismError
-from prism.services.encoder import VisionEncoder
+from prism.services.encoder.vision import VisionEncoder
 from prism.stage.v1 import encoder_pb2, encoder_pb2_grpc, engine_pb2, engine_pb2_grpc
 from prism.transfer.nixl import NixlTransfer
 from prism.v1 import common_pb2
@@ -180,7 +180,7 @@ def test_concurrent_requests_for_distinct_images_share_forward_passes(batching_e
 
 PEAK_MEMORY = """
 import re, sys
-from prism.services.encoder import VisionEncoder
+from prism.services.encoder.vision import VisionEncoder
 
 def peak_mib():
     return int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) // 1024
