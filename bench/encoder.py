@@ -28,8 +28,8 @@ from pathlib import Path
 import PIL.Image
 import torch
 
-from prism import rpc
 from prism.ports import free_port
+from prism.rpc.channel import check_health, sync_channel
 from prism.stage.v1 import encoder_pb2, encoder_pb2_grpc
 from prism.v1 import common_pb2
 
@@ -53,11 +53,11 @@ class Encoder:
         )  # fmt: skip
         address = f"127.0.0.1:{self.port}"
         deadline = time.monotonic() + 300
-        while not rpc.check_health(address):
+        while not check_health(address):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the encoder (batch size {batch_size}) did not start")
             time.sleep(0.5)
-        self.stub = encoder_pb2_grpc.EncoderServiceStub(rpc.sync_channel(address))
+        self.stub = encoder_pb2_grpc.EncoderServiceStub(sync_channel(address))
 
     def encode(self, data: bytes, request_id: str) -> float:
         started = time.perf_counter()

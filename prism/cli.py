@@ -171,9 +171,9 @@ def _healthy(target: str, timeout: float) -> bool:
                 return reply.status == 200
         except (urllib.error.URLError, OSError):
             return False
-    from prism import rpc
+    from prism.rpc.channel import check_health
 
-    return rpc.check_health(target, timeout=timeout)
+    return check_health(target, timeout=timeout)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -209,10 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     logs.configure(args.log_level, args.log_format)
     if getattr(args, "tls_cert", ""):
-        from prism import rpc
+        from prism.rpc.tls import Tls, configure_tls
 
-        rpc.configure_tls(
-            rpc.Tls.from_files(args.tls_cert, args.tls_key, args.tls_ca, args.tls_server_name)
+        configure_tls(
+            Tls.from_files(args.tls_cert, args.tls_key, args.tls_ca, args.tls_server_name)
         )
     if args.command == "serve":
         from prism.launcher import run
@@ -231,9 +231,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return _run_stage(worker.serve(args))
     if args.command == "encoder":
-        from prism.services import encoder
+        from prism.services.encoder import serving
 
-        return _run_stage(encoder.serve(args))
+        return _run_stage(serving.serve(args))
     if args.command == "processor":
         from prism.services.processor import serving
 

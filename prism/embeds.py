@@ -16,7 +16,7 @@ from typing import Any
 
 import safetensors
 
-from prism.rpc import invalid
+from prism.rpc.errors import invalid
 from prism.stage.v1 import encoder_pb2, tensor_pb2
 from prism.v1 import common_pb2
 

@@ -30,7 +30,7 @@ from prism.config.common import AddressConfig, MetricsConfig
 from prism.config.stages import MeshConfig, ProcessorConfig, WorkerConfig
 from prism.modes import EngineRole, MeshRole, mode
 from prism.ports import free_port
-from prism.rpc import check_health
+from prism.rpc.channel import check_health
 from prism.supervisor import Supervisor
 
 _PR_SET_PDEATHSIG = 1

@@ -23,8 +23,8 @@ import PIL.Image
 import yarl
 
 from prism.cache import ByteLru
-from prism.rpc import check_size, invalid
-from prism.rpc import unsupported_media as unsupported
+from prism.rpc.errors import check_size, invalid
+from prism.rpc.errors import unsupported_media as unsupported
 from prism.stage.v1 import encoder_pb2
 from prism.tracing import tracer
 from prism.url_guard import Allowance, GuardedResolver, Refused, check_host

@@ -28,7 +28,7 @@ from prism import telemetry
 from prism.kv_index import KvIndex
 from prism.modes import MeshRole
 from prism.registry import Registry
-from prism.rpc import PrismError
+from prism.rpc.errors import PrismError
 
 POLICIES = ("round-robin", "random", "least-loaded", "kv")
 # Roles that `kv` routes by their prefix cache: those that compute the prompt.

@@ -9,7 +9,7 @@ from vllm import SamplingParams as VllmSamplingParams
 from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import StructuredOutputsParams
 
-from prism.rpc import invalid
+from prism.rpc.errors import invalid
 from prism.v1 import common_pb2
 
 _OPTIONAL = (

@@ -13,8 +13,8 @@ import io
 from dataclasses import dataclass
 from typing import Any
 
-from prism.rpc import check_size, invalid
-from prism.rpc import unsupported_media as unsupported
+from prism.rpc.errors import check_size, invalid
+from prism.rpc.errors import unsupported_media as unsupported
 from prism.v1 import common_pb2
 
 MIME_TYPES = ("video/mp4", "video/webm", "video/x-matroska", "video/quicktime")

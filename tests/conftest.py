@@ -10,9 +10,12 @@ CPU (`e2e/test_idle.py`).
 
 from __future__ import annotations
 
+import prism  # noqa: F401
+
 # Before grpc: importing prism turns gRPC's fork handlers off, and only takes effect if
 # grpc is not yet loaded (prism/__init__.py).
-import prism  # noqa: F401
+from prism.rpc.channel import sync_channel
+from prism.rpc.server import Server, start_server
 
 # isort: split
 import asyncio
@@ -47,7 +50,6 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 import parity
 
-from prism import rpc
 from prism.config.common import ModelConfig
 from prism.config.stages import MeshConfig, ServeConfig
 from prism.launcher import Mesh, StageProcess, plan
@@ -61,14 +63,14 @@ ROOT = Path(__file__).parent
 
 @contextlib.contextmanager
 def serving(register: Callable[[Any], None], services: list[str]) -> Iterator[str]:
-    """A gRPC server (`rpc.start_server`, serving) on an event loop thread of its own, for
+    """A gRPC server (`start_server`, serving) on an event loop thread of its own, for
     sync tests; yields its address."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
 
-    async def start() -> rpc.Server:
-        server = await rpc.start_server("127.0.0.1:0", register, services)
+    async def start() -> Server:
+        server = await start_server("127.0.0.1:0", register, services)
         await server.set_serving(services)
         return server
 
@@ -371,7 +373,7 @@ class RunningMesh:
         """One channel per stage for the mesh's life, connected before its first call, as
         a long-lived client keeps one."""
         if stage not in self._channels:
-            channel = rpc.sync_channel(self.address(stage))
+            channel = sync_channel(self.address(stage))
             grpc.channel_ready_future(channel).result(timeout=60)
             self._channels[stage] = channel
         return self._channels[stage]

@@ -36,7 +36,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from prism.rpc import check_health
+from prism.rpc.channel import check_health
 
 NODE = {"ID": "5c5e0f0e-0000-4000-8000-000000000001", "Node": "double", "Address": "127.0.0.1",
         "Datacenter": "dc1", "TaggedAddresses": {}, "Meta": {}}  # fmt: skip

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from prism import processes
 from prism.launcher import StageProcess, http_ok
-from prism.rpc import check_health
+from prism.rpc.channel import check_health
 
 LOOPBACK = "127.0.0.1"
 # One /24 for the bridge: the test's namespace is .1, hosts from .10 on.

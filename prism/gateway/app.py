@@ -14,14 +14,15 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 
-from prism import rpc, tracing
+from prism import tracing
 from prism.gateway import health, middleware
 from prism.gateway.client import GrpcProcessorClient, ProcessorClient
 from prism.gateway.kserve import servicer as kserve
 from prism.gateway.openai import chat, completions, models
 from prism.registry import Instance, Registry, instance, open_registry
 from prism.routing import Router
-from prism.rpc import PrismError
+from prism.rpc.errors import PrismError
+from prism.rpc.server import InFlightLimit
 from prism.runtime.stage import freeze_startup_heap
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ def create_app(
     there too, with the same key, bound and deadline."""
     processor = processor or GrpcProcessorClient(router, request_timeout)
     # One bound on generations in flight, whichever door they came in by.
-    limit = rpc.InFlightLimit(max_in_flight, "generations")
+    limit = InFlightLimit(max_in_flight, "generations")
     authorize = functools.partial(middleware.authorize, api_key)
     lifespan = functools.partial(
         _lifespan,
@@ -73,7 +74,7 @@ async def _lifespan(
     registry: Registry,
     me: Instance | None,
     kserve_address: str,
-    limit: rpc.InFlightLimit,
+    limit: InFlightLimit,
     authorize: Callable[[str], None],
     shutdown_grace_s: float,
 ) -> AsyncIterator[None]:

@@ -15,10 +15,11 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from opentelemetry import propagate
 
-from prism import rpc, tracing
+from prism import tracing
 from prism.modes import MeshRole
 from prism.routing import Router
-from prism.rpc import PrismError
+from prism.rpc.channel import call_metadata, is_serving
+from prism.rpc.errors import PrismError, status_for
 from prism.runtime.clients import CHAT, COMPLETE, Batched, Peers
 from prism.v1 import inference_pb2, inference_pb2_grpc
 
@@ -71,12 +72,12 @@ class GrpcProcessorClient:
 
     def _call(self, method: Batched, request: Any) -> ReplyStream:
         batched = self._peers.batched(self._pick(), method)
-        return batched.call(request, rpc.call_metadata(), self.timeout)
+        return batched.call(request, call_metadata(), self.timeout)
 
     async def list_models(self, timeout: float | None = None) -> inference_pb2.ListModelsResponse:
         stub = inference_pb2_grpc.InferenceServiceStub(self._peers.channel(self._pick()))
         return await stub.ListModels(
-            inference_pb2.ListModelsRequest(), metadata=rpc.call_metadata(), timeout=timeout
+            inference_pb2.ListModelsRequest(), metadata=call_metadata(), timeout=timeout
         )
 
     async def healthy(self) -> bool:
@@ -84,7 +85,7 @@ class GrpcProcessorClient:
             channel = self._peers.channel(self._pick())
         except PrismError:
             return False
-        return await rpc.is_serving(channel, timeout=2.0)
+        return await is_serving(channel, timeout=2.0)
 
     async def close(self) -> None:
         await self._peers.close()
@@ -151,7 +152,7 @@ class LocalContext:
     replies, and `abort`."""
 
     def __init__(self, write: Callable[[Any], None] = lambda reply: None) -> None:
-        metadata = dict(rpc.call_metadata())
+        metadata = dict(call_metadata())
         if tracing.enabled():
             propagate.inject(metadata)
         self.metadata = tuple(metadata.items())
@@ -189,7 +190,7 @@ async def _handle(handler: Callable, request: Any, context: LocalContext) -> Any
         assert context.error is not None
         raise context.error from None
     except Exception as exc:
-        raise _call_error(rpc.status_for(exc, "processor")) from None
+        raise _call_error(status_for(exc, "processor")) from None
 
 
 async def _unary(handler: Callable, request: Any, timeout: float | None) -> Any:
@@ -203,7 +204,7 @@ async def _unary(handler: Callable, request: Any, timeout: float | None) -> Any:
 
 
 class LocalCall:
-    """A Chat or Complete call on a processor in this process, read as multiplex.Call
+    """A Chat or Complete call on a processor in this process, read as MultiplexCall
     is: the handler runs in a task of its own, and its replies wait here until read."""
 
     def __init__(self, handler: Callable, request: Any, timeout: float | None) -> None:

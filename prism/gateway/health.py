@@ -9,9 +9,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from prism import rpc
 from prism.gateway.client import ProcessorClient
 from prism.gateway.kserve.servicer import SERVICE
+from prism.rpc.server import Server
 
 router = APIRouter()
 
@@ -29,7 +29,7 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse({"status": "unavailable"}, status_code=503)
 
 
-async def healthy(processor: ProcessorClient, kserve_server: rpc.Server | None) -> bool:
+async def healthy(processor: ProcessorClient, kserve_server: Server | None) -> bool:
     """Whether the processor can serve; the KServe port's gRPC health says the same."""
     serving = await processor.healthy()
     if kserve_server is not None:
@@ -37,7 +37,7 @@ async def healthy(processor: ProcessorClient, kserve_server: rpc.Server | None) 
     return serving
 
 
-async def track(server: rpc.Server, processor: ProcessorClient, period: float = 1.0) -> None:
+async def track(server: Server, processor: ProcessorClient, period: float = 1.0) -> None:
     """The KServe port's gRPC health between /health checks (each of which sets it too)."""
     while True:
         await healthy(processor, server)

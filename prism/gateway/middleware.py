@@ -14,9 +14,10 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from prism import logs, rpc, telemetry
+from prism import logs, telemetry
 from prism.gateway.openai.protocol import error_body
-from prism.rpc import PrismError
+from prism.rpc.errors import PrismError, status_for
+from prism.rpc.server import InFlightLimit
 from prism.v1 import errors_pb2
 
 # Routes counted by path in the request metrics; anything else counts as "other".
@@ -55,7 +56,7 @@ class FrontDoor:
     Pure ASGI rather than Starlette's BaseHTTPMiddleware, which would run the app in
     another task and get in the way of streaming and disconnect handling."""
 
-    def __init__(self, app: Any, api_key: str, limit: rpc.InFlightLimit):
+    def __init__(self, app: Any, api_key: str, limit: InFlightLimit):
         self.app = app
         self.api_key = api_key
         self.limit = limit
@@ -92,7 +93,7 @@ class FrontDoor:
             if status:
                 raise
             # Starlette's own answer would be a bare text 500.
-            await error_response(rpc.status_for(exc, "gateway"))(scope, receive, send_with_id)
+            await error_response(status_for(exc, "gateway"))(scope, receive, send_with_id)
         finally:
             logs.REQUEST_ID.reset(token)
             if path.startswith("/v1/"):

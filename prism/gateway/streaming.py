@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from prism import logs, telemetry
 from prism.gateway.client import ReplyStream
 from prism.gateway.openai.protocol import StreamOptions, error_body, usage
-from prism.rpc import PrismError
+from prism.rpc.errors import PrismError
 
 # The SSE event of a message (the first of its choice or not).
 Chunk = Callable[[Any, bool], dict]

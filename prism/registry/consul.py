@@ -17,8 +17,8 @@ from typing import Any
 from consul import Check
 from consul.aio import Consul
 
-from prism import rpc
 from prism.registry import Instance
+from prism.rpc.tls import tls_enabled
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ class ConsulRegistry:
             return Check.grpc(f"{host}:{instance.health_port}", **timing)
         # Consul's agent dials the check itself: with TLS it needs the CA (and, for mutual
         # TLS, a client certificate) in its own configuration.
-        return Check.grpc(instance.address, use_tls=rpc.tls_enabled() or None, **timing)
+        return Check.grpc(instance.address, use_tls=tls_enabled() or None, **timing)
 
     async def register(self, instance: Instance) -> None:
         host, port = _split(instance.address)

@@ -27,16 +27,15 @@ from typing import Any
 import grpc
 from opentelemetry import propagate
 
-from prism import rpc, tracing
+from prism import tracing
+from prism.rpc.errors import PrismError, invalid
 from prism.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 
 # Runs one call: its request, its metadata and where its replies go, to the error it
 # ended with (None: it completed).
-CallRunner = Callable[
-    [Any, dict[str, str], Callable[[Any], None]], Awaitable["rpc.PrismError | None"]
-]
+CallRunner = Callable[[Any, dict[str, str], Callable[[Any], None]], Awaitable["PrismError | None"]]
 
 
 class _Outbox:
@@ -57,7 +56,7 @@ class _Outbox:
         return events
 
 
-def _end(error: rpc.PrismError | None) -> common_pb2.CallStatus:
+def _end(error: PrismError | None) -> common_pb2.CallStatus:
     if error is None:
         return common_pb2.CallStatus(code=grpc.StatusCode.OK.value[0])
     status = error.to_status()
@@ -65,7 +64,7 @@ def _end(error: rpc.PrismError | None) -> common_pb2.CallStatus:
     return common_pb2.CallStatus(code=status.code.value[0], message=status.details, details=details)
 
 
-class Server:
+class MultiplexServer:
     """The server side of one batched method: runs each call and batches the events of all
     calls. What a call does (its handler and every per-call concern) is `run`'s."""
 
@@ -108,11 +107,11 @@ class Server:
                 if action == "start":
                     refused = None
                     if self._draining:
-                        refused = rpc.PrismError(
+                        refused = PrismError(
                             grpc.StatusCode.UNAVAILABLE, "the server is shutting down"
                         )
                     elif request.call_id in calls:
-                        refused = rpc.invalid(f"call {request.call_id} is running", "call_id")
+                        refused = invalid(f"call {request.call_id} is running", "call_id")
                     if refused is not None:
                         outbox.put(event_type(call_id=request.call_id, end=_end(refused)))
                         continue
@@ -143,7 +142,7 @@ class Server:
                 task.cancel()
 
 
-class Call:
+class MultiplexCall:
     """One call on a `Client`'s stream, used as a `grpc.aio.UnaryStreamCall` is."""
 
     def __init__(self, client: Client, call_id: int) -> None:
@@ -156,7 +155,7 @@ class Call:
         self._read_to_end = False
         self._deadline: asyncio.TimerHandle | None = None
 
-    def __aiter__(self) -> Call:
+    def __aiter__(self) -> MultiplexCall:
         return self
 
     async def __anext__(self) -> Any:
@@ -280,7 +279,7 @@ class Client:
         self._request_type = request_type
         self._merge = merge
         self._ids = itertools.count(1)
-        self._calls: dict[int, Call] = {}
+        self._calls: dict[int, MultiplexCall] = {}
         self._outgoing: asyncio.Queue | None = None
         self._reader: asyncio.Task | None = None
 
@@ -289,14 +288,14 @@ class Client:
         start: object,
         metadata: tuple[tuple[str, str], ...] = (),
         timeout: float | None = None,
-    ) -> Call:
+    ) -> MultiplexCall:
         """Starts a call; past `timeout` seconds it fails with DEADLINE_EXCEEDED."""
         if self._reader is None or self._reader.done():
             self._outgoing = asyncio.Queue()
             stream = self._open_stream(self._requests(self._outgoing))
             self._reader = asyncio.create_task(self._read(stream))
         call_id = next(self._ids)
-        call = self._calls[call_id] = Call(self, call_id)
+        call = self._calls[call_id] = MultiplexCall(self, call_id)
         carried = dict(metadata)
         if tracing.enabled():
             propagate.inject(carried)

@@ -12,9 +12,10 @@ from typing import Any
 
 import grpc
 
-from prism import rpc
 from prism.routing import Router
 from prism.rpc import multiplex
+from prism.rpc.channel import channel as open_channel
+from prism.rpc.channel import is_serving
 from prism.stage.v1 import engine_pb2, engine_pb2_grpc, load_pb2, load_pb2_grpc
 from prism.v1 import inference_pb2, inference_pb2_grpc
 
@@ -64,7 +65,7 @@ class Peers:
 
     def channel(self, address: str) -> grpc.aio.Channel:
         if address not in self._channels:
-            self._channels[address] = rpc.channel(address)
+            self._channels[address] = open_channel(address)
         return self._channels[address]
 
     def batched(self, address: str, method: Batched) -> multiplex.Client:
@@ -82,7 +83,7 @@ class Peers:
         both go to the router."""
         channel = self.channel(address)
         probed_at = time.monotonic()
-        serving = await rpc.is_serving(channel)
+        serving = await is_serving(channel)
         in_flight = None
         if serving and self.router.policy in ("least-loaded", "kv"):
             try:

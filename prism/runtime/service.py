@@ -23,8 +23,10 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
 from opentelemetry import propagate, trace
 
-from prism import logs, rpc, telemetry, tracing
+from prism import logs, telemetry, tracing
 from prism.rpc import multiplex
+from prism.rpc.errors import PrismError, status_for
+from prism.rpc.server import InFlightLimit
 from prism.tracing import tracer
 
 log = logging.getLogger(__name__)
@@ -56,18 +58,18 @@ class Service:
         self,
         descriptor: ServiceDescriptor,
         generated: ModuleType,
-        limit: rpc.InFlightLimit | None = None,
+        limit: InFlightLimit | None = None,
     ) -> None:
         """`generated`: the service's `*_pb2_grpc` module (its servicer base answers
         UNIMPLEMENTED for RPCs without a handler)."""
         self.descriptor = descriptor
         self.name = descriptor.full_name
-        self.limit = limit or rpc.InFlightLimit(0)
+        self.limit = limit or InFlightLimit(0)
         # The stage serving it, named in the errors it did not foresee.
         self.stage = ""
         self._add_to_server = getattr(generated, f"add_{descriptor.name}Servicer_to_server")
         self._servicer = getattr(generated, f"{descriptor.name}Servicer")()
-        self._batches: list[multiplex.Server] = []
+        self._batches: list[multiplex.MultiplexServer] = []
         self._on_drain: list[Callable[[], None]] = []
 
     def stream(
@@ -94,7 +96,7 @@ class Service:
         async def run(request: Any, metadata: dict[str, str], emit: Emit) -> Any:
             return await self._run(method, request, metadata, emit)
 
-        batches = multiplex.Server(run, response_type, event_type)
+        batches = multiplex.MultiplexServer(run, response_type, event_type)
         self._batches.append(batches)
 
         async def serve_batches(requests: AsyncIterator, context: grpc.aio.ServicerContext):
@@ -136,7 +138,7 @@ class Service:
 
     async def _run(
         self, method: _Method, request: Any, metadata: Mapping[str, str], emit: Emit
-    ) -> rpc.PrismError | None:
+    ) -> PrismError | None:
         """Runs one call of `method`, its replies to `emit`; the error it ended with, or
         None. A cancelled call raises CancelledError: its caller expects nothing more."""
         if logs.HEADER in metadata:
@@ -169,7 +171,7 @@ class Service:
                 status = grpc.StatusCode.CANCELLED
                 raise
             except Exception as exc:
-                error = rpc.status_for(exc, self.stage)
+                error = status_for(exc, self.stage)
                 status = error.code
                 span.set_status(trace.Status(trace.StatusCode.ERROR, error.message))
                 return error

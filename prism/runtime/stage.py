@@ -19,8 +19,9 @@ from typing import Any
 
 from prometheus_client.registry import Collector
 
-from prism import rpc, telemetry, tracing
+from prism import telemetry, tracing
 from prism.registry import instance, open_registry
+from prism.rpc.server import Server, start_server
 from prism.runtime.service import Service
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 # A stage's background work while it serves: it gets the server (to report health). One
 # that raises means the stage cannot serve: it drains and exits (StageFailed), and its
 # supervisor starts it again.
-Task = Callable[[rpc.Server], Coroutine[Any, Any, None]]
+Task = Callable[[Server], Coroutine[Any, Any, None]]
 
 
 def freeze_startup_heap() -> None:
@@ -73,7 +74,7 @@ class Stage:
                 service.add_to_server(server)
 
         health = f"{args.host}:{args.health_port}" if args.health_port else ""
-        server = await rpc.start_server(
+        server = await start_server(
             f"{args.host}:{args.port}", register, names, in_flight, health_address=health
         )
         telemetry.serve_metrics(args.metrics_port, args.host, collectors)

@@ -15,6 +15,9 @@ reads. One descriptor is meant for exactly one read.
 
 Only raw (address, length, device) triples travel: NIXL's own descriptor serialization is
 pickle and is never applied to bytes from the network.
+
+This module keeps the pools' bookkeeping (slices, publications, leases); the NIXL agent
+itself, every call to it and the wait for a read, is prism.transfer.nixl_agent's.
 """
 
 from __future__ import annotations
@@ -27,35 +30,19 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
 
 import torch
 
-from prism.nixl_compat import nixl_agent
 from prism.stage.v1 import tensor_pb2
 from prism.transfer import TransferError, TransferStats
+from prism.transfer.nixl_agent import NixlAgent, Region, StuckTransfer
 from prism.transfer.tensors import DTYPES, dtype_name, fetch_inline
 
 log = logging.getLogger(__name__)
 
 ALIGNMENT = 64
 DEFAULT_POOL_BYTES = 256 * 2**20
-
-T = TypeVar("T")
-
-# What NIXL's terse error names usually mean for a Prism read.
-_NIXL_HINTS = {
-    "nixlRemoteDisconnectError": "the owner's process is gone",
-    "nixlBackendError": "UCX failed; is the owner's process gone?",
-    "nixlNotFoundError": "memory or agent unknown to NIXL; stale descriptor?",
-    "nixlMismatchError": "agent metadata is not valid",
-}
-
-
-class _StuckTransfer(TransferError):
-    """A failed read whose NIXL handle could not be released: its buffer may still be written."""
 
 
 class PoolAllocator:
@@ -117,26 +104,13 @@ class _Publication:
     id: int
 
 
-def _new_nixl_agent(name: str) -> Any:
-    try:
-        import nixl
-    except ImportError as exc:
-        raise TransferError(
-            f"NIXL is not installed ({exc}); install prism-mesh[cpu] or prism-mesh[gpu]"
-        ) from exc
-    try:
-        return nixl_agent(name, nixl.nixl_agent_config(backends=["UCX"]))
-    except Exception as exc:
-        raise TransferError(f"cannot start NIXL agent {name!r} with UCX: {exc!r}") from exc
-
-
 # NIXL's names of the memory types a descriptor may carry.
 _MEMORY_TYPES = {tensor_pb2.MEMORY_TYPE_DRAM: "DRAM", tensor_pb2.MEMORY_TYPE_VRAM: "VRAM"}
 
 
 def _parse(
     descriptor: tensor_pb2.TensorDescriptor,
-) -> tuple[torch.dtype, list[int], list[tuple[int, int, int]], str]:
+) -> tuple[torch.dtype, list[int], list[Region], str]:
     """Checks a NIXL descriptor from the wire before any memory is touched."""
     location = descriptor.nixl
     what = f"descriptor {location.notification_tag!r} from agent {location.agent_name!r}"
@@ -201,13 +175,8 @@ class NixlTransfer:
         self.device = self._pool.device
         self._memory = "VRAM" if self.device.type == "cuda" else "DRAM"
         self._device_id = self.device.index or 0
-        self._agent = _new_nixl_agent(self.name)
-        try:
-            self._registration = self._agent.register_memory(self._pool)
-            # Taken once, after the pool is registered: every peer sees the whole pool.
-            self._metadata: bytes = self._agent.get_agent_metadata()
-        except Exception as exc:
-            raise TransferError(f"cannot register the transfer pool: {exc!r}") from exc
+        self._agent = NixlAgent(self.name)
+        self._metadata = self._agent.register(self._pool)
 
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)
@@ -215,9 +184,6 @@ class NixlTransfer:
         self._published: dict[str, _Publication] = {}
         self._leases: list[tuple[float, int, str]] = []
         self._ids = itertools.count()
-
-        self._nixl_lock = threading.Lock()
-        self._remotes: dict[str, bytes] = {}
 
     def __enter__(self) -> NixlTransfer:
         return self
@@ -307,7 +273,7 @@ class NixlTransfer:
         Cheap (NIXL hands over a queue its progress thread filled); the owner calls it
         regularly, and `publish` calls it when the pool is full. Returns how many it freed.
         """
-        notifications = self._nixl("collecting notifications", lambda a: a.get_new_notifs())
+        notifications = self._agent.notifications()
         now = time.monotonic()
         freed = 0
         with self._lock:
@@ -348,7 +314,7 @@ class NixlTransfer:
         try:
             seconds = self._read_into(offset, descriptor, regions, memory, deadline, timeout_s)
             tensor = pool[offset : offset + nbytes].view(dtype).view(shape).clone()
-        except _StuckTransfer:
+        except StuckTransfer:
             log.error("leaking %d pool bytes at offset %d: NIXL kept a failed read", nbytes, offset)
             raise
         except BaseException:
@@ -364,16 +330,7 @@ class NixlTransfer:
 
     def close(self) -> None:
         """Destroys the NIXL agent after deregistering the pool, then drops every publication."""
-        with self._nixl_lock:
-            agent, self._agent = self._agent, None
-            if agent is not None:
-                try:
-                    agent.deregister_memory(self._registration)
-                except Exception:
-                    log.warning("deregistering the pool of %s failed", self.name, exc_info=True)
-                self._remotes.clear()
-            # Gone, with its progress thread, before the memory it registered is freed.
-            del agent
+        self._agent.close()
         with self._lock:
             for publication in self._published.values():
                 self._allocator.free(publication.offset)
@@ -427,103 +384,21 @@ class NixlTransfer:
                     )
                 self._space.wait(remaining)
 
-    def _nixl(self, doing: str, call: Callable[[Any], T]) -> T:
-        with self._nixl_lock:
-            if self._agent is None:
-                raise TransferError(f"transfer agent {self.name} is closed")
-            try:
-                return call(self._agent)
-            except TransferError:
-                raise
-            except Exception as exc:
-                kind = type(exc).__name__
-                hint = _NIXL_HINTS.get(kind, kind)
-                raise TransferError(f"{doing}: {exc} ({hint})") from exc
-
-    def _connect(self, descriptor: tensor_pb2.TensorDescriptor) -> str:
-        """The owner's agent name, its metadata loaded (once per name and metadata)."""
-        name, metadata = descriptor.nixl.agent_name, descriptor.nixl.agent_metadata
-        if name == self.name:
-            return name
-
-        def load(agent: Any) -> None:
-            known = self._remotes.get(name)
-            if known == metadata:
-                return
-            if known is not None:
-                agent.remove_remote_agent(name)
-                del self._remotes[name]
-            loaded = agent.add_remote_agent(metadata)
-            loaded = loaded.decode() if isinstance(loaded, bytes) else loaded
-            self._remotes[loaded] = metadata
-            if loaded != name:
-                raise TransferError(
-                    f"descriptor names agent {name!r} but its metadata is {loaded!r}"
-                )
-
-        self._nixl(f"connecting to agent {name!r}", load)
-        return name
-
-    def _forget(self, name: str) -> None:
-        """Drops a failed owner so that its next descriptor reconnects from scratch."""
-        with self._nixl_lock:
-            if self._agent is None or self._remotes.pop(name, None) is None:
-                return
-            try:
-                self._agent.remove_remote_agent(name)
-            except Exception:
-                log.debug("removing remote agent %s failed", name, exc_info=True)
-
     def _read_into(
         self,
         offset: int,
         descriptor: tensor_pb2.TensorDescriptor,
-        regions: list[tuple[int, int, int]],
+        regions: list[Region],
         memory: str,
         deadline: float,
         timeout_s: float,
     ) -> float:
         """READs the regions (in the owner's `memory`) into the pool at `offset`; returns the
         seconds the read took."""
-        name = self._connect(descriptor)
         local, address = [], self._pool_address + offset
         for _, length, _ in regions:
             local.append((address, length, self._device_id))
             address += length
-        tag = descriptor.nixl.notification_tag
-        doing = f"reading {tag!r} from agent {name!r}"
-        started = time.perf_counter()
-        handle = self._nixl(
-            doing,
-            lambda a: a.initialize_xfer(
-                "READ",
-                a.get_xfer_descs(local, self._memory),
-                a.get_xfer_descs(regions, memory),
-                name,
-                tag.encode(),
-            ),
+        return self._agent.read(
+            local, self._memory, descriptor.nixl, regions, memory, deadline, timeout_s
         )
-        outcome = "failed"
-        try:
-            state = self._nixl(doing, lambda a: a.transfer(handle))
-            pause = 0.0
-            while state == "PROC":
-                if time.monotonic() >= deadline:
-                    outcome = "timed out"
-                    raise TransferError(f"{doing}: no completion within {timeout_s} s")
-                time.sleep(pause)
-                pause = min(max(2 * pause, 50e-6), 1e-3)
-                state = self._nixl(doing, lambda a: a.check_xfer_state(handle))
-            if state != "DONE":
-                raise TransferError(f"{doing}: NIXL reported {state} (owner gone?)")
-            outcome = "done"
-        finally:
-            if outcome == "failed":
-                self._forget(name)
-            try:
-                self._nixl(doing, lambda a: a.release_xfer_handle(handle))
-            except TransferError as exc:
-                if outcome != "done":
-                    raise _StuckTransfer(str(exc)) from exc
-                log.warning("releasing a finished NIXL read failed: %s", exc)
-        return time.perf_counter() - started

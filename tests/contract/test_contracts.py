@@ -17,9 +17,10 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 from transformers import AutoTokenizer
 
-from prism import rpc
 from prism.modes import MODES
-from prism.rpc import PrismError
+from prism.rpc.channel import check_health, sync_channel
+from prism.rpc.errors import PrismError
+from prism.rpc.server import LOAD_SERVICE
 from prism.stage.v1 import engine_pb2, engine_pb2_grpc
 from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
@@ -30,11 +31,11 @@ def engine(mesh) -> engine_pb2_grpc.EngineServiceStub:
     """The aggregated worker (the prefill and decode roles have their own tests)."""
     if MODES[mesh.mode].disaggregated:
         pytest.skip("no aggregated worker in this mode")
-    return engine_pb2_grpc.EngineServiceStub(rpc.sync_channel(mesh.worker))
+    return engine_pb2_grpc.EngineServiceStub(sync_channel(mesh.worker))
 
 
 def inference(mesh) -> inference_pb2_grpc.InferenceServiceStub:
-    return inference_pb2_grpc.InferenceServiceStub(rpc.sync_channel(mesh.processor))
+    return inference_pb2_grpc.InferenceServiceStub(sync_channel(mesh.processor))
 
 
 def greedy(max_tokens: int, **fields) -> common_pb2.SamplingParams:
@@ -287,8 +288,8 @@ def test_health_and_reflection(mesh):
     stages = [(mesh.processor, "prism.v1.InferenceService")]
     stages += [(address, "prism.stage.v1.EngineService") for address in mesh.engines]
     for address, service in stages:
-        assert rpc.check_health(address, service, timeout=10)
-        services = ProtoReflectionDescriptorDatabase(rpc.sync_channel(address)).get_services()
+        assert check_health(address, service, timeout=10)
+        services = ProtoReflectionDescriptorDatabase(sync_channel(address)).get_services()
         assert service in services and "grpc.health.v1.Health" in services
         # The stages a processor routes to report their load.
-        assert (rpc.LOAD_SERVICE in services) == (service == "prism.stage.v1.EngineService")
+        assert (LOAD_SERVICE in services) == (service == "prism.stage.v1.EngineService")

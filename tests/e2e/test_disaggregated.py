@@ -13,7 +13,7 @@ from test_contracts import abort_while_running, greedy, inference, text_message
 
 from prism.modes import MODES
 from prism.ports import free_port
-from prism.rpc import PrismError
+from prism.rpc.errors import PrismError
 from prism.stage.v1 import engine_pb2, engine_pb2_grpc
 from prism.v1 import common_pb2, inference_pb2
 

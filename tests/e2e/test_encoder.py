@@ -20,11 +20,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from safetensors import safe_open
 from transformers import AutoConfig
 
-from prism import processes, rpc
+from prism import processes
 from prism.ports import free_port
 from prism.presets import write_weights
-from prism.rpc import PrismError
-from prism.services.encoder import VisionEncoder
+from prism.rpc.channel import check_health, sync_channel
+from prism.rpc.errors import PrismError
+from prism.services.encoder.vision import VisionEncoder
 from prism.stage.v1 import encoder_pb2, encoder_pb2_grpc, engine_pb2, engine_pb2_grpc
 from prism.transfer.nixl import NixlTransfer
 from prism.v1 import common_pb2
@@ -42,14 +43,14 @@ class Encoder:
              "--model", model, "--port", str(self.port), "--metrics-port",
              str(self.metrics_port), "--lease-s", str(lease_s), "--pool-mib", "16", *flags],
         )  # fmt: skip
-        assert wait_for(lambda: rpc.check_health(self.address), timeout=120), "encoder not up"
+        assert wait_for(lambda: check_health(self.address), timeout=120), "encoder not up"
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def encode(self, *images: bytes, request_id: str = "t") -> encoder_pb2.EncodeResponse:
-        stub = encoder_pb2_grpc.EncoderServiceStub(rpc.sync_channel(self.address))
+        stub = encoder_pb2_grpc.EncoderServiceStub(sync_channel(self.address))
         request = encoder_pb2.EncodeRequest(
             request_id=request_id,
             images=[common_pb2.Image(data=data, mime_type="image/png") for data in images],
@@ -113,7 +114,7 @@ def test_unread_embeddings_are_reclaimed_after_the_lease(encoder):
 
 
 def test_encode_rejects_bad_images(encoder):
-    stub = encoder_pb2_grpc.EncoderServiceStub(rpc.sync_channel(encoder.address))
+    stub = encoder_pb2_grpc.EncoderServiceStub(sync_channel(encoder.address))
     bad = encoder_pb2.EncodeRequest(images=[common_pb2.Image(data=b"<svg/>")])
     with pytest.raises(grpc.RpcError) as info:
         stub.Encode(bad, timeout=30)
@@ -179,7 +180,7 @@ def test_concurrent_requests_for_distinct_images_share_forward_passes(batching_e
 
 PEAK_MEMORY = """
 import re, sys
-from prism.services.encoder import VisionEncoder
+from prism.services.encoder.vision import VisionEncoder
 
 def peak_mib():
     return int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) // 1024
@@ -259,7 +260,7 @@ def test_worker_fails_cleanly_when_the_embeddings_owner_is_gone(mesh, models, or
         embeddings=encoder_pb2.MediaEmbeddings(images=handles),
         sampling=common_pb2.SamplingParams(max_tokens=2),
     )  # fmt: skip
-    worker = engine_pb2_grpc.EngineServiceStub(rpc.sync_channel(mesh.worker))
+    worker = engine_pb2_grpc.EngineServiceStub(sync_channel(mesh.worker))
     started = time.monotonic()
     with pytest.raises(grpc.RpcError) as info:
         list(worker.Generate(prompt, timeout=60))

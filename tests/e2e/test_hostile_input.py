@@ -15,8 +15,8 @@ import PIL.Image
 import pytest
 from conftest import data_url, png, user
 
-from prism import rpc
-from prism.rpc import PrismError
+from prism.rpc.channel import sync_channel
+from prism.rpc.errors import PrismError
 from prism.tiny_models import MAX_POSITIONS
 from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
@@ -184,7 +184,7 @@ def test_hostile_requests_get_their_4xx_and_the_mesh_keeps_serving(mesh, image_s
     ids=["no role", "ssrf", "n", "max_tokens"],
 )  # fmt: skip
 def test_grpc_callers_get_invalid_argument(mesh, request_, param):
-    stub = inference_pb2_grpc.InferenceServiceStub(rpc.sync_channel(mesh.processor))
+    stub = inference_pb2_grpc.InferenceServiceStub(sync_channel(mesh.processor))
     with pytest.raises(grpc.RpcError) as info:
         list(stub.Chat(request_, timeout=60))
     error = PrismError.from_rpc_error(info.value)

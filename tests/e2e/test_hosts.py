@@ -30,7 +30,7 @@ from conftest import (
 )
 
 from prism import processes
-from prism.rpc import check_health
+from prism.rpc.channel import check_health
 
 
 # Module-scoped: before the module's meshes, which need the hosts.

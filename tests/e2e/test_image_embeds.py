@@ -12,7 +12,7 @@ import pytest
 import safetensors.torch
 from conftest import ask_case, data_url, image_part, png, start_mesh, user
 
-from prism.services.encoder import VisionEncoder
+from prism.services.encoder.vision import VisionEncoder
 
 PARAM = "messages[0].content[0].image_embeds"
 

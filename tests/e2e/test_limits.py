@@ -14,8 +14,8 @@ import httpx
 import pytest
 from conftest import start_mesh, user, wait_for
 
-from prism import rpc
-from prism.rpc import PrismError
+from prism.rpc.channel import check_health, sync_channel
+from prism.rpc.errors import PrismError
 from prism.stage.v1 import engine_pb2, engine_pb2_grpc
 from prism.v1 import common_pb2
 
@@ -93,7 +93,7 @@ def test_a_request_past_its_deadline_is_504_and_aborted_everywhere(bounded):
 def test_sigterm_drains_a_worker(bounded):
     """Last: it takes the worker down. In flight finishes; nothing new is taken."""
     stage = bounded.mesh.stage("worker")
-    stub = engine_pb2_grpc.EngineServiceStub(rpc.sync_channel(stage.address))
+    stub = engine_pb2_grpc.EngineServiceStub(sync_channel(stage.address))
     request = engine_pb2.GenerateRequest(
         request_id="drain-me", prompt_token_ids=[5, 6, 7],
         sampling=common_pb2.SamplingParams(temperature=0, max_tokens=600, ignore_eos=True),
@@ -102,7 +102,7 @@ def test_sigterm_drains_a_worker(bounded):
     first = next(call)
     assert first.token_ids
     os.kill(stage.process.pid, signal.SIGTERM)
-    assert wait_for(lambda: not rpc.check_health(stage.address), timeout=5)
+    assert wait_for(lambda: not check_health(stage.address), timeout=5)
     late = engine_pb2.GenerateRequest(request_id="too-late", prompt_token_ids=[5],
                                       sampling=request.sampling)  # fmt: skip
     with pytest.raises(grpc.RpcError) as info:

@@ -16,7 +16,7 @@ import httpx
 import psutil
 from conftest import data_url, png, run_oracle, start_mesh, user, wait_for
 
-from prism.rpc import check_health
+from prism.rpc.channel import check_health
 
 
 def long_chat(mesh, max_tokens: int, image: bool = False) -> dict:

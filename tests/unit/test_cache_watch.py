@@ -11,13 +11,13 @@ from types import SimpleNamespace
 
 from vllm.distributed.kv_events import BlockStored
 
-from prism import rpc
 from prism.kv_index import prompt_keys
 from prism.media import PromptMedia
 from prism.modes import MODES
 from prism.ports import free_port
 from prism.registry import StaticRegistry
 from prism.routing import Router
+from prism.rpc.server import Server, start_server
 from prism.services.processor.inputs import ModelInputs
 from prism.services.processor.pipeline import Pipeline
 from prism.services.worker.kv_events import KvEvents
@@ -25,8 +25,8 @@ from prism.services.worker.kv_events import KvEvents
 BLOCK = 4
 
 
-async def serve(kv: KvEvents, port: int) -> rpc.Server:
-    return await rpc.start_server(f"127.0.0.1:{port}", kv.service.add_to_server, [])
+async def serve(kv: KvEvents, port: int) -> Server:
+    return await start_server(f"127.0.0.1:{port}", kv.service.add_to_server, [])
 
 
 async def until(predicate, timeout: float = 10.0) -> None:

@@ -16,17 +16,17 @@ import pytest
 from conftest import until
 from consul_double import ConsulDouble, DecodeError, decode, duration
 
-from prism import rpc
 from prism.ports import free_port
 from prism.registry import Instance, discovery_tags
 from prism.registry.consul import ConsulRegistry
+from prism.rpc.server import Server, start_server
 
 TOKEN = "b1gs3cret-acl-token"
 
 
-async def health_server() -> rpc.Server:
+async def health_server() -> Server:
     """A gRPC server with nothing but health checking, serving."""
-    server = await rpc.start_server("127.0.0.1:0", lambda s: None, ["prism.test"])
+    server = await start_server("127.0.0.1:0", lambda s: None, ["prism.test"])
     await server.set_serving(["prism.test"])
     return server
 
@@ -102,7 +102,7 @@ def test_gateway_registers_an_http_check():
 def test_a_plaintext_health_port_is_checked_instead_of_the_service_port():
     async def main() -> None:
         port = free_port()
-        server = await rpc.start_server(
+        server = await start_server(
             "127.0.0.1:0", lambda s: None, ["prism.test"], health_address=f"127.0.0.1:{port}"
         )
         await server.set_serving(["prism.test"])

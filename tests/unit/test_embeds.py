@@ -12,7 +12,7 @@ from transformers import LlavaConfig, Qwen2VLConfig
 
 from prism import embeds
 from prism.embeds import Geometry
-from prism.rpc import PrismError
+from prism.rpc.errors import PrismError
 from prism.v1 import common_pb2
 
 

@@ -16,7 +16,7 @@ from prism.gateway.app import create_app
 from prism.gateway.client import InProcessClient
 from prism.registry import StaticRegistry
 from prism.routing import Router
-from prism.rpc import invalid
+from prism.rpc.errors import invalid
 from prism.runtime.service import Service
 from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 

@@ -22,7 +22,7 @@ from prism.kserve import grpc_service_pb2_grpc as pb_grpc
 from prism.ports import free_port
 from prism.registry import StaticRegistry
 from prism.routing import Router
-from prism.rpc import PrismError
+from prism.rpc.errors import PrismError
 from prism.runtime.service import Service
 from prism.telemetry import REQUESTS
 from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc

@@ -9,7 +9,7 @@ import pytest
 from conftest import ALLOWED_HOST, png
 
 from prism.media import IMAGE, MediaLoader, MediaPolicy, check_image, parse_data_url
-from prism.rpc import PrismError
+from prism.rpc.errors import PrismError
 from prism.v1 import common_pb2
 
 

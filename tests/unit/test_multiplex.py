@@ -7,8 +7,10 @@ import contextlib
 import grpc
 import pytest
 
-from prism import rpc
-from prism.rpc import PrismError, multiplex
+from prism.rpc import multiplex
+from prism.rpc.channel import channel as open_channel
+from prism.rpc.errors import PrismError, invalid
+from prism.rpc.server import start_server
 from prism.runtime.clients import merge_generated
 from prism.runtime.service import Service
 from prism.stage.v1 import engine_pb2, engine_pb2_grpc
@@ -33,7 +35,7 @@ class Engine:
     async def replies(self, request):
         (n,) = request.prompt_token_ids
         if n == 0:
-            raise rpc.invalid("no tokens asked for", param="prompt_token_ids")
+            raise invalid("no tokens asked for", param="prompt_token_ids")
         self.started += 1
         try:
             await self.go.wait()
@@ -63,12 +65,12 @@ class Recorded:
 @contextlib.asynccontextmanager
 async def engine(merge=None):
     servicer = Engine()
-    server = await rpc.start_server(
+    server = await start_server(
         "127.0.0.1:0",
         servicer.service.add_to_server,
         ["prism.stage.v1.EngineService"],
     )
-    channel = rpc.channel(f"127.0.0.1:{server.port}")
+    channel = open_channel(f"127.0.0.1:{server.port}")
     stub = engine_pb2_grpc.EngineServiceStub(channel)
     client = multiplex.Client(
         lambda requests: Recorded(stub.GenerateBatch(requests), servicer.sent),
@@ -95,7 +97,7 @@ def request(request_id: str, n: int) -> engine_pb2.GenerateRequest:
     return engine_pb2.GenerateRequest(request_id=request_id, prompt_token_ids=[n])
 
 
-async def tokens(call: multiplex.Call) -> list[int]:
+async def tokens(call: multiplex.MultiplexCall) -> list[int]:
     return [t async for reply in call for t in reply.token_ids]
 
 
@@ -115,7 +117,7 @@ def test_calls_ready_together_travel_in_one_message():
     asyncio.run(main())
 
 
-async def delivered(call: multiplex.Call) -> None:
+async def delivered(call: multiplex.MultiplexCall) -> None:
     for _ in range(200):
         if call.done():
             return
@@ -278,7 +280,7 @@ def test_a_call_id_in_use_is_refused_on_the_raw_stream():
     async def main() -> list[tuple[int, str, int]]:
         async with (
             engine() as (servicer, _, server),
-            rpc.channel(f"127.0.0.1:{server.port}") as channel,
+            open_channel(f"127.0.0.1:{server.port}") as channel,
         ):
             stream = engine_pb2_grpc.EngineServiceStub(channel).GenerateBatch()
             start = request("r", 1000)

@@ -11,7 +11,7 @@ import pytest
 from prism.embeds import Geometry
 from prism.media import MediaLoader, MediaPolicy
 from prism.modes import MODES
-from prism.rpc import PrismError
+from prism.rpc.errors import PrismError
 from prism.sampling import to_vllm
 from prism.services.processor.detokenize import Detokenizer
 from prism.services.processor.inputs import ModelInputs

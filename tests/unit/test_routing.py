@@ -11,16 +11,16 @@ import time
 import grpc
 import pytest
 
-from prism import rpc
 from prism.kv_index import prompt_keys
 from prism.media import LoadedImage, PromptMedia, content_hash
 from prism.modes import MODES
 from prism.ports import free_port
 from prism.registry import StaticRegistry
 from prism.routing import Router
-from prism.rpc import PrismError
+from prism.rpc.errors import PrismError
+from prism.rpc.server import Server, start_server
 from prism.runtime.service import Service
-from prism.services.processor.failover import Call
+from prism.services.processor.failover import StageCalls
 from prism.services.processor.pipeline import Pipeline
 from prism.stage.v1 import (
     encoder_pb2,
@@ -170,10 +170,10 @@ class FakeEngine:
         return engine_pb2.EngineServiceAbortResponse(aborted=False)
 
 
-async def engines(*fakes: FakeEngine) -> list[rpc.Server]:
+async def engines(*fakes: FakeEngine) -> list[Server]:
     servers = []
     for fake in fakes:
-        server = await rpc.start_server(
+        server = await start_server(
             "127.0.0.1:0",
             fake.service.add_to_server,
             ["prism.stage.v1.EngineService"],
@@ -192,7 +192,9 @@ async def generate(*fakes: FakeEngine, dead: int = 0) -> tuple[list[int], Pipeli
     pipeline = Pipeline(MODES["epd"], Router(StaticRegistry({"worker": addresses})))
     tokens: list[int] = []
     try:
-        replies = pipeline.run("r1", [1, 2, 3], PromptMedia(), common_pb2.SamplingParams(), Call())
+        replies = pipeline.run(
+            "r1", [1, 2, 3], PromptMedia(), common_pb2.SamplingParams(), StageCalls()
+        )
         async for reply in replies:
             tokens += reply.token_ids
     finally:
@@ -229,14 +231,16 @@ def test_a_replica_that_comes_up_late_is_waited_for_not_failed():
             await asyncio.sleep(0.25)
         assert pipeline.peers.channel(address).get_state() != grpc.ChannelConnectivity.READY
         fake = FakeEngine(3)
-        server = await rpc.start_server(
+        server = await start_server(
             address,
             fake.service.add_to_server,
             ["prism.stage.v1.EngineService"],
         )
         tokens: list[int] = []
         try:
-            replies = pipeline.run("r1", [1], PromptMedia(), common_pb2.SamplingParams(), Call())
+            replies = pipeline.run(
+                "r1", [1], PromptMedia(), common_pb2.SamplingParams(), StageCalls()
+            )
             async for reply in replies:
                 tokens += reply.token_ids
         finally:
@@ -309,7 +313,7 @@ def test_a_stream_cut_mid_way_resumes_on_another_replica():
         sampling = common_pb2.SamplingParams(max_tokens=5, min_tokens=3)
         tokens: list[int] = []
         try:
-            replies = pipeline.run("r1", [7, 8], PromptMedia(), sampling, Call(), limit)
+            replies = pipeline.run("r1", [7, 8], PromptMedia(), sampling, StageCalls(), limit)
             async for reply in replies:
                 tokens += reply.token_ids
         finally:
@@ -350,7 +354,7 @@ class FakePrefill(FakeEngine):
 
 async def migrated(
     pipeline: Pipeline,
-    servers: list[rpc.Server],
+    servers: list[Server],
     sampling: common_pb2.SamplingParams,
     images: tuple[LoadedImage, ...] = (),
 ) -> list[int]:
@@ -359,7 +363,7 @@ async def migrated(
     tokens: list[int] = []
     try:
         media = PromptMedia(list(images))
-        async for reply in pipeline.run("r1", [7, 8], media, sampling, Call(), 1):
+        async for reply in pipeline.run("r1", [7, 8], media, sampling, StageCalls(), 1):
             tokens += reply.token_ids
     finally:
         await pipeline.close()
@@ -468,10 +472,10 @@ class FakeEncoder:
         return encoder_pb2.EncodeResponse(embeddings=encoder_pb2.MediaEmbeddings(images=handles))
 
 
-async def encoders(*fakes: FakeEncoder) -> list[rpc.Server]:
+async def encoders(*fakes: FakeEncoder) -> list[Server]:
     servers = []
     for encoder in fakes:
-        server = await rpc.start_server(
+        server = await start_server(
             "127.0.0.1:0", encoder.service.add_to_server, ["prism.stage.v1.EncoderService"]
         )
         await server.set_serving(["prism.stage.v1.EncoderService"])
@@ -498,7 +502,7 @@ def test_kv_sends_each_image_to_the_encoder_that_owns_it():
         async def run(*images: LoadedImage) -> list[tuple[str, str]]:
             """(encoder, image) of each embedding the worker was sent."""
             replies = pipeline.run("r", [7], PromptMedia(list(images)), common_pb2.SamplingParams(),
-                                   Call())  # fmt: skip
+                                   StageCalls())  # fmt: skip
             async for _ in replies:
                 pass
             handles = worker.requests[-1].embeddings.images
@@ -550,7 +554,7 @@ def test_embeddings_lost_with_their_encoder_are_encoded_again_elsewhere():
         worker = EmbeddingsReader(9, lost="lost")
         servers = []
         for encoder in (lost, spare):
-            server = await rpc.start_server(
+            server = await start_server(
                 "127.0.0.1:0",
                 encoder.service.add_to_server,
                 ["prism.stage.v1.EncoderService"],

@@ -14,17 +14,21 @@ import pytest
 from conftest import serving
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from prism import cli, rpc
+from prism import cli
 from prism.registry import StaticRegistry
 from prism.routing import Router
-from prism.rpc import PrismError
+from prism.rpc import options
+from prism.rpc.channel import channel as open_channel
+from prism.rpc.channel import check_health, sync_channel
+from prism.rpc.errors import PrismError, invalid
+from prism.rpc.server import start_server
 from prism.runtime.service import Service
 from prism.services.processor.serving import _track_readiness  # vLLM's import runs `file`
 from prism.v1 import errors_pb2, inference_pb2, inference_pb2_grpc
 
 
 async def list_models(request):
-    raise rpc.invalid(
+    raise invalid(
         "bad thing", param="messages[0]", reason=errors_pb2.ERROR_REASON_UNSUPPORTED_MEDIA_TYPE
     )
 
@@ -46,13 +50,13 @@ def failing() -> Service:
 
 def test_errors_round_trip_with_details():
     async def run():
-        server = await rpc.start_server(
+        server = await start_server(
             "127.0.0.1:0",
             failing().add_to_server,
             ["prism.v1.InferenceService"],
         )
         try:
-            async with rpc.channel(f"127.0.0.1:{server.port}") as channel:
+            async with open_channel(f"127.0.0.1:{server.port}") as channel:
                 stub = inference_pb2_grpc.InferenceServiceStub(channel)
                 with pytest.raises(grpc.aio.AioRpcError) as info:
                     await stub.ListModels(inference_pb2.ListModelsRequest())
@@ -87,16 +91,16 @@ def test_every_status_code_names_a_reason_of_its_own():
 
 def test_health_starts_not_serving_then_serves():
     async def run():
-        server = await rpc.start_server("127.0.0.1:0", lambda s: None, ["x.Service"])
+        server = await start_server("127.0.0.1:0", lambda s: None, ["x.Service"])
         address = f"127.0.0.1:{server.port}"
         try:
-            assert not await asyncio.to_thread(rpc.check_health, address)
+            assert not await asyncio.to_thread(check_health, address)
             await server.set_serving(["x.Service"])
-            assert await asyncio.to_thread(rpc.check_health, address, "x.Service")
+            assert await asyncio.to_thread(check_health, address, "x.Service")
             server.draining = True
             await server.set_serving(["x.Service"], serving=False)
             await server.set_serving(["x.Service"])
-            assert not await asyncio.to_thread(rpc.check_health, address, "x.Service")
+            assert not await asyncio.to_thread(check_health, address, "x.Service")
         finally:
             await server.server.stop(0)
 
@@ -132,10 +136,10 @@ def test_idle_connections_survive_keepalive(monkeypatch):
     def faster(options):
         return [(key, value // 10 if key in keepalive else value) for key, value in options]
 
-    monkeypatch.setattr(rpc, "_OPTIONS", faster(rpc._OPTIONS))
-    monkeypatch.setattr(rpc, "_SERVER_OPTIONS", faster(rpc._SERVER_OPTIONS))
+    monkeypatch.setattr(options, "CHANNEL_OPTIONS", faster(options.CHANNEL_OPTIONS))
+    monkeypatch.setattr(options, "SERVER_OPTIONS", faster(options.SERVER_OPTIONS))
     states: list[grpc.ChannelConnectivity] = []
-    with serving(lambda server: None, ["idle"]) as address, rpc.sync_channel(address) as channel:
+    with serving(lambda server: None, ["idle"]) as address, sync_channel(address) as channel:
         channel.subscribe(states.append, try_to_connect=True)
         check = health_pb2_grpc.HealthStub(channel).Check
         up = health_pb2.HealthCheckResponse.SERVING

@@ -13,8 +13,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import REGISTRY
 
-from prism import logs, rpc, tracing
-from prism.rpc import PrismError, multiplex
+from prism import logs, tracing
+from prism.rpc import multiplex
+from prism.rpc.channel import channel as open_channel
+from prism.rpc.errors import PrismError, invalid
+from prism.rpc.server import InFlightLimit, start_server
 from prism.runtime import service
 from prism.runtime.service import Service
 from prism.v1 import common_pb2, errors_pb2, inference_pb2, inference_pb2_grpc
@@ -30,7 +33,7 @@ class Handlers:
         self.service = Service(
             inference_pb2.DESCRIPTOR.services_by_name["InferenceService"],
             inference_pb2_grpc,
-            rpc.InFlightLimit(limit),
+            InFlightLimit(limit),
         )
         self.service.stream("Chat", self.chat, timed=True)
         self.service.unary("ListModels", self.list_models)
@@ -42,7 +45,7 @@ class Handlers:
                 await self.go.wait()
             yield inference_pb2.ChatResponse(text=word)
             if word == "fail":
-                raise rpc.invalid("told to fail", "messages", errors_pb2.ERROR_REASON_OVERLOADED)
+                raise invalid("told to fail", "messages", errors_pb2.ERROR_REASON_OVERLOADED)
         yield inference_pb2.ChatResponse(
             finish_reason=common_pb2.FINISH_REASON_STOP, usage=common_pb2.Usage(prompt_tokens=1)
         )
@@ -59,8 +62,8 @@ def chat(text: str) -> inference_pb2.ChatRequest:
 @contextlib.asynccontextmanager
 async def served(handlers: Handlers):
     """The stub and a batched client of a server of `handlers`."""
-    server = await rpc.start_server("127.0.0.1:0", handlers.service.add_to_server, [])
-    channel = rpc.channel(f"127.0.0.1:{server.port}")
+    server = await start_server("127.0.0.1:0", handlers.service.add_to_server, [])
+    channel = open_channel(f"127.0.0.1:{server.port}")
     stub = inference_pb2_grpc.InferenceServiceStub(channel)
     batched = multiplex.Client(stub.ChatBatch, inference_pb2.ChatBatchRequest)
     try:

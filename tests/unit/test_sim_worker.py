@@ -10,12 +10,12 @@ import asyncio
 import grpc
 import pytest
 
-from prism import rpc
 from prism.kv_index import lay_out, prompt_keys
 from prism.media import content_hash
 from prism.modes import EngineRole
 from prism.ports import free_port
-from prism.rpc import PrismError
+from prism.rpc.errors import PrismError
+from prism.rpc.server import Server, start_server
 from prism.services.worker.kv_publisher import KvPublisher
 from prism.services.worker.sim import SimServicer
 from prism.services.worker.sim_engine import SimConfig, SimEngine
@@ -37,7 +37,7 @@ class Worker:
         self.port = free_port()
         self.servicer = SimServicer(self.engine, role, {"image": IMAGE}, MEDIA_TOKENS, 1e6,
                                     ("127.0.0.1", self.port), kv_lease_s=30)  # fmt: skip
-        self.server: rpc.Server | None = None
+        self.server: Server | None = None
         self.channel: grpc.aio.Channel | None = None
 
     def _changed(self, stored: list[int], removed: list[int]) -> None:
@@ -48,7 +48,7 @@ class Worker:
             self.servicer.service.add_to_server(server)
             self.publisher.service.add_to_server(server)
 
-        self.server = await rpc.start_server(f"127.0.0.1:{self.port}", register, [])
+        self.server = await start_server(f"127.0.0.1:{self.port}", register, [])
         self.engine.start()
         self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.port}")
         return self

@@ -17,8 +17,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from prism import rpc
 from prism.ports import free_port
+from prism.rpc.channel import channel as open_channel
+from prism.rpc.channel import check_health, is_serving
+from prism.rpc.server import start_server
+from prism.rpc.tls import Tls, configure_tls
 from prism.stage.v1 import load_pb2, load_pb2_grpc
 
 
@@ -58,8 +61,8 @@ def certificate(name: str, issuer: tuple | None = None) -> tuple[bytes, bytes, t
 def tls():
     ca, _, signer = certificate("prism-test-ca")
     cert, key, _ = certificate("prism-stage", issuer=signer)
-    yield rpc.Tls(cert, key, ca)
-    rpc.configure_tls(None)
+    yield Tls(cert, key, ca)
+    configure_tls(None)
 
 
 def health_server() -> contextlib.AbstractContextManager[str]:
@@ -78,14 +81,14 @@ def check(channel: grpc.Channel) -> bool:
 
 
 def test_services_talk_mutual_tls(tls):
-    rpc.configure_tls(tls)
+    configure_tls(tls)
     with health_server() as address:
         # A peer with a certificate from the CA gets in, sync and asyncio alike.
-        assert rpc.check_health(address)
+        assert check_health(address)
 
         async def over_aio() -> bool:
-            async with rpc.channel(address) as channel:
-                return await rpc.is_serving(channel)
+            async with open_channel(address) as channel:
+                return await is_serving(channel)
 
         assert asyncio.run(over_aio())
         # Plaintext, or TLS without a client certificate, does not.
@@ -97,19 +100,19 @@ def test_services_talk_mutual_tls(tls):
 def test_server_name_override(tls):
     # The certificate names "localhost": dialed by another name it passes only with the
     # override, and a wrong override fails.
-    rpc.configure_tls(rpc.Tls(tls.cert, tls.key, tls.ca, server_name="localhost"))
+    configure_tls(Tls(tls.cert, tls.key, tls.ca, server_name="localhost"))
     with health_server() as address:
-        assert rpc.check_health(address)
-        rpc.configure_tls(rpc.Tls(tls.cert, tls.key, tls.ca, server_name="elsewhere.example"))
-        assert not rpc.check_health(address)
+        assert check_health(address)
+        configure_tls(Tls(tls.cert, tls.key, tls.ca, server_name="elsewhere.example"))
+        assert not check_health(address)
 
 
 def test_probes_reach_a_plaintext_health_port_and_nothing_else(tls):
-    rpc.configure_tls(tls)
+    configure_tls(tls)
     port = free_port()
 
     async def main() -> None:
-        server = await rpc.start_server(
+        server = await start_server(
             "127.0.0.1:0",
             lambda s: None,
             ["prism.test"],
@@ -119,15 +122,15 @@ def test_probes_reach_a_plaintext_health_port_and_nothing_else(tls):
         await server.set_serving(["prism.test"])
         probe = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
         # As kubelet's gRPC probe and Consul's check: no certificate, yet an answer.
-        assert await rpc.is_serving(probe, "prism.test")
+        assert await is_serving(probe, "prism.test")
         # The port serves health alone; the service port still wants a certificate.
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await load_pb2_grpc.LoadServiceStub(probe).GetLoad(load_pb2.GetLoadRequest())
         assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
         plain = grpc.aio.insecure_channel(f"127.0.0.1:{server.port}")
-        assert not await rpc.is_serving(plain)
+        assert not await is_serving(plain)
         await server.set_serving(["prism.test"], serving=False)
-        assert not await rpc.is_serving(probe, "prism.test")
+        assert not await is_serving(probe, "prism.test")
         await probe.close()
         await plain.close()
         await server.stop(None)

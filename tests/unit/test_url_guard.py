@@ -13,7 +13,7 @@ from aiohttp.abc import AbstractResolver
 from conftest import ALLOWED_HOST, png
 
 from prism.media import MediaLoader, MediaPolicy
-from prism.rpc import PrismError
+from prism.rpc.errors import PrismError
 from prism.url_guard import Allowance, GuardedResolver, Refused, blocked_reason, check_host
 from prism.v1 import common_pb2
 

@@ -10,7 +10,7 @@ import pytest
 from conftest import ALLOWED_HOST, png, video
 
 from prism.media import MediaLoader, MediaPolicy
-from prism.rpc import PrismError
+from prism.rpc.errors import PrismError
 from prism.v1 import common_pb2
 from prism.video import VideoDecoder, VideoLimits, check_video, encode_video
 

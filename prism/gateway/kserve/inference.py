@@ -14,7 +14,7 @@ from prism.gateway.kserve.tensors import OUTPUTS, pack_bytes, read_inputs
 from prism.gateway.openai import protocol
 from prism.gateway.openai.completions import completion_request
 from prism.kserve import grpc_service_pb2 as kserve
-from prism.rpc import invalid
+from prism.rpc.errors import invalid
 from prism.v1 import common_pb2, inference_pb2
 
 # Sampling parameters that Triton clients send as strings, by the type vLLM gives them.

@@ -14,13 +14,14 @@ from typing import Any
 
 import grpc
 
-from prism import logs, rpc, telemetry, tracing
+from prism import logs, telemetry, tracing
 from prism.gateway.client import ProcessorClient
 from prism.gateway.kserve.inference import Answer, Generation, generation
 from prism.gateway.kserve.tensors import CONFIG_TYPES, INPUTS, OUTPUTS
 from prism.kserve import grpc_service_pb2 as kserve
 from prism.kserve import grpc_service_pb2_grpc as kserve_grpc
-from prism.rpc import PrismError, invalid
+from prism.rpc.errors import PrismError, invalid, status_for
+from prism.rpc.server import InFlightLimit, Server, start_server
 from prism.v1 import errors_pb2
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ class KServe:
     def __init__(
         self,
         processor: ProcessorClient,
-        limit: rpc.InFlightLimit,
+        limit: InFlightLimit,
         authorize: Callable[[str], None],
     ) -> None:
         self.processor = processor
@@ -245,7 +246,7 @@ class KServe:
             status = grpc.StatusCode.CANCELLED
             raise
         except Exception as exc:
-            error = rpc.status_for(exc)
+            error = status_for(exc)
             status = error.code
             if context is None:
                 raise error from None
@@ -264,13 +265,13 @@ def _authorization(context: grpc.aio.ServicerContext) -> str:
 async def start(
     address: str,
     processor: ProcessorClient,
-    limit: rpc.InFlightLimit,
+    limit: InFlightLimit,
     authorize: Callable[[str], None],
-) -> rpc.Server:
+) -> Server:
     """Serves KServe v2 at `address`, with health (in step with the gateway's) and
     reflection, as every stage's port has them."""
     servicer = KServe(processor, limit, authorize)
-    return await rpc.start_server(
+    return await start_server(
         address,
         lambda server: kserve_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server),
         [SERVICE],

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prism.kserve import grpc_service_pb2 as kserve
-from prism.rpc import invalid
+from prism.rpc.errors import invalid
 
 
 @dataclass(frozen=True)

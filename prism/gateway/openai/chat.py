@@ -33,7 +33,7 @@ from prism.gateway.openai.protocol import (
     wants_stream,
 )
 from prism.gateway.streaming import generate
-from prism.rpc import PrismError, invalid
+from prism.rpc.errors import PrismError, invalid
 from prism.v1 import common_pb2, inference_pb2
 
 router = APIRouter()

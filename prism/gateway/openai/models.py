@@ -6,9 +6,8 @@ import grpc
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from prism import rpc
 from prism.gateway.client import ProcessorClient
-from prism.rpc import PrismError
+from prism.rpc.errors import PrismError, status_for
 from prism.v1 import inference_pb2
 
 router = APIRouter()
@@ -20,7 +19,7 @@ async def models(request: Request) -> JSONResponse:
     try:
         reply = await processor.list_models()
     except (grpc.aio.AioRpcError, PrismError) as exc:
-        error = rpc.status_for(exc)
+        error = status_for(exc)
         if error.code != grpc.StatusCode.UNAVAILABLE:
             raise error from None
         # No processor to ask: no model can be served yet.

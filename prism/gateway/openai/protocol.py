@@ -11,7 +11,7 @@ from typing import Any
 
 from fastapi import Request
 
-from prism.rpc import PrismError, invalid
+from prism.rpc.errors import PrismError, invalid
 from prism.v1 import common_pb2
 
 FINISH_REASONS = {

@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 from transformers.utils import cached_file
 
 from prism.media import decode_image
-from prism.rpc import invalid
+from prism.rpc.errors import invalid
 from prism.transfer.tensors import DTYPES
 from prism.video import VideoDecoder
 

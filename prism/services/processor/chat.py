@@ -17,7 +17,7 @@ from vllm.renderers.chat_utils import _postprocess_messages
 
 from prism.media import MediaLoader, PromptMedia
 from prism.modes import Mode
-from prism.rpc import invalid
+from prism.rpc.errors import invalid
 from prism.services.processor.checks import check_counts, checked_embedding
 from prism.services.processor.inputs import ModelInputs, Prompt
 from prism.services.processor.parsing import ChatParsing, Parsers

@@ -16,7 +16,7 @@ from vllm.exceptions import VLLMClientError
 from prism import embeds
 from prism.media import MediaPolicy
 from prism.modes import Mode
-from prism.rpc import PrismError, invalid
+from prism.rpc.errors import PrismError, invalid
 from prism.sampling import to_vllm
 from prism.services.processor.inputs import ModelInputs
 from prism.stage.v1 import encoder_pb2

@@ -13,10 +13,10 @@ from typing import Generic, TypeVar
 import grpc
 from transformers import PreTrainedTokenizerBase
 
-from prism.rpc import PrismError
+from prism.rpc.errors import PrismError
 from prism.sampling import to_vllm
 from prism.services.processor.detokenize import Delta, Detokenizer
-from prism.services.processor.failover import Call
+from prism.services.processor.failover import StageCalls
 from prism.services.processor.fan_out import UsageTally
 from prism.services.processor.logprobs import Logprobs
 from prism.services.processor.parsing import ChatParsing, ChoiceParsing, Step
@@ -68,7 +68,7 @@ class ChoiceAnswer(Generic[Response]):
         self.held: list[int] = []
 
     async def stream(
-        self, replies: AsyncIterator[engine_pb2.GenerateResponse], call: Call
+        self, replies: AsyncIterator[engine_pb2.GenerateResponse], call: StageCalls
     ) -> AsyncIterator[Response]:
         """The choice's messages from its engine `replies`, each with the request's usage so
         far. `call` carries the choice's stage calls, which an Abort cancels."""

@@ -11,7 +11,7 @@ from collections.abc import Awaitable
 from transformers import PreTrainedTokenizerBase
 
 from prism.media import MediaLoader, PromptMedia
-from prism.rpc import invalid
+from prism.rpc.errors import invalid
 from prism.services.processor.checks import check_placeholders
 from prism.services.processor.inputs import ModelInputs, Prompt
 from prism.v1 import common_pb2, inference_pb2

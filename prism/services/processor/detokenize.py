@@ -13,7 +13,7 @@ from prism.v1 import common_pb2
 
 
 @dataclass
-class _Request:
+class _DetokenizerRequest:
     """The fields of vLLM's EngineCoreRequest that its detokenizer reads."""
 
     request_id: str
@@ -46,7 +46,7 @@ class Detokenizer:
         params: SamplingParams,
     ) -> None:
         self._inner = IncrementalDetokenizer.from_new_request(
-            tokenizer, _Request(request_id, prompt_ids, params)
+            tokenizer, _DetokenizerRequest(request_id, prompt_ids, params)
         )
         # Output tokens handed out so far (a stop string may hold some back).
         self.sent = 0

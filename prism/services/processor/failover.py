@@ -15,14 +15,15 @@ from typing import TypeVar
 import grpc
 
 from prism.modes import MeshRole
-from prism.rpc import PrismError, multiplex
+from prism.rpc import multiplex
+from prism.rpc.errors import PrismError
 from prism.runtime.clients import Peers
 from prism.stage.v1 import engine_pb2
 from prism.v1 import common_pb2, errors_pb2
 
 log = logging.getLogger(__name__)
 
-CallT = TypeVar("CallT", bound=grpc.aio.Call | multiplex.Call)
+CallT = TypeVar("CallT", bound=grpc.aio.Call | multiplex.MultiplexCall)
 
 # How long a call waits for its replica's channel to connect.
 _CONNECT_S = 3.0
@@ -37,11 +38,11 @@ _UPSTREAM_LOST = (
 
 
 @dataclass
-class Call:
+class StageCalls:
     """One request's stage calls: the one it waits on, so that an Abort can cancel it,
     and the replicas holding what a later stage reads."""
 
-    current: grpc.aio.Call | multiplex.Call | None = None
+    current: grpc.aio.Call | multiplex.MultiplexCall | None = None
     # The replica `current` went to.
     address: str = ""
     aborted: bool = False
@@ -88,8 +89,8 @@ class Failover:
     async def on_replica(
         self,
         role: MeshRole,
-        call: Call,
-        start: Callable[[str], grpc.aio.Call | multiplex.Call],
+        call: StageCalls,
+        start: Callable[[str], grpc.aio.Call | multiplex.MultiplexCall],
         retry_gone: bool = True,
         keys: Sequence[int] = (),
         blocks: int = 0,
@@ -151,7 +152,7 @@ class Failover:
         request_id: str,
         prompt_ids: list[int],
         sampling: common_pb2.SamplingParams,
-        call: Call,
+        call: StageCalls,
         limit: int,
     ) -> AsyncIterator[engine_pb2.GenerateResponse]:
         """The replies of `attempt`, made again up to `limit` times if the worker streaming

@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import TypeVar
 
-from prism.rpc import invalid
+from prism.rpc.errors import invalid
 from prism.stage.v1 import engine_pb2
 from prism.v1 import common_pb2
 

@@ -19,7 +19,7 @@ from prism.v1 import common_pb2
 
 
 @dataclass
-class _Request:
+class _LogprobsRequest:
     """The field of vLLM's EngineCoreRequest that its logprobs processor reads."""
 
     sampling_params: SamplingParams
@@ -40,7 +40,7 @@ class Logprobs:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, params: SamplingParams) -> None:
         self.tokenizer = tokenizer
-        self._inner = LogprobsProcessor.from_new_request(tokenizer, _Request(params))
+        self._inner = LogprobsProcessor.from_new_request(tokenizer, _LogprobsRequest(params))
 
     def output(
         self, positions: Sequence[engine_pb2.EngineLogprobs]

@@ -20,7 +20,7 @@ from vllm.exceptions import VLLMValidationError
 from vllm.parser import Parser, ParserManager
 from vllm.renderers.chat_utils import make_tool_call_id
 
-from prism.rpc import invalid
+from prism.rpc.errors import invalid
 from prism.v1 import common_pb2, inference_pb2
 
 _MODES = {

@@ -13,15 +13,17 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from prism import rpc, telemetry
+from prism import telemetry
 from prism.kv_index import lay_out, prompt_keys
 from prism.media import PromptMedia, content_hash
 from prism.modes import MeshRole, Mode
 from prism.routing import Router
-from prism.rpc import PrismError, multiplex
+from prism.rpc import multiplex
+from prism.rpc.channel import call_metadata
+from prism.rpc.errors import PrismError
 from prism.runtime.clients import GENERATE, Peers
 from prism.services.processor.cache_watch import CacheWatch
-from prism.services.processor.failover import Call, Failover
+from prism.services.processor.failover import Failover, StageCalls
 from prism.services.processor.inputs import ModelInputs
 from prism.stage.v1 import encoder_pb2, encoder_pb2_grpc, engine_pb2, engine_pb2_grpc
 from prism.v1 import common_pb2, errors_pb2
@@ -69,7 +71,7 @@ class Pipeline:
         prompt_ids: list[int],
         media: PromptMedia,
         sampling: common_pb2.SamplingParams,
-        call: Call,
+        call: StageCalls,
         migration_limit: int = 0,
     ) -> AsyncIterator[engine_pb2.GenerateResponse]:
         """The worker replies of one request; its stage calls go through `call`, so that
@@ -91,7 +93,7 @@ class Pipeline:
         prompt_ids: list[int],
         media: PromptMedia,
         sampling: common_pb2.SamplingParams,
-        call: Call,
+        call: StageCalls,
     ) -> AsyncIterator[engine_pb2.GenerateResponse]:
         """Encodes the media if the mode has an encoder; then the worker replies."""
         request = engine_pb2.GenerateRequest(
@@ -113,7 +115,7 @@ class Pipeline:
         return self._generate(MeshRole.WORKER, request, call, keys)
 
     async def _encode(
-        self, request_id: str, media: PromptMedia, call: Call
+        self, request_id: str, media: PromptMedia, call: StageCalls
     ) -> encoder_pb2.MediaEmbeddings:
         """The embeddings of the request's images and videos, in prompt order. Under `kv`
         routing each item goes to the encoder that owns its content hash, whose cache may
@@ -135,7 +137,7 @@ class Pipeline:
 
             def encoded(address: str, encode=encode) -> grpc.aio.UnaryUnaryCall:
                 stub = encoder_pb2_grpc.EncoderServiceStub(self.peers.channel(address))
-                return stub.Encode(encode, metadata=rpc.call_metadata())
+                return stub.Encode(encode, metadata=call_metadata())
 
             async for reply in self.failover.on_replica(
                 MeshRole.ENCODER, call, encoded, content=hashes[indices[0]]
@@ -167,13 +169,13 @@ class Pipeline:
         self,
         role: MeshRole,
         request: engine_pb2.GenerateRequest,
-        call: Call,
+        call: StageCalls,
         keys: list[int] | None = None,
     ) -> AsyncIterator[engine_pb2.GenerateResponse]:
         """`keys`: the prompt's block keys, for the role that computes prompts."""
 
-        def start(address: str) -> multiplex.Call:
-            return self.peers.batched(address, GENERATE).call(request, rpc.call_metadata())
+        def start(address: str) -> multiplex.MultiplexCall:
+            return self.peers.batched(address, GENERATE).call(request, call_metadata())
 
         blocks = 0
         if keys is not None and self.cache_watch is not None:
@@ -186,7 +188,7 @@ class Pipeline:
         )
 
     async def _prefill_then_decode(
-        self, request: engine_pb2.GenerateRequest, call: Call, keys: list[int]
+        self, request: engine_pb2.GenerateRequest, call: StageCalls, keys: list[int]
     ) -> AsyncIterator[engine_pb2.GenerateResponse]:
         """Prefill computes the prompt's KV cache and the first token, which goes out at
         once; decode reads the cache and generates the rest."""
@@ -266,7 +268,7 @@ class Pipeline:
                 await engine_pb2_grpc.EngineServiceStub(self.peers.channel(address)).Abort(
                     engine_pb2.EngineServiceAbortRequest(request_id=request_id),
                     timeout=10,
-                    metadata=rpc.call_metadata(),
+                    metadata=call_metadata(),
                 )
             except grpc.aio.AioRpcError as exc:
                 log.warning("could not free the KV cache of %s on %s: %s", request_id, address,

@@ -14,15 +14,16 @@ from collections.abc import AsyncIterator, Awaitable
 from opentelemetry import trace
 from transformers import PreTrainedTokenizerBase
 
-from prism import logs, rpc
+from prism import logs
 from prism.media import MediaLoader, PromptMedia
-from prism.rpc import invalid
+from prism.rpc.errors import invalid
+from prism.rpc.server import InFlightLimit
 from prism.runtime.service import Service
 from prism.services.processor.chat import ChatRenderer
 from prism.services.processor.checks import check_model, check_sampling
 from prism.services.processor.choice import ChoiceAnswer, RequestAnswer, Response
 from prism.services.processor.completion import CompletionRenderer
-from prism.services.processor.failover import Call
+from prism.services.processor.failover import StageCalls
 from prism.services.processor.fan_out import UsageTally, merge, split
 from prism.services.processor.inputs import ModelInputs, Prompt
 from prism.services.processor.parsing import ChatParsing, Parsers
@@ -57,11 +58,11 @@ class InferenceServicer:
         # Whether the stages behind can take a request: models are listed only then.
         self.ready = False
         # Running request ids -> each choice's stage calls.
-        self._active: dict[str, list[Call]] = {}
+        self._active: dict[str, list[StageCalls]] = {}
         self.service = Service(
             inference_pb2.DESCRIPTOR.services_by_name["InferenceService"],
             inference_pb2_grpc,
-            rpc.InFlightLimit(max_in_flight),
+            InFlightLimit(max_in_flight),
         )
         self.service.stream("Chat", self.chat, timed=True)
         self.service.stream("Complete", self.complete, timed=True)
@@ -136,7 +137,7 @@ class InferenceServicer:
         if request_id in self._active:
             raise invalid(f"request id {request_id!r} is already running", "request_id")
         choices = split(request_id, sampling)
-        calls = self._active[request_id] = [Call() for _ in choices]
+        calls = self._active[request_id] = [StageCalls() for _ in choices]
         tally = UsageTally(len(prompt_ids), len(choices))
         answer = RequestAnswer(
             response_type, request_id, self.served_model_name, prompt_ids, tally, echo, parsing
@@ -158,7 +159,7 @@ class InferenceServicer:
         engine_id: str,
         sampling: common_pb2.SamplingParams,
         media: PromptMedia,
-        call: Call,
+        call: StageCalls,
     ) -> AsyncIterator[Response]:
         """One choice's messages, its engine request run through the mode's pipeline."""
         replies = self.pipeline.run(

@@ -9,11 +9,12 @@ import asyncio
 
 from transformers import AutoTokenizer
 
-from prism import rpc, telemetry
+from prism import telemetry
 from prism.media import MediaLoader, media_policy
 from prism.modes import MeshRole, mode
 from prism.registry import discovery_tags
 from prism.routing import Router
+from prism.rpc.server import Server
 from prism.runtime.stage import Stage
 from prism.services.processor.inputs import ModelInputs
 from prism.services.processor.parsing import Parsers
@@ -80,7 +81,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 async def _track_readiness(
-    server: rpc.Server,
+    server: Server,
     pipeline: Pipeline,
     servicer: InferenceServicer,
     period: float = 1.0,

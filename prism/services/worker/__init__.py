@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 
-from prism import rpc
-from prism.rpc import invalid
+from prism.rpc.errors import invalid
+from prism.rpc.server import InFlightLimit
 from prism.runtime.service import Service, StreamHandler, UnaryHandler
 from prism.stage.v1 import engine_pb2, engine_pb2_grpc
 
@@ -27,7 +27,7 @@ def engine_service(generate: StreamHandler, abort: UnaryHandler, max_in_flight: 
     service = Service(
         engine_pb2.DESCRIPTOR.services_by_name["EngineService"],
         engine_pb2_grpc,
-        rpc.InFlightLimit(max_in_flight),
+        InFlightLimit(max_in_flight),
     )
     service.stream("Generate", generate)
     service.unary("Abort", abort)

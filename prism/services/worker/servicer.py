@@ -25,14 +25,16 @@ from opentelemetry.trace import Span
 from vllm import SamplingParams, TokensPrompt
 from vllm.exceptions import VLLMClientError
 from vllm.logprobs import FlatLogprobs
+from vllm.outputs import RequestOutput
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError
 
-from prism import logs, rpc, telemetry
+from prism import logs, telemetry
 from prism.media import content_hash, decode_image
 from prism.modes import EngineRole, modes_served
-from prism.rpc import PrismError, invalid
+from prism.rpc.errors import PrismError, invalid
+from prism.rpc.server import Server
 from prism.runtime.stage import Stage
 from prism.services.worker import check_request, engine_service
 from prism.services.worker.engine import config_info, embeddings_device, start_engine
@@ -93,6 +95,23 @@ def engine_logprobs(flat: FlatLogprobs | None, top: int) -> list[engine_pb2.Engi
             )
         )
     return positions
+
+
+def _describe_prompt(
+    first: engine_pb2.PromptUsage, output: RequestOutput, params: SamplingParams, span: Span
+) -> None:
+    """The first reply's account of the prompt: its tokens, those the cache held, and
+    their log probabilities when asked for."""
+    first.prompt_tokens = len(output.prompt_token_ids or ())
+    first.cached_tokens = output.num_cached_tokens or 0
+    if output.prompt_logprobs:
+        # Its first position, the prompt's first token, has none.
+        top = params.prompt_logprobs or 0
+        first.prompt_logprobs.extend(engine_logprobs(output.prompt_logprobs[1:], top))
+    span.set_attributes({
+        "gen_ai.usage.input_tokens": first.prompt_tokens,
+        "prism.cached_tokens": first.cached_tokens,
+    })  # fmt: skip
 
 
 class EngineServicer:
@@ -239,32 +258,13 @@ class EngineServicer:
                 )
                 if first:
                     first = False
-                    reply.first.prompt_tokens = len(output.prompt_token_ids or ())
-                    reply.first.cached_tokens = output.num_cached_tokens or 0
-                    if output.prompt_logprobs:
-                        # Its first position, the prompt's first token, has none.
-                        top = params.prompt_logprobs or 0
-                        scored = engine_logprobs(output.prompt_logprobs[1:], top)
-                        reply.first.prompt_logprobs.extend(scored)
-                    span.set_attributes({
-                        "gen_ai.usage.input_tokens": reply.first.prompt_tokens,
-                        "prism.cached_tokens": reply.first.cached_tokens,
-                    })  # fmt: skip
+                    _describe_prompt(reply.first, output, params, span)
                     if output.finished:
                         # The first message is not the last: that one follows, tokenless.
                         yield reply
                         reply = engine_pb2.GenerateResponse()
                 if output.finished:
-                    span.set_attribute("gen_ai.usage.output_tokens", generated)
-                    log.info("%s %s: %d prompt tokens, %d generated, %s", self.role.name,
-                             request_id, len(request.prompt_token_ids), generated,
-                             completion.finish_reason)  # fmt: skip
-                    if completion.finish_reason == "error":
-                        raise self.role.failure(request)
-                    reply.last.reason = _FINISH.get(
-                        completion.finish_reason or "", common_pb2.FINISH_REASON_STOP
-                    )
-                    self.role.hand_off(request_id, output, layouts, reply.last)
+                    self._finish(request, output, layouts, generated, span, reply.last)
                     handed_off = True
                 yield reply
                 if self._running.get(request_id) and not output.finished:
@@ -294,6 +294,27 @@ class EngineServicer:
                 self.role.abandon(request_id)
             self._running.pop(request_id, None)
 
+    def _finish(
+        self,
+        request: engine_pb2.GenerateRequest,
+        output: RequestOutput,
+        layouts: engine_pb2.MediaLayouts,
+        generated: int,
+        span: Span,
+        finish: engine_pb2.Finish,
+    ) -> None:
+        """Fills the last reply's `finish`, and hands off what the next stage reads; an
+        engine that failed the request raises its role's error."""
+        completion = output.outputs[0]
+        span.set_attribute("gen_ai.usage.output_tokens", generated)
+        log.info("%s %s: %d prompt tokens, %d generated, %s", self.role.name,
+                 request.request_id, len(request.prompt_token_ids), generated,
+                 completion.finish_reason)  # fmt: skip
+        if completion.finish_reason == "error":
+            raise self.role.failure(request)
+        finish.reason = _FINISH.get(completion.finish_reason or "", common_pb2.FINISH_REASON_STOP)
+        self.role.hand_off(request.request_id, output, layouts, finish)
+
     def in_flight(self) -> int:
         return len(self._running)
 
@@ -318,7 +339,7 @@ class EngineServicer:
         self._last_output = time.monotonic()
         return ""
 
-    async def watch(self, server: rpc.Server, period: float = _WATCH_S) -> None:
+    async def watch(self, server: Server, period: float = _WATCH_S) -> None:
         """Keeps the health status true to whether the engine can generate, as Dynamo's
         canary checks do: a server that answers while its engine cannot generate would
         keep taking requests from routing and Consul."""

@@ -21,11 +21,12 @@ from pathlib import Path
 
 import grpc
 
-from prism import rpc, telemetry
+from prism import telemetry
 from prism.kv_index import lay_out, prompt_keys
 from prism.media import content_hash
 from prism.modes import EngineRole, modes_served
-from prism.rpc import PrismError, invalid
+from prism.rpc.errors import PrismError, invalid
+from prism.rpc.server import Server
 from prism.runtime.stage import Stage
 from prism.services.worker import check_request, engine_service
 from prism.services.worker.kv_publisher import KvPublisher
@@ -294,7 +295,7 @@ async def serve(args: argparse.Namespace) -> None:
     ]  # fmt: skip
     engine.start()
 
-    async def learn_port(server: rpc.Server) -> None:
+    async def learn_port(server: Server) -> None:
         # A prefill names itself to decode by its server's port, known once it binds.
         servicer.address = (servicer.address[0], server.port)
 

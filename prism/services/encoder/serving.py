@@ -1,0 +1,76 @@
+"""The encoder stage as a process: `serve` loads the vision path, opens the transfer the
+embeddings are published through and serves `EncoderServicer` on the stage runtime, with
+a task that frees what readers have read."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+from prism import telemetry
+from prism.cache import ByteLru
+from prism.media import MediaLoader, media_policy
+from prism.modes import modes_served
+from prism.runtime.stage import Stage
+from prism.services.encoder.servicer import EncoderServicer
+from prism.services.encoder.vision import Embedding, VisionEncoder
+from prism.transfer import Transfer, open_transfer
+from prism.video import VideoDecoder
+
+log = logging.getLogger(__name__)
+
+
+async def _release_read_embeddings(
+    agent: Transfer, period: float = 0.02, idle_period: float = 0.5
+) -> None:
+    """Frees slices whose readers have notified, and reclaims expired leases.
+
+    With nothing published there is nothing to free: an idle encoder looks less often (a
+    full pool is freed by `publish` itself)."""
+    while True:
+        if agent.pool_bytes_in_use:
+            await asyncio.to_thread(agent.poll)
+            await asyncio.sleep(period)
+        else:
+            await asyncio.sleep(idle_period)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    stage = Stage(args, "encoder")
+    videos = VideoDecoder.for_model(args.model, args.video_frames, args.video_fps)
+    vision = await asyncio.to_thread(
+        VisionEncoder, args.model, args.device, args.dtype, videos=videos
+    )
+    log.info("vision path on %s in %s", vision.device, vision.dtype)
+    agent = open_transfer(args.transfer, args.pool_mib * 2**20, args.lease_s, device=vision.device)
+    loader = MediaLoader(media_policy(args))
+    cache: ByteLru[Embedding] = ByteLru(args.cache_mib * 2**20, size=lambda e: e.nbytes)
+    servicer = EncoderServicer(
+        vision,
+        agent,
+        loader,
+        cache,
+        args.lease_s,
+        args.max_in_flight,
+        batch_size=args.batch_size,
+        batch_wait_s=args.batch_wait_ms / 1000,
+    )
+    collectors = [
+        telemetry.transfer_collector(agent),
+        telemetry.cache_collector("prism_embedding_cache", "Embedding", cache.stats),
+        telemetry.cache_collector(
+            "prism_image_cache", "Image and video URL", loader.url_cache.stats
+        ),
+    ]
+    try:
+        await stage.serve(
+            [servicer.service],
+            modes_served(),
+            collectors,
+            in_flight=lambda: servicer.limit.count,
+            tasks=[lambda _: _release_read_embeddings(agent)],
+        )
+    finally:
+        await loader.close()
+        agent.close()
