@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from transformers import AutoTokenizer
 
 from prism import processes
 from prism.ports import free_port
@@ -97,10 +96,18 @@ def _completion(prompt: str, **body: Any) -> tuple[str, dict]:
 
 
 @functools.cache
+def _tokenizer(model: str) -> Any:
+    # Here, not at the top: transformers loads torch, which the unit lane never loads.
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model)
+
+
+@functools.cache
 def _no_whitespace(model: str) -> dict[str, int]:
     """A logit bias that bars every token of blanks only: JSON lets the random-weight model
     pad with blanks until max_tokens, and the cases must end in JSON that parses."""
-    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer = _tokenizer(model)
     blanks = [i for i in range(len(tokenizer)) if tokenizer.decode([i]).isspace()]
     return {str(i): -100 for i in blanks}
 
@@ -108,7 +115,7 @@ def _no_whitespace(model: str) -> dict[str, int]:
 def _token(model: str | None, token: str) -> str:
     if model is None:
         return "0"
-    return str(AutoTokenizer.from_pretrained(model).convert_tokens_to_ids(token))
+    return str(_tokenizer(model).convert_tokens_to_ids(token))
 
 
 def tool_cases(model: str | None) -> dict[str, tuple[str, dict]]:
@@ -198,9 +205,7 @@ def cases(model: str | None) -> dict[str, tuple[str, dict]]:
     (None: the names only matter)."""
     no_blanks = _no_whitespace(model) if model else {}
     # Makes every token a comma: the stop string then comes first, and stays.
-    commas = (
-        {str(AutoTokenizer.from_pretrained(model).convert_tokens_to_ids(",")): 100} if model else {}
-    )
+    commas = {str(_tokenizer(model).convert_tokens_to_ids(",")): 100} if model else {}
     chat_logprobs = _chat(_image(5), "Describe it.", max_tokens=8, logprobs=True, top_logprobs=5)
     completion_logprobs = _completion("The quick brown fox", max_tokens=6, logprobs=3)
     sampled = _chat("Tell me a story.", max_tokens=6, n=3, temperature=1.0, seed=7)
