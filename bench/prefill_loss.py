@@ -22,27 +22,13 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
-from serve import Server, start_prism  # bench/serve.py, beside this file
+from serve import Server, counter, start_prism  # bench/serve.py, beside this file
 from vllm_bench import run_client
 
 RESULT = Path("bench/results/prefill_loss.json")
-
-
-def total(url: str, name: str) -> float:
-    """The sum of metric `name` over its labels."""
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        text = reply.read().decode()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name
-    )
 
 
 def engine_core(worker_pid: int) -> psutil.Process:
@@ -59,8 +45,8 @@ def kill_when_flowing(server: Server, finished: int, outcome: dict) -> None:
     metrics = server.metrics["prefill-0"]
     core = engine_core(server.pids["prefill-0"])
     while True:
-        held = total(metrics, "prism_engine_requests_in_flight")
-        if held and total(metrics, "vllm:request_success_total") >= finished:
+        held = counter(metrics, "prism_engine_requests_in_flight")
+        if held and counter(metrics, "vllm:request_success_total") >= finished:
             break
         time.sleep(0.01)
     os.kill(core.pid, signal.SIGKILL)

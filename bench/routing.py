@@ -30,12 +30,10 @@ import platform
 import random
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
-from serve import ROUTING_SECTION, Sample, image_url, one, percentile, write_section
+from serve import ROUTING_SECTION, Sample, counter, image_url, one, percentile, write_section
 
 from prism.config.common import LimitConfig, LogConfig, ModelConfig
 from prism.config.stages import MeshConfig, ServeConfig
@@ -116,18 +114,6 @@ async def drive(base_url: str, model: str, load: list, concurrency: int, max_tok
         "ttft_ms_p50": percentile(ttfts, 50),
         "ttft_ms_p99": percentile(ttfts, 99),
     }
-
-
-def counter(url: str, name: str) -> float:
-    """The sum of a counter's samples (every label) on a /metrics page."""
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        text = reply.read().decode()
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name
-    )
 
 
 def engine_counters(mesh: Mesh) -> dict[str, list[float]]:

@@ -245,6 +245,18 @@ def scrape(url: str) -> dict[str, float]:
     }
 
 
+def counter(url: str, name: str) -> float:
+    """The sum of a metric's samples (every label) on a /metrics page."""
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    )
+
+
 def prompt_sources(url: str) -> dict[str, float]:
     """A vLLM engine's prompt tokens by where their KV came from (computed, its prefix
     cache, or read from another engine: "external_kv_transfer")."""
