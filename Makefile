@@ -13,7 +13,7 @@ setup:
 	scripts/checkov.sh --setup
 
 demo:
-	$(PY) -m prism.demo
+	$(PY) -m prism.ops.demo
 
 test:
 	$(PY) -m pytest -q

@@ -28,8 +28,8 @@ from pathlib import Path
 import PIL.Image
 import torch
 
-from prism.ports import free_port
 from prism.rpc.channel import check_health, sync_channel
+from prism.runtime.ports import free_port
 from prism.stage.v1 import encoder_pb2, encoder_pb2_grpc
 from prism.v1 import common_pb2
 

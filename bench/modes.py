@@ -28,9 +28,10 @@ from PIL import Image
 
 from prism.config.common import LogConfig, ModelConfig
 from prism.config.stages import MeshConfig, ServeConfig
-from prism.launcher import Mesh, plan
 from prism.modes import MODES
-from prism.ports import free_port
+from prism.ops.launcher import Mesh
+from prism.ops.plan import plan
+from prism.runtime.ports import free_port
 
 
 def image_url(seed: int = 1) -> str:

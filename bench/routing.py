@@ -37,9 +37,10 @@ from serve import ROUTING_SECTION, Sample, counter, image_url, one, percentile, 
 
 from prism.config.common import LimitConfig, LogConfig, ModelConfig
 from prism.config.stages import MeshConfig, ServeConfig
-from prism.launcher import Mesh, plan
-from prism.ports import free_port
-from prism.tiny_models import CORPUS
+from prism.devtools.tiny_models import CORPUS
+from prism.ops.launcher import Mesh
+from prism.ops.plan import plan
+from prism.runtime.ports import free_port
 
 RESULT = Path("bench/results/routing.json")
 IDEAL = "one worker"

@@ -55,8 +55,9 @@ from serve import (
 
 from prism.config.common import LimitConfig, LogConfig, ModelConfig
 from prism.config.stages import EngineConfig, MeshConfig, ServeConfig, SimEngineConfig
-from prism.launcher import Mesh, plan
-from prism.ports import free_port
+from prism.ops.launcher import Mesh
+from prism.ops.plan import plan
+from prism.runtime.ports import free_port
 
 SECTION = "benchmarks-scale.md"
 RESULT = Path("bench/results/scale.json")

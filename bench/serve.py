@@ -53,12 +53,14 @@ import psutil
 from PIL import Image
 from prometheus_client.parser import text_string_to_metric_families
 
-from prism import gpus
 from prism.config.common import LimitConfig, LogConfig, ModelConfig
 from prism.config.stages import MeshConfig, ServeConfig
-from prism.launcher import Mesh, core_slices, http_ok, plan, prepare_child
-from prism.ports import free_port
-from prism.processes import reap
+from prism.ops import gpus
+from prism.ops.launcher import Mesh
+from prism.ops.plan import plan
+from prism.ops.stage_process import core_slices, http_ok, prepare_child
+from prism.runtime.ports import free_port
+from prism.runtime.processes import reap
 from prism.video import encode_video
 
 ANCHOR = "vllm_serve"

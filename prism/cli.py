@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             Tls.from_files(args.tls_cert, args.tls_key, args.tls_ca, args.tls_server_name)
         )
     if args.command == "serve":
-        from prism.launcher import run
+        from prism.ops.launcher import run
 
         return run(
             MeshConfig.from_args(
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "health":
         return 0 if _healthy(args.target, args.timeout) else 1
     if args.command == "deploy":
-        from prism.deploy import kubernetes
+        from prism.ops.deploy import kubernetes
 
         try:
             text = kubernetes.render(kubernetes.manifests(KubernetesConfig.from_args(args)))
@@ -261,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "model":
         from pathlib import Path
 
-        from prism.presets import build_preset
-        from prism.tiny_models import build
+        from prism.devtools.presets import build_preset
+        from prism.devtools.tiny_models import build
 
         try:
             if args.preset:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # checkov on the deployment files (make lint): deploy/kubernetes/, the Dockerfile and
 # compose.yaml must pass with no failed check; every check skipped is named and justified
-# where it applies (checkov.io/skipN annotations, written by prism.deploy.security). checkov
+# where it applies (checkov.io/skipN annotations, written by prism.ops.deploy.security). checkov
 # runs from a virtualenv of its own, made here when missing (--setup: only that), since its
 # dependencies would fight vLLM's in .venv. PYTHON picks its interpreter.
 set -euo pipefail

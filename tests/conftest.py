@@ -52,9 +52,11 @@ import parity
 
 from prism.config.common import ModelConfig
 from prism.config.stages import MeshConfig, ServeConfig
-from prism.launcher import Mesh, StageProcess, plan
 from prism.modes import MODES
-from prism.ports import free_port
+from prism.ops.launcher import Mesh
+from prism.ops.plan import plan
+from prism.ops.stage_process import StageProcess
+from prism.runtime.ports import free_port
 
 FAMILIES = ("llava", "qwen2-vl")
 ROOT = Path(__file__).parent
@@ -304,7 +306,7 @@ def _unit_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch) ->
 @pytest.fixture(scope="session")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     # Here, not at the top: building imports torch, which the unit lane never loads.
-    from prism.tiny_models import build
+    from prism.devtools.tiny_models import build
 
     root = tmp_path_factory.mktemp("models")
     return {family: build(family, root / family, seed=0) for family in FAMILIES}

@@ -19,9 +19,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from prism import processes
-from prism.launcher import StageProcess, http_ok
+from prism.ops.stage_process import StageProcess, http_ok
 from prism.rpc.channel import check_health
+from prism.runtime import processes
 
 LOOPBACK = "127.0.0.1"
 # One /24 for the bridge: the test's namespace is .1, hosts from .10 on.

@@ -21,8 +21,8 @@ from typing import Any
 
 import httpx
 
-from prism import processes
-from prism.ports import free_port
+from prism.runtime import processes
+from prism.runtime.ports import free_port
 
 # A schema whose every answer is short: the random-weight model cannot run on forever.
 SCHEMA = {

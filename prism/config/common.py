@@ -1,7 +1,7 @@
 """The configs several commands share: logging, TLS, a stage's address and metrics, the
 model and its media limits, how embeddings travel, what image URLs may reach, the bound
 on requests in flight, routing and vLLM's output parsers. `prism serve` takes most of
-them and hands each to the stages that take it (prism.launcher)."""
+them and hands each to the stages that take it (prism.ops.launcher)."""
 
 from __future__ import annotations
 

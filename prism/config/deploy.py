@@ -1,5 +1,5 @@
 """`prism deploy kubernetes`'s config: what a deployment chooses beyond the mode's plan
-(prism.deploy.kubernetes writes the manifests from it)."""
+(prism.ops.deploy.kubernetes writes the manifests from it)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class KubernetesConfig(Flags):
         "consul-server.consul:8500", "Consul's HTTP API, where every stage registers (consul-k8s)"
     )
     shutdown_grace_s: int = flag(30)
-    # The Secret of the stages' certificates (prism.deploy.tls); "": plaintext between them.
+    # The Secret of the stages' certificates (prism.ops.deploy.tls); "": plaintext between them.
     # Connect's sidecars bring their own mutual TLS.
     tls_secret: str = flag(
         "prism-tls",

@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 
 import torch
 
-from prism.nixl_compat import nixl_agent
 from prism.stage.v1 import tensor_pb2
 from prism.transfer import TransferError
+from prism.transfer.nixl_compat import nixl_agent
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from conftest import wait_for
 from test_contracts import abort_while_running, greedy, inference, text_message
 
 from prism.modes import MODES
-from prism.ports import free_port
 from prism.rpc.errors import PrismError
+from prism.runtime.ports import free_port
 from prism.stage.v1 import engine_pb2, engine_pb2_grpc
 from prism.v1 import common_pb2, inference_pb2
 

@@ -20,11 +20,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from safetensors import safe_open
 from transformers import AutoConfig
 
-from prism import processes
-from prism.ports import free_port
-from prism.presets import write_weights
+from prism.devtools.presets import write_weights
 from prism.rpc.channel import check_health, sync_channel
 from prism.rpc.errors import PrismError
+from prism.runtime import processes
+from prism.runtime.ports import free_port
 from prism.services.encoder.vision import VisionEncoder
 from prism.stage.v1 import encoder_pb2, encoder_pb2_grpc, engine_pb2, engine_pb2_grpc
 from prism.transfer.nixl import NixlTransfer

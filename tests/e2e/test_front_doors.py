@@ -25,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from transformers import AutoTokenizer
 
-from prism.ports import free_port
+from prism.runtime.ports import free_port
 
 NODE = ROOT / "e2e" / "node"
 IMAGE = png(3)

@@ -15,9 +15,9 @@ import PIL.Image
 import pytest
 from conftest import data_url, png, user
 
+from prism.devtools.tiny_models import MAX_POSITIONS
 from prism.rpc.channel import sync_channel
 from prism.rpc.errors import PrismError
-from prism.tiny_models import MAX_POSITIONS
 from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
 CHAT, COMPLETIONS = "/chat/completions", "/completions"

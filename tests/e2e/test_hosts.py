@@ -29,8 +29,8 @@ from conftest import (
     wait_for,
 )
 
-from prism import processes
 from prism.rpc.channel import check_health
+from prism.runtime import processes
 
 
 # Module-scoped: before the module's meshes, which need the hosts.

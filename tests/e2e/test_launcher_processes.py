@@ -11,8 +11,9 @@ from pathlib import Path
 
 from conftest import wait_for
 
-from prism.launcher import Mesh, StageProcess
-from prism.supervisor import RestartPolicy, Supervisor
+from prism.ops.launcher import Mesh
+from prism.ops.stage_process import StageProcess
+from prism.ops.supervisor import RestartPolicy, Supervisor
 
 
 def _group_alive(pgid: int) -> bool:

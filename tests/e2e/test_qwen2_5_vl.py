@@ -32,7 +32,7 @@ from vllm.v1.engine import EngineCoreOutput
 from vllm.v1.engine.logprobs import LogprobsProcessor
 from vllm.v1.outputs import LogprobsLists
 
-from prism.tiny_models import build
+from prism.devtools.tiny_models import build
 
 FAMILY = "qwen2.5-vl"
 MODES = ("e/pd", "e/p/d", "ep/d", "epd")

@@ -22,8 +22,8 @@ import pytest
 from conftest import data_url, image_part, png, stream_outcome, user, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
-from prism.launcher import http_ok
-from prism.ports import free_port
+from prism.ops.stage_process import http_ok
+from prism.runtime.ports import free_port
 
 # How long a killed stage may take to be back: vLLM's start on a loaded 2-core machine.
 RECOVERY_S = 240

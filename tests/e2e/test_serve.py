@@ -13,8 +13,8 @@ import psutil
 import pytest
 from conftest import wait_for
 
-from prism.launcher import http_ok
-from prism.ports import free_port
+from prism.ops.stage_process import http_ok
+from prism.runtime.ports import free_port
 
 
 def wait_gone(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
@@ -25,7 +25,7 @@ def wait_gone(processes: list[psutil.Process], timeout: float) -> list[psutil.Pr
 def test_demo_streams_an_answer_and_stops_the_mesh(models):
     before = {p.pid for p in psutil.process_iter()}
     result = subprocess.run(
-        [sys.executable, "-m", "prism.demo", "--model", str(models["llava"])],
+        [sys.executable, "-m", "prism.ops.demo", "--model", str(models["llava"])],
         capture_output=True,
         text=True,
         timeout=300,

@@ -17,7 +17,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from prism.kserve import grpc_service_pb2 as kserve_pb2
 from prism.kserve import grpc_service_pb2_grpc as kserve_pb2_grpc
-from prism.ports import free_port
+from prism.runtime.ports import free_port
 
 STAGES = {"prism-gateway", "prism-processor", "prism-encoder", "prism-prefill", "prism-decode"}
 

@@ -14,10 +14,10 @@ from vllm.distributed.kv_events import BlockStored
 from prism.kv_index import prompt_keys
 from prism.media import PromptMedia
 from prism.modes import MODES
-from prism.ports import free_port
 from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.rpc.server import Server, start_server
+from prism.runtime.ports import free_port
 from prism.services.processor.inputs import ModelInputs
 from prism.services.processor.pipeline import Pipeline
 from prism.services.worker.kv_events import KvEvents

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from prism.cli import build_parser
-from prism.deploy import security
 from prism.modes import MODES, EngineRole, modes_served
+from prism.ops.deploy import security
 
 ROOT = Path(__file__).parents[2]
 COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())

@@ -16,7 +16,7 @@ from prism.config import common, deploy, stages
 from prism.config.common import LogConfig, ModelConfig
 from prism.config.flags import Flags, flag
 from prism.config.stages import MeshConfig, ServeConfig
-from prism.launcher import plan
+from prism.ops.plan import plan
 
 CONFIGS = [
     cls

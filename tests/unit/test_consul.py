@@ -16,10 +16,10 @@ import pytest
 from conftest import until
 from consul_double import ConsulDouble, DecodeError, decode, duration
 
-from prism.ports import free_port
 from prism.registry import Instance, discovery_tags
 from prism.registry.consul import ConsulRegistry
 from prism.rpc.server import Server, start_server
+from prism.runtime.ports import free_port
 
 TOKEN = "b1gs3cret-acl-token"
 

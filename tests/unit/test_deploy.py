@@ -9,10 +9,16 @@ import pytest
 
 from prism.cli import build_parser
 from prism.config.deploy import KubernetesConfig
-from prism.deploy import kubernetes, security
-from prism.deploy.kubernetes import manifests
-from prism.deploy.ports import CONNECT_INBOUND_PORT, HEALTH_PORT, KV_PORT, METRICS_PORT, UCX_PORTS
 from prism.modes import MODES
+from prism.ops.deploy import kubernetes, security
+from prism.ops.deploy.kubernetes import manifests
+from prism.ops.deploy.ports import (
+    CONNECT_INBOUND_PORT,
+    HEALTH_PORT,
+    KV_PORT,
+    METRICS_PORT,
+    UCX_PORTS,
+)
 
 DISCOVERY = ("consul", "kubernetes", "connect")
 

@@ -7,8 +7,8 @@ import pytest
 from conftest import mesh_config
 
 from prism import cli
-from prism.launcher import plan
 from prism.modes import EngineRole
+from prism.ops.plan import plan
 from prism.services.worker.engine import engine_args, vllm_flags
 
 

@@ -10,9 +10,9 @@ from conftest import serving, until
 from fastapi.testclient import TestClient
 
 from prism.gateway.app import create_app
-from prism.ports import free_port
 from prism.registry import StaticRegistry
 from prism.routing import Router
+from prism.runtime.ports import free_port
 from prism.runtime.service import Service
 from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 

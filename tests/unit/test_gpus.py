@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from conftest import mesh_config
 
-from prism import gpus
-from prism.gpus import Placement, Unit, place
-from prism.launcher import endpoints, plan
+from prism.ops import gpus
+from prism.ops.gpus import Placement, Unit, place
+from prism.ops.launcher import endpoints
+from prism.ops.plan import plan
 
 
 def units(*engines: str, encoders: int = 0, width: int = 1) -> list[Unit]:

@@ -19,10 +19,10 @@ from prism.gateway.app import create_app
 from prism.gateway.kserve import inference, tensors
 from prism.kserve import grpc_service_pb2 as pb
 from prism.kserve import grpc_service_pb2_grpc as pb_grpc
-from prism.ports import free_port
 from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.rpc.errors import PrismError
+from prism.runtime.ports import free_port
 from prism.runtime.service import Service
 from prism.telemetry import REQUESTS
 from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc

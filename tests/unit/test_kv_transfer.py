@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from prism import kv_transfer
+from prism.services.worker import kv_transfer
 
 # As NixlConnector hands them back after a prefill (vLLM 0.32).
 PREFILLED = {

@@ -8,11 +8,11 @@ import os
 import pytest
 from conftest import mesh_config
 
-from prism import launcher
 from prism.cli import _forwarded_registry_args, build_parser
 from prism.config.stages import MeshConfig
-from prism.launcher import plan
-from prism.ports import _ephemeral_ports, free_port
+from prism.ops import launcher
+from prism.ops.plan import plan
+from prism.runtime.ports import _ephemeral_ports, free_port
 
 
 def flag(argv: list[str], name: str) -> list[str]:

@@ -12,9 +12,9 @@ from prometheus_client import REGISTRY
 
 from prism import logs, telemetry
 from prism.gateway.app import create_app
-from prism.ports import free_port
 from prism.registry import StaticRegistry
 from prism.routing import Router
+from prism.runtime.ports import free_port
 from prism.v1 import common_pb2, inference_pb2
 
 

@@ -11,8 +11,8 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
 from prism import presets
-from prism.presets import INDEX_FILE, PRESETS, Preset, build_preset, preset_config
-from prism.tiny_models import _vllm_weight_name
+from prism.devtools.presets import INDEX_FILE, PRESETS, Preset, build_preset, preset_config
+from prism.devtools.tiny_models import _vllm_weight_name
 
 # The totals the published checkpoints report (tied embeddings counted once).
 PUBLISHED_PARAMETERS = {

@@ -8,6 +8,7 @@ from typing import Any
 import grpc
 import pytest
 
+from prism.devtools.tiny_models import llava_tokenizer
 from prism.embeds import Geometry
 from prism.media import MediaLoader, MediaPolicy
 from prism.modes import MODES
@@ -17,7 +18,6 @@ from prism.services.processor.detokenize import Detokenizer
 from prism.services.processor.inputs import ModelInputs
 from prism.services.processor.servicer import InferenceServicer
 from prism.stage.v1 import engine_pb2
-from prism.tiny_models import llava_tokenizer
 from prism.v1 import common_pb2, inference_pb2
 
 STOP = common_pb2.FINISH_REASON_STOP

@@ -14,11 +14,11 @@ import pytest
 from prism.kv_index import prompt_keys
 from prism.media import LoadedImage, PromptMedia, content_hash
 from prism.modes import MODES
-from prism.ports import free_port
 from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.rpc.errors import PrismError
 from prism.rpc.server import Server, start_server
+from prism.runtime.ports import free_port
 from prism.runtime.service import Service
 from prism.services.processor.failover import StageCalls
 from prism.services.processor.pipeline import Pipeline

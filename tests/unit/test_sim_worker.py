@@ -13,9 +13,9 @@ import pytest
 from prism.kv_index import lay_out, prompt_keys
 from prism.media import content_hash
 from prism.modes import EngineRole
-from prism.ports import free_port
 from prism.rpc.errors import PrismError
 from prism.rpc.server import Server, start_server
+from prism.runtime.ports import free_port
 from prism.services.worker.kv_publisher import KvPublisher
 from prism.services.worker.sim import SimServicer
 from prism.services.worker.sim_engine import SimConfig, SimEngine

@@ -7,9 +7,9 @@ import subprocess
 
 import pytest
 
-from prism import processes
-from prism.launcher import StageProcess
-from prism.supervisor import GaveUp, RestartPolicy, Supervisor
+from prism.ops.stage_process import StageProcess
+from prism.ops.supervisor import GaveUp, RestartPolicy, Supervisor
+from prism.runtime import processes
 
 
 class FakeProcess:
@@ -43,7 +43,7 @@ class Clock:
 
 @pytest.fixture
 def supervised(monkeypatch):
-    monkeypatch.setattr("prism.supervisor.kill_group", lambda process: None)
+    monkeypatch.setattr("prism.ops.supervisor.kill_group", lambda process: None)
     healthy = {"encoder-0": False}
     stage = StageProcess("encoder-0", "", [], lambda: healthy["encoder-0"])
     mesh, clock, reports = FakeMesh(), Clock(), []

@@ -13,7 +13,7 @@ from transformers import (
     Qwen2VLForConditionalGeneration,
 )
 
-from prism.tiny_models import FAMILIES, MARKERS, VOCAB_SIZE, build
+from prism.devtools.tiny_models import FAMILIES, MARKERS, VOCAB_SIZE, build
 
 MODEL_CLASSES = {
     "llava": LlavaForConditionalGeneration,

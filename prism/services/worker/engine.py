@@ -24,7 +24,7 @@ from vllm.v1.executor import Executor
 
 from prism import registry
 from prism.modes import EngineRole
-from prism.ports import free_port
+from prism.runtime.ports import free_port
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ makes its process groups or its KV connector) does two things to let an idle eng
   timeouts come at most 20 times a second, while socket events still wake them at once.
 - the NIXL KV connector gets an agent whose progress thread sleeps while idle: NIXL's
   Python agent hard-codes a 0 µs wake-up, and vLLM has no setting for it, so every prefill
-  and decode engine spun a core (`prism.nixl_compat`).
+  and decode engine spun a core (`prism.transfer.nixl_compat`).
 
 The engine process also ends with the worker that started it (`processes.exit_with_parent`).
 
@@ -36,9 +36,9 @@ import torch.distributed
 from vllm.distributed import nixl_utils
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
 
-from prism import processes
-from prism.nixl_compat import nixl_agent
+from prism.runtime import processes
 from prism.services.worker import seeded_chunks
+from prism.transfer.nixl_compat import nixl_agent
 
 # The connector's worker reads this module global when it starts; the engine process may
 # have imported it (binding vLLM's own agent) before this module, hence both.

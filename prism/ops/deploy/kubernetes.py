@@ -1,5 +1,5 @@
 """`prism deploy kubernetes`: the Kubernetes manifests of a mesh, from the plan that
-`prism serve` starts (prism.launcher.plan), so that which stages a mode has and how each
+`prism serve` starts (prism.ops.launcher.plan), so that which stages a mode has and how each
 is started are said once.
 
 Each stage becomes a Deployment and a Service: the gateway's a ClusterIP Service (the
@@ -14,8 +14,8 @@ its port being open, since a stage that is alive may rightly report NOT_SERVING 
 processor without workers yet, a stage draining). On SIGTERM a stage drains for
 `--shutdown-grace-s`; the pod's grace period leaves room for that.
 
-Hardened: every pod in the mesh's own namespace (prism.deploy.security), mutual TLS
-between stages (prism.deploy.tls), a NetworkPolicy per stage (prism.deploy.network_policy),
+Hardened: every pod in the mesh's own namespace (prism.ops.deploy.security), mutual TLS
+between stages (prism.ops.deploy.tls), a NetworkPolicy per stage (prism.ops.deploy.network_policy),
 requests and limits on every container, and the service-account token only where the API
 server or Consul Connect needs it.
 """
@@ -30,9 +30,9 @@ from typing import Any
 from prism.config.common import AddressConfig, MetricsConfig, ModelConfig
 from prism.config.deploy import KubernetesConfig
 from prism.config.stages import MeshConfig, ServeConfig
-from prism.deploy import network_policy, security, tls
-from prism.deploy.ports import ENGINES, HEALTH_PORT, KV_PORT, METRICS_PORT, UCX_PORTS, port
-from prism.launcher import plan
+from prism.ops.deploy import network_policy, security, tls
+from prism.ops.deploy.ports import ENGINES, HEALTH_PORT, KV_PORT, METRICS_PORT, UCX_PORTS, port
+from prism.ops.plan import plan
 
 # The image this checkout builds, by its fixed version.
 IMAGE = f"prism:{version('prism-mesh')}"

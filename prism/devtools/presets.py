@@ -40,7 +40,7 @@ from transformers.core_model_loading import revert_weight_conversion
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
-from prism.tiny_models import (
+from prism.devtools.tiny_models import (
     LLAVA_TEMPLATE,
     QWEN2_VL_TEMPLATE,
     WEIGHTS_FILE,

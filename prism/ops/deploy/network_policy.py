@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prism.deploy.ports import (
+from prism.ops.deploy.ports import (
     CONNECT_INBOUND_PORT,
     HEALTH_PORT,
     KV_PORT,

@@ -14,12 +14,10 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING, Protocol
+from typing import IO, Protocol
 
-from prism.processes import exit_reason, kill_group
-
-if TYPE_CHECKING:
-    from prism.launcher import StageProcess
+from prism.ops.stage_process import StageProcess
+from prism.runtime.processes import exit_reason, kill_group
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from prism.config.common import MetricsConfig, TlsConfig
-from prism.deploy.ports import HEALTH_PORT
+from prism.ops.deploy.ports import HEALTH_PORT
 
 MOUNT = "/etc/prism/tls"
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import PIL.Image
 import PIL.ImageDraw
 
-from prism.launcher import http_ok
-from prism.ports import free_port
+from prism.ops.stage_process import http_ok
+from prism.runtime.ports import free_port
 
 
 def demo_image() -> str:
@@ -42,7 +42,7 @@ def main() -> int:
 
     model = Path(args.model)
     if not (model / "config.json").exists():
-        from prism.tiny_models import build
+        from prism.devtools.tiny_models import build
 
         print(f"building tiny LLaVA in {model} ...", flush=True)
         build("llava", model)

@@ -1,0 +1,204 @@
+"""`prism serve`: every stage of a mode as its own OS process on one machine.
+
+The launcher picks free loopback ports, wires the stages together through the static
+registry (`--peer ROLE=ADDRESS`), waits until every stage reports healthy, restarts a
+stage that exits (prism.ops.supervisor), and on SIGINT/SIGTERM (or when a stage keeps dying)
+stops them all. Children also get SIGTERM from the kernel if the launcher itself dies,
+so no stage outlives it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import IO
+
+from prism.config.stages import MeshConfig
+from prism.ops import gpus
+from prism.ops.plan import plan
+from prism.ops.stage_process import StageProcess, prepare_child
+from prism.ops.supervisor import Supervisor
+from prism.runtime import processes
+
+
+class Mesh:
+    """Starts and stops a planned set of stages."""
+
+    def __init__(self, stages: list[StageProcess]):
+        self.stages = stages
+
+    def stage(self, name: str) -> StageProcess:
+        """The stage called `name`, or the first `name-N` replica."""
+        return next(s for s in self.stages if s.name in (name, f"{name}-0"))
+
+    def address(self, name: str) -> str:
+        return self.stage(name).address
+
+    def start(self, timeout: float = 300.0, log: IO | None = None) -> None:
+        """Starts every stage (output to `log` if given) and waits until all are healthy."""
+        for stage in self.stages:
+            self.spawn(stage, log)
+        self._wait_healthy(list(self.stages), timeout)
+
+    def restart(
+        self, name: str, argv: list[str] | None = None, timeout: float = 300.0,
+        log: IO | None = None,
+    ) -> None:  # fmt: skip
+        """Stops the stage `name` and starts it again, with `argv` in place of its own if
+        given, at the same address; waits until it is healthy."""
+        stage = self.stage(name)
+        if stage.process is not None:
+            processes.stop(stage.process, grace=15)
+        if argv is not None:
+            stage.argv = argv
+        self.spawn(stage, log)
+        self._wait_healthy([stage], timeout)
+
+    def spawn(self, stage: StageProcess, log: IO | None = None) -> None:
+        stage.process = subprocess.Popen(
+            stage.argv,
+            env={**os.environ, **stage.env},
+            stdout=log,
+            stderr=subprocess.STDOUT if log else None,
+            # Its own process group, so that stop() also reaches the processes a stage
+            # spawned (vLLM's engine core) even when the stage itself died abruptly.
+            # Not its own session: the kernel shares CPU equally between sessions
+            # (autogroups), whatever their niceness, and the engine is to run nicer
+            # than every stage that feeds it.
+            process_group=0,
+            preexec_fn=functools.partial(prepare_child, stage.cpus),
+        )
+
+    def _wait_healthy(self, pending: list[StageProcess], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while pending:
+            self.check_alive()
+            pending = [stage for stage in pending if not stage.healthy()]
+            if pending and time.monotonic() > deadline:
+                names = ", ".join(stage.name for stage in pending)
+                raise TimeoutError(f"stages not healthy after {timeout:.0f}s: {names}")
+            if pending:
+                time.sleep(0.5)
+
+    def check_alive(self) -> None:
+        """Raises if a stage has exited."""
+        for stage in self.stages:
+            if stage.process is not None and (code := stage.process.poll()) is not None:
+                raise RuntimeError(f"{stage.name} exited ({processes.exit_reason(code)})")
+
+    def stop(self, grace: float = 15.0) -> None:
+        """SIGTERM to every stage, front first, so that no new work reaches the stages
+        behind it; after `grace` seconds, SIGKILL. A stage that still does not go is
+        reported and left (prism.runtime.processes)."""
+        running = [s.process for s in reversed(self.stages) if s.process is not None]
+        for process in running:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for process in running:
+            processes.finish(process, grace=max(0.1, deadline - time.monotonic()))
+
+
+class _StopRequested(Exception):
+    pass
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _StopRequested
+
+
+def endpoints(config: MeshConfig, mesh: Mesh) -> dict:
+    """Where a running mesh answers: its public APIs, and each stage."""
+    host, kserve_port = config.serve.host, config.gateway.kserve_grpc_port
+    return {
+        "mode": config.serve.mode,
+        "model": config.model.served_model_name or config.model.model,
+        "openai": f"http://{host}:{config.serve.http_port}/v1",
+        "grpc": mesh.address("processor"),
+        "kserve_grpc": f"{host}:{kserve_port}" if kserve_port else None,
+        "pid": os.getpid(),
+        "stages": [
+            {"name": stage.name, "role": stage.name.rpartition("-")[0] or stage.name,
+             "address": stage.address, "metrics": stage.metrics_url,
+             "gpus": list(stage.placement.gpus),
+             "gpu_memory_fraction": stage.placement.memory_fraction}
+            for stage in mesh.stages
+        ],
+    }  # fmt: skip
+
+
+def describe(status: dict) -> str:
+    """`endpoints` as `prism serve` prints them once ready."""
+    lines = [
+        f"prism ({status['mode']}) ready: {status['openai']}",
+        f"  OpenAI API  {status['openai']}",
+        f"  gRPC        {status['grpc']}  (prism.v1.InferenceService)",
+    ]
+    if status["kserve_grpc"]:
+        lines.append(f"  KServe v2   {status['kserve_grpc']}  (inference.GRPCInferenceService)")
+    lines.append("  stages:")
+    width = max(len(stage["name"]) for stage in status["stages"])
+    lines += [
+        f"    {s['name']:<{width}}  {s['role']:<9}  {s['address']}  metrics {s['metrics']}"
+        for s in status["stages"]
+    ]
+    return "\n".join(lines)
+
+
+def _write_status(path: str, status: dict) -> None:
+    """Whole or not at all: a script polling for the file never reads half of it."""
+    partial = f"{path}.partial"
+    with open(partial, "w") as out:
+        json.dump(status, out, indent=2)
+    os.replace(partial, path)
+
+
+def _say(line: str) -> None:
+    print(f"prism: {line}", file=sys.stderr, flush=True)
+
+
+def run(config: MeshConfig) -> int:
+    """Runs the mesh in the foreground until a signal, restarting the stages that exit
+    (prism.ops.supervisor) until one exits too often; once it is ready, prints its
+    endpoints (and writes them to `--status-file` as JSON, if given)."""
+
+    signal.signal(signal.SIGINT, _raise_stop)
+    signal.signal(signal.SIGTERM, _raise_stop)
+    mesh = Mesh(plan(config))
+    placed = [stage for stage in mesh.stages if stage.placement.gpus]
+    if placed:
+        print("prism: GPU plan", flush=True)
+        for stage in placed:
+            print(f"  {gpus.describe(stage.name, stage.placement)}", flush=True)
+    written = False
+    try:
+        mesh.start()
+        status = endpoints(config, mesh)
+        if config.serve.status_file:
+            _write_status(config.serve.status_file, status)
+            written = True
+        print(describe(status), flush=True)
+        supervisor = Supervisor(mesh, mesh.stages, report=_say)
+        while True:
+            supervisor.poll()
+            time.sleep(0.5)
+    except _StopRequested:
+        return 0
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"prism: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        # Signals during the shutdown itself must not cut it short.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if written:
+            # A file left behind would name endpoints that are gone.
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(config.serve.status_file)
+        mesh.stop()

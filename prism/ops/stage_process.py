@@ -1,0 +1,65 @@
+"""A stage as the launcher runs it: its command line, cores, GPUs and process.
+
+Apart from the launcher so that the plan (prism.ops.plan), the supervisor and the launcher
+share it without importing one another.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prism.ops import gpus
+
+_PR_SET_PDEATHSIG = 1
+
+
+def prepare_child(cpus: set[int]) -> None:
+    """Runs in the child before exec: dies with the launcher, keeps to its cores."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
+def http_ok(url: str, timeout: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def core_slices(engines: int) -> list[set[int]]:
+    """The CPU cores of each engine. On the CPU backend, engines whose OpenMP threads
+    share cores run many times slower, and an engine holding KV for a decode polls
+    without pause: each engine, with all its processes, stays on its own cores. With
+    more engines than cores, the first ones (prefills come first) still get a core of
+    their own and the last ones share the last core."""
+    cores = sorted(os.sched_getaffinity(0))
+    if engines > len(cores):
+        return [{cores[min(i, len(cores) - 1)]} for i in range(engines)]
+    size = len(cores) // engines
+    return [set(cores[i * size : (i + 1) * size]) for i in range(engines)]
+
+
+@dataclass
+class StageProcess:
+    """A stage as the launcher runs it: its command line, and where and how it runs."""
+
+    name: str
+    address: str
+    argv: list[str]
+    healthy: Callable[[], bool]
+    metrics_url: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    # CPU cores the stage's processes may run on (all when empty).
+    cpus: set[int] = field(default_factory=set)
+    # The GPUs it runs on (none: the CPU) and, for a vLLM engine, its share of their memory.
+    placement: gpus.Placement = field(default_factory=lambda: gpus.Placement(()))
+    process: subprocess.Popen | None = None
