@@ -8,8 +8,9 @@
 #      concurrency 1 and 32, one server at a time (E/P/D's engines share the one GPU)
 #   4. NIXL: 8 MiB of embeddings read between two processes, device memory on both sides
 #   5. the encoder's images/s at 32 concurrent one-image requests, batched and not
-# Without a GPU, the same steps in their CPU form: the tiny Qwen2-VL, device cpu, fewer
-# requests (a test runs it so that the script is proven on every CI run).
+# Without a GPU, the same steps in their CPU form: the tiny Qwen2-VL, device cpu, E/P/D
+# alone beside `vllm serve`, fewer requests (a test runs it so that the script is proven on
+# every CI run).
 #
 # Environment: FORM=auto|gpu|cpu, PY (default .venv/bin/python, else python3 with Prism on
 # PYTHONPATH, as the offline bundle installs it), MODEL (a checkpoint to use instead),
@@ -30,10 +31,12 @@ if [ "$FORM" = auto ]; then
 fi
 if [ "$FORM" = gpu ]; then
   DEVICE=cuda BUILD=(--preset qwen2-vl-2b) MODEL=${MODEL:-models/qwen2-vl-2b}
-  REQUESTS=64 ENCODER_REQUESTS=256 ROUNDS=3
+  REQUESTS=64 ENCODER_REQUESTS=256 ROUNDS=3 MODES=epd,e/pd,e/p/d PARITY=e/pd,e/p/d
 else
+  # The CPU form proves each step runs, in the one mode that exercises every stage and
+  # both transfers; the modes' parity on the CPU is the test suite's.
   DEVICE=cpu BUILD=(--family qwen2-vl) MODEL=${MODEL:-models/tiny-qwen2-vl}
-  REQUESTS=8 ENCODER_REQUESTS=32 ROUNDS=1
+  REQUESTS=8 ENCODER_REQUESTS=32 ROUNDS=1 MODES=e/p/d PARITY=e/p/d
 fi
 RESULTS=${RESULTS:-bench/results/verify-$FORM}
 DOC=${DOC:-docs/gpu.md}
@@ -72,8 +75,8 @@ if wanted serve || wanted encoder; then
   [ -f "$MODEL/config.json" ] || step model "$PY" -m prism.cli model build "${BUILD[@]}" --out "$MODEL"
 fi
 if [ -f "$MODEL/config.json" ]; then
-  step serve "$PY" bench/serve.py --model "$MODEL" --modes epd,e/pd,e/p/d --concurrency 1,32 \
-    --requests "$REQUESTS" --no-same-engine --parity e/pd,e/p/d --parity-prompts 4 \
+  step serve "$PY" bench/serve.py --model "$MODEL" --modes "$MODES" --concurrency 1,32 \
+    --requests "$REQUESTS" --no-same-engine --parity "$PARITY" --parity-prompts 4 \
     --parity-tokens 16 --out "$RESULTS/serve.json" --doc "$RESULTS/benchmarks.md"
   step encoder "$PY" bench/encoder.py --model "$MODEL" --device "$DEVICE" \
     --requests "$ENCODER_REQUESTS" --rounds "$ROUNDS" --out "$RESULTS/encoder.json"

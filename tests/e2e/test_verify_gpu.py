@@ -25,10 +25,9 @@ def test_the_gpu_verification_runs_in_its_cpu_form(tmp_path: Path) -> None:
         (name, "0") for name in ("smoke", "model", "serve", "encoder", "transfer")
     ]
     serve = json.loads((results / "serve.json").read_text())
-    assert {row["server"] for row in serve["rows"]} == {"vllm_serve", "epd", "e/pd", "e/p/d"}
+    assert {row["server"] for row in serve["rows"]} == {"vllm_serve", "e/p/d"}
     assert {row["concurrency"] for row in serve["rows"]} == {1, 32}
-    for mode in ("e/pd", "e/p/d"):
-        assert [row["equal"] for row in serve["parity"]["modes"][mode]] == [True] * 4
+    assert [row["equal"] for row in serve["parity"]["modes"]["e/p/d"]] == [True] * 4
     text = doc.read_text()
     # The device's section, with each figure's command; the rest of the document kept.
     assert text.startswith("# Prism on GPUs\n\nKept as it was.\n")
