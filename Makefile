@@ -110,15 +110,18 @@ lint:
 	$(MAKE) check-protos
 	scripts/kubernetes_manifests.sh --check
 	$(PY) scripts/flag_reference.py --check
+	$(PY) -m bench.render --check
 	scripts/checkov.sh
 
 # deploy/kubernetes/: every mode's manifests, from `prism deploy kubernetes`.
 manifests:
 	scripts/kubernetes_manifests.sh
 
-# docs/configuration.md: every flag of every command, from the CLI's own parsers.
+# docs/configuration.md: every flag of every command, from the CLI's own parsers;
+# docs/benchmarks.md: from the benchmarks' results files (bench/results/) and notes.
 docs:
 	$(PY) scripts/flag_reference.py
+	$(PY) -m bench.render
 
 # Stubs are generated with grpc_tools (the protoc that matches the grpcio runtime).
 protos:

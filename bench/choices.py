@@ -27,7 +27,7 @@ from pathlib import Path
 import aiohttp
 
 from bench.lib.load import image_url
-from bench.lib.report import CHOICES_SECTION, choices_section, write_section
+from bench.lib.report import publish
 from bench.lib.results import RECORDS, save
 from bench.lib.servers import start_prism, start_vllm
 from bench.lib.text import words
@@ -115,7 +115,7 @@ def main() -> None:
               "requests": args.requests, "rounds": args.rounds, "max_tokens": args.max_tokens,
               "rows": rows}  # fmt: skip
     save(args.out, result)
-    write_section(args.doc, CHOICES_SECTION, choices_section(result))
+    publish(args.doc, {"choices": result})
     print(json.dumps(rows, indent=2))
 
 

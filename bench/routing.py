@@ -32,7 +32,7 @@ import aiohttp
 
 from bench.lib.load import Sample, image_url, one
 from bench.lib.metrics import counter
-from bench.lib.report import ROUTING_SECTION, routing_section, write_section
+from bench.lib.report import publish, routing_section
 from bench.lib.results import RECORDS, save, stamp
 from bench.lib.shapes import ANSWER_WORDS, QUESTION_WORDS, SYSTEM_WORDS
 from bench.lib.stats import percentile
@@ -229,7 +229,7 @@ def main() -> None:
         "summary": summary(rows),
     }
     save(args.out, result)
-    write_section(args.doc, ROUTING_SECTION, routing_section(result))
+    publish(args.doc, {"routing": result})
     print(routing_section(result))
     print(f"logs in {logs}")
 

@@ -34,7 +34,7 @@ import psutil
 
 from bench.lib.load import Sample, ServerFailed, chat, image_url, one
 from bench.lib.profile import finish, record
-from bench.lib.report import SCALE_SECTION, scale_section, write_section
+from bench.lib.report import publish
 from bench.lib.results import RECORDS, save, stamp
 from bench.lib.servers import (
     DYNAMO_PYTHON,
@@ -329,7 +329,7 @@ def main() -> None:
         **comparisons(rows),
     }
     save(args.out, result)
-    write_section(args.doc, SCALE_SECTION, scale_section(result))
+    publish(args.doc, {"scale": result})
     print(json.dumps(comparisons(rows), indent=2))
     print(f"logs in {logs}")
 

@@ -38,7 +38,7 @@ from bench import parity
 from bench.lib.load import ServerFailed, drive, repeats, requests, resend
 from bench.lib.metrics import prompt_sources, scrape
 from bench.lib.profile import finish, record, tree_cpu_seconds
-from bench.lib.report import ANCHORS_SECTION, anchors_section, rewrite_doc, write_doc
+from bench.lib.report import publish
 from bench.lib.results import RECORDS, save, stamp
 from bench.lib.servers import (
     DYNAMO_PYTHON,
@@ -282,7 +282,7 @@ def summary(args: argparse.Namespace, tally: Tally, ratios: dict[str, float]) ->
 def main() -> None:
     args = parser().parse_args()
     if args.doc_only:
-        rewrite_doc(Path(args.doc))
+        publish(Path(args.doc))
         return
     logs = Path(tempfile.mkdtemp(prefix="prism-bench-"))
     # First, while no server holds the machine's memory.
@@ -292,16 +292,10 @@ def main() -> None:
     tally = run_rounds(args, starters(args, logs), expected)
     ratios = median_ratios(tally.everywhere(), shape_pairs if args.anchors else anchor_pairs)
     result = summary(args, tally, ratios)
-    out = args.out or RECORDS["anchors" if args.anchors else args.load]
-    save(out, result)
-    shown = {
-        load: json.loads(RECORDS[load].read_text()) for load in LOADS if RECORDS[load].exists()
-    }
-    if args.anchors:
-        (Path(args.doc).parent / ANCHORS_SECTION).write_text(anchors_section(result))
-    else:
-        shown[args.load] = result
-    write_doc(Path(args.doc), shown)
+    # The anchors' run is a record of its own; otherwise the load's.
+    record = "anchors" if args.anchors else args.load
+    save(args.out or RECORDS[record], result)
+    publish(Path(args.doc), {record: result})
     print(json.dumps({k: round(v, 3) for k, v in ratios.items()}, indent=2))
     print(f"logs in {logs}")
 

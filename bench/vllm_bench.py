@@ -21,7 +21,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from bench.lib.report import VLLM_BENCH_SECTION, vllm_bench_section, write_section
+from bench.lib.report import publish, vllm_bench_section
 from bench.lib.results import RECORDS, save, stamp
 from bench.lib.servers import start_prism, start_vllm
 from bench.lib.vllm_client import IMAGE, run_client
@@ -65,7 +65,7 @@ def main() -> None:
         "rows": rows,
     }
     save(args.out, result)
-    write_section(args.doc, VLLM_BENCH_SECTION, vllm_bench_section(result))
+    publish(args.doc, {"vllm_bench": result})
     print(vllm_bench_section(result))
     print(f"logs in {logs}")
 

@@ -1,22 +1,26 @@
-"""Figures of the image load, beside the page that shows them."""
+"""Figures of the image load, drawn beside the page that shows them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+# Each figure: the measure it plots, its label, and its name (benchmarks-<name>.png).
+FIGURES = (
+    ("requests_per_s", "requests/s", "rps"),
+    ("ttft_ms_p50", "TTFT p50 (ms)", "ttft"),
+    ("itl_ms_p50", "inter-token latency p50 (ms)", "itl"),
+)
 
-def plots(path: Path, rows: list[dict]) -> list[str]:
-    """PNG plots of the image load beside `path`, and the markdown that shows them."""
+
+def draw(directory: Path, rows: list[dict]) -> None:
+    """Each figure as a PNG in `directory`: every server's measure by concurrency."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     servers = list(dict.fromkeys(r["server"] for r in rows))
-    shown = []
-    for key, label, name in (("requests_per_s", "requests/s", "rps"),
-                             ("ttft_ms_p50", "TTFT p50 (ms)", "ttft"),
-                             ("itl_ms_p50", "inter-token latency p50 (ms)", "itl")):  # fmt: skip
+    for key, label, name in FIGURES:
         figure, axes = plt.subplots(figsize=(6, 4))
         for server in servers:
             points = [(r["concurrency"], r[key]) for r in rows if r["server"] == server]
@@ -26,9 +30,6 @@ def plots(path: Path, rows: list[dict]) -> list[str]:
         axes.set_ylabel(label)
         axes.legend()
         axes.grid(alpha=0.3)
-        image = path.parent / f"benchmarks-{name}.png"
         figure.tight_layout()
-        figure.savefig(image, dpi=110)
+        figure.savefig(directory / f"benchmarks-{name}.png", dpi=110)
         plt.close(figure)
-        shown.append(f"![{label}]({image.name})")
-    return shown

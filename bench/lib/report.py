@@ -1,12 +1,14 @@
-"""docs/benchmarks.md: each benchmark's section, in markdown, from its result."""
+"""docs/benchmarks.md, the one page of the benchmarks, rendered from their results files
+(bench/results/, bench.lib.results.RECORDS) and the notes written by hand beside each
+section (bench/notes/): each section in markdown from its result, and the page."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+from typing import Any
 
-from bench.lib.plots import plots
-from bench.lib.results import RECORDS
+from bench.lib.plots import FIGURES, draw
+from bench.lib.results import records
 from bench.lib.shapes import (
     ANCHOR,
     ANCHORS,
@@ -21,15 +23,8 @@ from bench.lib.shapes import (
 )
 from bench.lib.stats import shape_pairs, suffix
 
-RESULTS = {"image": RECORDS["image"], "video": RECORDS["video"]}
-ANCHORS_SECTION = "benchmarks-anchors.md"
-# bench/scale.py's section.
-SCALE_SECTION = "benchmarks-scale.md"
-# bench/routing.py's section of the benchmarks document, written beside it.
-ROUTING_SECTION = "benchmarks-routing.md"
-CHOICES_SECTION = "benchmarks-choices.md"
-# bench/vllm_bench.py's: vLLM's own benchmark client against every mode.
-VLLM_BENCH_SECTION = "benchmarks-vllm-bench.md"
+# What the results show and why, written by hand: one file per section that has notes.
+NOTES = Path(__file__).resolve().parents[1] / "notes"
 
 
 def table(result: dict) -> list[str]:
@@ -131,60 +126,8 @@ def anchors_section(result: dict) -> str:
         )
     if result.get("not_run"):
         lines += ["", "Not run here: " + "; ".join(result["not_run"]) + "."]
-    notes = Path("docs") / "benchmarks-anchors-notes.md"
-    if notes.exists():
-        lines += ["", notes.read_text()]
+    lines += ["", (NOTES / "anchors.md").read_text()]
     return "\n".join(lines) + "\n"
-
-
-def write_section(doc: Path, name: str, text: str) -> None:
-    """Writes a benchmark's section `name` beside `doc`, then `doc` again with it."""
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    (doc.parent / name).write_text(text)
-    shown = {load: json.loads(path.read_text()) for load, path in RESULTS.items() if path.exists()}
-    write_doc(doc, shown)
-
-
-def write_doc(path: Path, results: dict[str, dict]) -> None:
-    """The latest result of each load, images first (with the notes written beside it),
-    then the sections of the routing and choices benchmarks (bench/routing.py,
-    bench/choices.py) that have run."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lines = ["# Benchmarks: Prism against `vllm serve`", ""]
-    if image := results.get("image"):
-        lines += [setting(image, "one 64x48 image"), "", *table(image), ""]
-        lines += [*plots(path, image["rows"]), ""]
-        notes = path.parent / "benchmarks-notes.md"
-        if notes.exists():
-            lines += [notes.read_text()]
-    if video := results.get("video"):
-        clip = (
-            f"one {VIDEO_FRAMES}-frame 64x48 MP4 video (MPEG-4, {VIDEO_FPS:g} frames a "
-            "second, every frame taken by the model's video loader)"
-        )
-        lines += ["## Video load", "", setting(video, clip), "", *table(video), ""]
-    if video and video["resent"]:
-        lines += [
-            "**A video sent again.** Each of "
-            f"{video['resent'][0]['requests']} new videos sent twice, one request at a time, "
-            "each sending under its own question asked before the video (so the second "
-            "shares no prompt prefix with the first past the chat template's); time to "
-            "first token, p50:",
-            "",
-            "| server | first sending, ms | sent again, ms |",
-            "|---|---:|---:|",
-            *(
-                f"| {r['server']} | {r['ttft_ms_p50_first']:.1f} | {r['ttft_ms_p50_repeat']:.1f} |"
-                for r in video["resent"]
-            ),
-            "",
-        ]
-    sections = (ANCHORS_SECTION, SCALE_SECTION, ROUTING_SECTION, CHOICES_SECTION,
-                VLLM_BENCH_SECTION)  # fmt: skip
-    for section in sections:
-        if (path.parent / section).exists():
-            lines += [(path.parent / section).read_text()]
-    path.write_text("\n".join(lines))
 
 
 def scale_section(result: dict) -> str:
@@ -227,9 +170,7 @@ def scale_section(result: dict) -> str:
             f"requests/s with TTFT p99 within 20 % of it. Measured: {rps:.2f}x its requests/s, "
             f"TTFT p99 {ttft:.2f}x its: {'met' if met else '**not met**'}.",
         ]
-    notes = Path("docs") / "benchmarks-scale-notes.md"
-    if notes.exists():
-        lines += ["", notes.read_text()]
+    lines += ["", (NOTES / "scale.md").read_text()]
     lines.append("")
     return "\n".join(lines)
 
@@ -323,14 +264,60 @@ def choices_section(result: dict) -> str:
     return "\n".join(lines)
 
 
-def rewrite_doc(doc: Path) -> None:
-    """`doc` again from the results files alone, the sections of the anchors and the
-    scale bench with it."""
-    if RECORDS["anchors"].exists():
-        anchors = json.loads(RECORDS["anchors"].read_text())
-        (doc.parent / ANCHORS_SECTION).write_text(anchors_section(anchors))
-    if RECORDS["scale"].exists():
-        result = json.loads(RECORDS["scale"].read_text())
-        (doc.parent / SCALE_SECTION).write_text(scale_section(result))
-    shown = {load: json.loads(path.read_text()) for load, path in RESULTS.items() if path.exists()}
-    write_doc(doc, shown)
+def loads_section(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The image load (with its figures and notes), then the video load, as lines."""
+    lines = []
+    if image := results.get("image"):
+        lines += [setting(image, "one 64x48 image"), "", *table(image), ""]
+        lines += [*(f"![{label}](benchmarks-{name}.png)" for _, label, name in FIGURES), ""]
+        lines += [(NOTES / "image.md").read_text()]
+    if video := results.get("video"):
+        clip = (
+            f"one {VIDEO_FRAMES}-frame 64x48 MP4 video (MPEG-4, {VIDEO_FPS:g} frames a "
+            "second, every frame taken by the model's video loader)"
+        )
+        lines += ["## Video load", "", setting(video, clip), "", *table(video), ""]
+    if video and video["resent"]:
+        lines += [
+            "**A video sent again.** Each of "
+            f"{video['resent'][0]['requests']} new videos sent twice, one request at a time, "
+            "each sending under its own question asked before the video (so the second "
+            "shares no prompt prefix with the first past the chat template's); time to "
+            "first token, p50:",
+            "",
+            "| server | first sending, ms | sent again, ms |",
+            "|---|---:|---:|",
+            *(
+                f"| {r['server']} | {r['ttft_ms_p50_first']:.1f} | {r['ttft_ms_p50_repeat']:.1f} |"
+                for r in video["resent"]
+            ),
+            "",
+        ]
+    return lines
+
+
+# The sections after the loads', in the page's order, by the record each renders.
+SECTIONS = {
+    "anchors": anchors_section,
+    "scale": scale_section,
+    "routing": routing_section,
+    "choices": choices_section,
+    "vllm_bench": vllm_bench_section,
+}
+
+
+def page(results: dict[str, dict[str, Any]]) -> str:
+    """docs/benchmarks.md from `results` (by record name): a section per record there."""
+    lines = ["# Benchmarks: Prism against `vllm serve`", "", *loads_section(results)]
+    lines += [render(results[name]) for name, render in SECTIONS.items() if name in results]
+    return "\n".join(lines)
+
+
+def publish(doc: Path, latest: dict[str, dict[str, Any]] | None = None) -> None:
+    """Renders `doc` from the results files, with `latest` (a run's results, by record
+    name) in place of theirs, and draws the image load's figures beside it."""
+    shown = records() | (latest or {})
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(page(shown))
+    if "image" in shown:
+        draw(doc.parent, shown["image"]["rows"])
