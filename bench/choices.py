@@ -8,8 +8,8 @@ as vLLM's engine runs each child of a request with n > 1. Per server, one reques
 time, each with a prompt of its own (about 1000 tokens and an image): `--requests` with
 n = 1, then as many with n = `--n`, sampled with a seed; A B C A B C for `--rounds`.
 Reported: latency p50 (first byte to last), TTFT p50, and the ratio of n's latency to one
-choice's. Not a test: results go to `--out` (bench/results/choices.json) and a section of
-`--doc`.
+choice's. Not a test: results go to `--out` (bench/results/choices.json), and `--doc` is
+rendered again from the results files with them.
 """
 
 from __future__ import annotations

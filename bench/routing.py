@@ -15,8 +15,8 @@ conversation so far once the answer to the one before has come; `--concurrency`
 conversations at a time. Per run: the workers' prefix-cache hit rate (prompt tokens served
 from the cache / prompt tokens, from vLLM's counters, both workers together), TTFT p50 and
 p99, requests/s. The ideal: the same load on a mesh of one worker, where every block is in
-the one cache. Not a test: results go to `--out` (bench/results/routing.json) and a section
-of `--doc`.
+the one cache. Not a test: results go to `--out` (bench/results/routing.json), and `--doc`
+is rendered again from the results files with them.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ chat requests (one new image each, after a warm-up of one request per stream): r
 time to first token beyond the simulated prefill (TTFT minus one step with the request's
 prompt), p50 and p99; inter-token latency p99; CPU seconds per 1000 requests of each
 front process. With `--profile`, py-spy records each Prism front process at the highest
-level and writes a flame graph per process there. Not a test: results go to `--out` and
-a section of `--doc`.
+level and writes a flame graph per process there. Not a test: results go to `--out`, and
+`--doc` is rendered again from the results files with them.
 """
 
 from __future__ import annotations

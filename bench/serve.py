@@ -19,7 +19,8 @@ in NIXL reads.
 The video load measures the embedding cache too: `--repeats` videos, each sent twice at
 concurrency 1 under different questions, and the time to first token of each sending.
 Not a test: results go to `--out` (JSON; by default bench/results/latest.json for images,
-bench/results/video.json for videos) and `--doc`, which shows both loads' latest results.
+bench/results/video.json for videos), and `--doc` is rendered again from the results files
+with them (bench/render.py), the image load's figures beside it.
 With `--profile`, py-spy records each Prism stage's Python process during the highest
 concurrency level (of the last round) and writes one flame graph (SVG) per stage there.
 """

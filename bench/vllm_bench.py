@@ -11,7 +11,7 @@ temperature, so requests are sampled at 1.0 as OpenAI's default is. Each server,
 serve` first, then a Prism mesh per mode, takes `--prompts` requests at `--concurrency`,
 `--rounds` times in turn: completed and failed requests, requests/s, output tokens/s and
 time to first token as the client reports them, and each failure's error. Not a test:
-results go to `--out` (JSON) and a section of `--doc`.
+results go to `--out` (JSON), and `--doc` is rendered again from the results files with them.
 """
 
 from __future__ import annotations
