@@ -48,10 +48,10 @@ test-net:
 bench:
 	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
 	$(PY) -m prism.cli model build --family qwen2-vl --out models/tiny-qwen2-vl >/dev/null
-	$(PY) bench/serve.py --model models/tiny-llava
-	$(PY) bench/serve.py --model models/tiny-qwen2-vl --load video --modes epd,e/pd,e/p/d \
+	$(PY) -m bench.serve --model models/tiny-llava
+	$(PY) -m bench.serve --model models/tiny-qwen2-vl --load video --modes epd,e/pd,e/p/d \
 		--concurrency 1,8 --requests 128
-	$(PY) bench/vllm_bench.py --model models/tiny-llava
+	$(PY) -m bench.vllm_bench --model models/tiny-llava
 
 # Not a test: Prism's modes beside the anchors of their shape, one run, three rounds: NVIDIA
 # Dynamo 1.6.1 (aggregated, P/D, E/PD) from a virtualenv of its own (.anchors/dynamo, set up
@@ -60,7 +60,7 @@ bench:
 bench-anchors:
 	scripts/bench_anchors.sh
 	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
-	$(PY) bench/serve.py --model models/tiny-llava --anchors --rounds 3 --requests 128
+	$(PY) -m bench.serve --model models/tiny-llava --anchors --rounds 3 --requests 128
 
 # Not a test: the front (gateway + processor) before 16 simulated workers at 64, 256 and 1024
 # streams, beside Dynamo's frontend before its mocker with the same timing (needs
@@ -68,33 +68,33 @@ bench-anchors:
 bench-scale:
 	scripts/bench_anchors.sh
 	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
-	$(PY) bench/scale.py --model models/tiny-llava --rounds 3
+	$(PY) -m bench.scale --model models/tiny-llava --rounds 3
 
 # Not a test: the encoder's images/s at 32 concurrent one-image requests, with and without
 # batching across requests (bench/results/encoder.json; docs/gpu.md).
 bench-encoder:
 	$(PY) -m prism.cli model build --family qwen2-vl --out models/tiny-qwen2-vl >/dev/null
-	$(PY) bench/encoder.py --model models/tiny-qwen2-vl
+	$(PY) -m bench.encoder --model models/tiny-qwen2-vl
 
 # Not a test: NIXL vs inline protobuf vs memcpy, written to bench/results/transfer.json.
 bench-transfer:
-	$(PY) bench/transfer.py --out bench/results/transfer.json
+	$(PY) -m bench.transfer --out bench/results/transfer.json
 
 # Not a test: round-robin, least-loaded and kv routing on two workers (EPD, E/PD), multi-turn
 # image chats with long contexts, on the small LLaVA (prefill costs there what it should
 # beside the mesh's own overhead); bench/results/routing.json and docs/benchmarks.md.
 bench-routing:
 	$(PY) -m prism.cli model build --family llava --size small --out models/small-llava >/dev/null
-	$(PY) bench/routing.py --model models/small-llava
+	$(PY) -m bench.routing --model models/small-llava
 
 # Not a test: TTFT and total latency of one request in each mode, on the tiny LLaVA.
 bench-choices:
 	$(PY) -m prism.cli model build --family llava --size small --out models/small-llava >/dev/null
-	$(PY) bench/choices.py --model models/small-llava
+	$(PY) -m bench.choices --model models/small-llava
 
 bench-modes:
 	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
-	$(PY) bench/modes.py --model models/tiny-llava --out bench/results/modes.json
+	$(PY) -m bench.modes --model models/tiny-llava --out bench/results/modes.json
 
 # buf breaking: the public contract changes only compatibly, checked against main's last
 # commit (the stages' own package, prism.stage.v1, may change with the code that uses it).
@@ -110,15 +110,18 @@ lint:
 	$(MAKE) check-protos
 	scripts/kubernetes_manifests.sh --check
 	$(PY) scripts/flag_reference.py --check
+	$(PY) -m bench.render --check
 	scripts/checkov.sh
 
 # deploy/kubernetes/: every mode's manifests, from `prism deploy kubernetes`.
 manifests:
 	scripts/kubernetes_manifests.sh
 
-# docs/configuration.md: every flag of every command, from the CLI's own parsers.
+# docs/configuration.md: every flag of every command, from the CLI's own parsers;
+# docs/benchmarks.md: from the benchmarks' results files (bench/results/) and notes.
 docs:
 	$(PY) scripts/flag_reference.py
+	$(PY) -m bench.render
 
 # Stubs are generated with grpc_tools (the protoc that matches the grpcio runtime).
 protos:

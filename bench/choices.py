@@ -1,6 +1,6 @@
 """Several choices of one request (`n`), beside `vllm serve`: what n = 4 costs over n = 1.
 
-    .venv/bin/python bench/choices.py --model DIR [--modes epd,e/p/d] [--n 4]
+    .venv/bin/python -m bench.choices --model DIR [--modes epd,e/p/d] [--n 4]
         [--requests 8] [--rounds 2] [--max-tokens 32] [--out JSON] [--doc docs/benchmarks.md]
 
 Prism runs each choice as a request of its own (in P/D: its own prefill and KV hand-off),
@@ -8,8 +8,8 @@ as vLLM's engine runs each child of a request with n > 1. Per server, one reques
 time, each with a prompt of its own (about 1000 tokens and an image): `--requests` with
 n = 1, then as many with n = `--n`, sampled with a seed; A B C A B C for `--rounds`.
 Reported: latency p50 (first byte to last), TTFT p50, and the ratio of n's latency to one
-choice's. Not a test: results go to `--out` (bench/results/choices.json) and a section of
-`--doc`.
+choice's. Not a test: results go to `--out` (bench/results/choices.json), and `--doc` is
+rendered again from the results files with them.
 """
 
 from __future__ import annotations
@@ -25,10 +25,13 @@ import time
 from pathlib import Path
 
 import aiohttp
-from routing import words
-from serve import CHOICES_SECTION, image_url, start_prism, start_vllm, write_section
 
-RESULT = Path("bench/results/choices.json")
+from bench.lib.load import image_url
+from bench.lib.report import publish
+from bench.lib.results import RECORDS, save
+from bench.lib.servers import start_prism, start_vllm
+from bench.lib.text import words
+
 ANCHOR = "vllm serve"
 
 
@@ -83,7 +86,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--out", type=Path, default=RESULT)
+    parser.add_argument("--out", type=Path, default=RECORDS["choices"])
     parser.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
@@ -111,30 +114,8 @@ def main() -> None:
               f"{platform.machine()}", "model": Path(args.model).name, "n": args.n,
               "requests": args.requests, "rounds": args.rounds, "max_tokens": args.max_tokens,
               "rows": rows}  # fmt: skip
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    section = [
-        "## Several choices of one request",
-        "",
-        f"Written by `make bench-choices` on {result['when']} ({result['machine']}). Model: "
-        f"{result['model']}. One request at a time, {args.requests} with n = 1, then "
-        f"{args.requests} with n = {args.n} (seeded sampling, {args.max_tokens} tokens per "
-        "choice), each with a prompt of its own (about 1000 tokens and a 64x48 image); "
-        f"medians over {args.rounds} rounds. Prism runs each choice as a request of its "
-        "own: in E/P/D each gets its own prefill and KV hand-off.",
-        "",
-        f"| server | n=1 TTFT ms | n=1 latency ms | n={args.n} TTFT ms | "
-        f"n={args.n} latency ms | n={args.n} / n=1 latency |",
-        "|---|---:|---:|---:|---:|---:|",
-        *(
-            f"| {r['server']} | {r['n1_ttft_ms_p50']:.1f} | {r['n1_latency_ms_p50']:.1f} | "
-            f"{r[f'n{args.n}_ttft_ms_p50']:.1f} | {r[f'n{args.n}_latency_ms_p50']:.1f} | "
-            f"{r['latency_ratio']:.2f} |"
-            for r in rows
-        ),
-        "",
-    ]
-    write_section(args.doc, CHOICES_SECTION, "\n".join(section))
+    save(args.out, result)
+    publish(args.doc, {"choices": result})
     print(json.dumps(rows, indent=2))
 
 

@@ -1,6 +1,6 @@
 """The encoder's throughput with and without batching across requests.
 
-    .venv/bin/python bench/encoder.py --model DIR [--concurrency 32] [--requests 256]
+    .venv/bin/python -m bench.encoder --model DIR [--concurrency 32] [--requests 256]
         [--image-size 336] [--device auto] [--rounds 3] [--out bench/results/encoder.json]
 
 Starts `prism encoder` on the model twice, as a separate process each time: with

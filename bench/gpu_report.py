@@ -1,6 +1,6 @@
 """The figures of one `make verify-gpu` run, each with the command that produced it.
 
-    .venv/bin/python bench/gpu_report.py --results DIR [--doc docs/gpu.md]
+    .venv/bin/python -m bench.gpu_report --results DIR [--doc docs/gpu.md]
 
 Reads what scripts/verify_gpu.sh left in DIR (commands.tsv: each step's name, seconds,
 exit status and command line; the JSON each step wrote) and writes DIR/report.md, and the

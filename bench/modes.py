@@ -1,6 +1,6 @@
 """Latency of one request in each mode: time to first token and total, over HTTP.
 
-    .venv/bin/python bench/modes.py --model DIR [--modes epd,e/pd,e/p/d,ep/d] [--reps 10]
+    .venv/bin/python -m bench.modes --model DIR [--modes epd,e/pd,e/p/d,ep/d] [--reps 10]
 
 For each mode, starts a mesh with `prism serve`'s launcher, warms it up, then sends the
 same one-image chat request `--reps` times, one at a time, streaming with the OpenAI
@@ -11,8 +11,6 @@ against it. Not a test; results go to `--out` as JSON.
 from __future__ import annotations
 
 import argparse
-import base64
-import io
 import json
 import os
 import platform
@@ -22,23 +20,15 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 from openai import OpenAI
-from PIL import Image
 
+from bench.lib.load import image_url
 from prism.config.common import LogConfig, ModelConfig
 from prism.config.stages import MeshConfig, ServeConfig
 from prism.modes import MODES
 from prism.ops.launcher import Mesh
 from prism.ops.plan import plan
 from prism.runtime.ports import free_port
-
-
-def image_url(seed: int = 1) -> str:
-    pixels = (np.random.RandomState(seed).rand(48, 64, 3) * 255).astype("uint8")
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, "PNG")
-    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 def one_request(client: OpenAI, model: str, url: str, max_tokens: int) -> tuple[float, float]:

@@ -2,7 +2,7 @@
 
 The oracle the tests hold on the CPU, taken where tests do not run: on a GPU, with the
 checkpoint's dtype and CUDA graphs. `oracle(model, n, max_tokens)` runs `vllm.LLM` in a
-process of its own (`python bench/parity.py MODEL N MAX_TOKENS`), with the engine settings
+process of its own (`python -m bench.parity MODEL N MAX_TOKENS`), with the engine settings
 Prism's workers use on this platform, one prompt at a time; `answers(address, ...)` asks a
 mesh's public gRPC API (`prism.v1.InferenceService.Chat`) the same, one at a time, with
 their log probabilities; `compare` says, per prompt, whether the token ids are equal and,
@@ -46,7 +46,7 @@ def question(seed: int) -> str:
 def oracle(model: str, n: int, max_tokens: int) -> list[dict]:
     """Each prompt's greedy token ids and, per position, the top log probabilities."""
     run = subprocess.run(
-        [sys.executable, __file__, model, str(n), str(max_tokens)],
+        [sys.executable, "-m", "bench.parity", model, str(n), str(max_tokens)],
         capture_output=True,
         text=True,
         timeout=900,

@@ -2,7 +2,7 @@
 `vllm serve` engines with the NixlConnector, speaking the protocol of vLLM's
 `toy_proxy_server.py` (not installed with vLLM, hence this one).
 
-    .venv/bin/python bench/pd_proxy.py --port P --prefill URL --decode URL
+    .venv/bin/python -m bench.pd_proxy --port P --prefill URL --decode URL
 
 Each chat or completion request goes to prefill as a copy that asks for one token, not
 streamed, with `kv_transfer_params: {"do_remote_decode": true}`; then the original goes

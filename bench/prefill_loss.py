@@ -1,7 +1,7 @@
 """What a prefill engine killed mid-run costs: `vllm bench serve` against a P/D mesh with two
 prefill workers, and the engine core of one SIGKILLed once the load is flowing.
 
-    .venv/bin/python bench/prefill_loss.py --model DIR [--mode e/p/d] [--prompts 256]
+    .venv/bin/python -m bench.prefill_loss --model DIR [--mode e/p/d] [--prompts 256]
         [--concurrency 32] [--out bench/results/prefill_loss.json]
 
 The requests the killed engine held (the prefill worker's requests in flight, as its own
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import sys
 import tempfile
@@ -25,8 +24,11 @@ import time
 from pathlib import Path
 
 import psutil
-from serve import Server, counter, start_prism  # bench/serve.py, beside this file
-from vllm_bench import run_client
+
+from bench.lib.metrics import counter
+from bench.lib.results import stamp
+from bench.lib.servers import Server, start_prism
+from bench.lib.vllm_client import run_client
 
 RESULT = Path("bench/results/prefill_loss.json")
 
@@ -81,8 +83,7 @@ def main() -> None:
     if "held" not in outcome:
         sys.exit(f"the run ended before prefill-0 had finished {args.kill_after} requests")
     result = {
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        **stamp(),
         "model": args.model,
         "mode": args.mode,
         "prompts": args.prompts,

@@ -1,7 +1,7 @@
 """Routing policies side by side on multi-turn image chats: vLLM's prefix-cache hit rate,
 time to first token and requests/s on two aggregated workers, and on one as the ideal.
 
-    .venv/bin/python bench/routing.py --model DIR [--modes epd,e/pd]
+    .venv/bin/python -m bench.routing --model DIR [--modes epd,e/pd]
         [--policies round-robin,least-loaded,kv] [--rounds 2] [--conversations 24]
         [--turns 4] [--concurrency 4,8] [--max-tokens 8] [--out JSON]
         [--doc docs/benchmarks.md]
@@ -15,8 +15,8 @@ conversation so far once the answer to the one before has come; `--concurrency`
 conversations at a time. Per run: the workers' prefix-cache hit rate (prompt tokens served
 from the cache / prompt tokens, from vLLM's counters, both workers together), TTFT p50 and
 p99, requests/s. The ideal: the same load on a mesh of one worker, where every block is in
-the one cache. Not a test: results go to `--out` (bench/results/routing.json) and a section
-of `--doc`.
+the one cache. Not a test: results go to `--out` (bench/results/routing.json), and `--doc`
+is rendered again from the results files with them.
 """
 
 from __future__ import annotations
@@ -24,37 +24,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
-import json
-import os
-import platform
-import random
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
-from serve import ROUTING_SECTION, Sample, counter, image_url, one, percentile, write_section
 
+from bench.lib.load import Sample, image_url, one
+from bench.lib.metrics import counter
+from bench.lib.report import publish, routing_section
+from bench.lib.results import RECORDS, save, stamp
+from bench.lib.shapes import ANSWER_WORDS, QUESTION_WORDS, SYSTEM_WORDS
+from bench.lib.stats import percentile
+from bench.lib.text import words
 from prism.config.common import LimitConfig, LogConfig, ModelConfig
 from prism.config.stages import MeshConfig, ServeConfig
-from prism.devtools.tiny_models import CORPUS
 from prism.ops.launcher import Mesh
 from prism.ops.plan import plan
 from prism.runtime.ports import free_port
 
-RESULT = Path("bench/results/routing.json")
 IDEAL = "one worker"
-
-
-# Text of the tiny models' own corpus: about 1.3 tokens a word with their tokenizer.
-VOCABULARY = sorted(set(CORPUS.split()))
-SYSTEM_WORDS, QUESTION_WORDS, ANSWER_WORDS = 900, 40, 60
-
-
-def words(tag: str, count: int) -> str:
-    """`count` words drawn by `tag`: the same tag, the same text."""
-    draw = random.Random(tag)
-    return " ".join(draw.choice(VOCABULARY) for _ in range(count))
 
 
 def conversations(run: int, count: int, turns: int) -> list[list[tuple[object, str]]]:
@@ -210,40 +199,6 @@ def summary(rows: list[dict]) -> list[dict]:
     return out
 
 
-def section(result: dict) -> str:
-    lines = [
-        "## Routing by what each worker holds",
-        "",
-        f"Written by `make bench-routing` on {result['when']} ({result['machine']}). Model: "
-        f"{result['model']}. Two aggregated workers per mode, one core each; "
-        f"{result['conversations']} conversations per run, {result['turns']} turns each "
-        f"({result['requests']} streaming requests), so many conversations at a time as the "
-        f"concurrency says; {result['max_tokens']} tokens generated per request. Each "
-        f"conversation: a system prompt of its own of {SYSTEM_WORDS} words, an image shared "
-        f"with one other conversation, a question of {QUESTION_WORDS} words a turn, each "
-        f"sent with the conversation so far, answers of {ANSWER_WORDS} words included (about "
-        "1.3 tokens a word). The policies run in turn on one mesh (its processor started "
-        f"again with each), {result['rounds']} rounds; every run has conversations of its "
-        "own. Medians over the rounds. Hit rate: prompt tokens vLLM served from its prefix "
-        "cache over prompt tokens, both workers. One worker: the same load on a mesh of one "
-        "worker, whose hit rate is the ideal. Busiest: the share of requests the busier "
-        "worker served.",
-        "",
-        "| mode | concurrency | policy | prefix-cache hit rate | TTFT p50 ms | TTFT p99 ms "
-        "| req/s | busiest | TTFT p50 vs round-robin |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for line in result["summary"]:
-        ratio = line.get("ttft_p50_vs_round_robin")
-        lines.append(
-            f"| {line['mode']} | {line['concurrency']} | {line['policy']} "
-            f"| {line['hit_rate']:.1%} | {line['ttft_ms_p50']:.1f} | {line['ttft_ms_p99']:.1f} "
-            f"| {line['requests_per_s']:.2f} | {line['busiest_share']:.0%} "
-            f"| {f'{ratio:.2f}' if ratio else ''} |"
-        )
-    return "\n".join(lines) + "\n"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
@@ -254,7 +209,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--concurrency", default="4,8")
     parser.add_argument("--max-tokens", type=int, default=8)
-    parser.add_argument("--out", type=Path, default=RESULT)
+    parser.add_argument("--out", type=Path, default=RECORDS["routing"])
     parser.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))
     args = parser.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="prism-bench-routing-"))
@@ -263,8 +218,7 @@ def main() -> None:
     for number, mode in enumerate(args.modes.split(",")):
         rows += bench_mode(mode, args, levels, logs, first_run=number * 100)
     result = {
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        **stamp(),
         "model": args.model,
         "conversations": args.conversations,
         "turns": args.turns,
@@ -275,10 +229,9 @@ def main() -> None:
         "rows": rows,
         "summary": summary(rows),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    write_section(args.doc, ROUTING_SECTION, section(result))
-    print(section(result))
+    save(args.out, result)
+    publish(args.doc, {"routing": result})
+    print(routing_section(result))
     print(f"logs in {logs}")
 
 

@@ -1,7 +1,7 @@
 """The front at scale: Prism's gateway and processor before N simulated workers, beside
 NVIDIA Dynamo's frontend before `dynamo.mocker` with the same timing.
 
-    .venv/bin/python bench/scale.py --model models/tiny-llava [--workers 16]
+    .venv/bin/python -m bench.scale --model models/tiny-llava [--workers 16]
         [--streams 64,256,1024] [--requests 2048] [--max-tokens 32] [--rounds 1]
         [--out bench/results/scale.json] [--doc docs/benchmarks.md] [--profile DIR]
 
@@ -13,8 +13,8 @@ chat requests (one new image each, after a warm-up of one request per stream): r
 time to first token beyond the simulated prefill (TTFT minus one step with the request's
 prompt), p50 and p99; inter-token latency p99; CPU seconds per 1000 requests of each
 front process. With `--profile`, py-spy records each Prism front process at the highest
-level and writes a flame graph per process there. Not a test: results go to `--out` and
-a section of `--doc`.
+level and writes a flame graph per process there. Not a test: results go to `--out`, and
+`--doc` is rendered again from the results files with them.
 """
 
 from __future__ import annotations
@@ -22,10 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -36,31 +32,24 @@ import aiohttp
 import numpy as np
 import psutil
 
-sys.path.insert(0, str(Path(__file__).parent))
-from serve import (
+from bench.lib.load import Sample, ServerFailed, chat, image_url, one
+from bench.lib.profile import finish, record
+from bench.lib.report import publish
+from bench.lib.results import RECORDS, save, stamp
+from bench.lib.servers import (
     DYNAMO_PYTHON,
-    Sample,
-    ServerFailed,
     await_ready,
-    chat,
     dynamo_env,
-    image_url,
-    one,
-    percentile,
     served_models,
     spawn,
     stop_all,
-    write_section,
 )
-
+from bench.lib.stats import percentile
 from prism.config.common import LimitConfig, LogConfig, ModelConfig
 from prism.config.stages import EngineConfig, MeshConfig, ServeConfig, SimEngineConfig
 from prism.ops.launcher import Mesh
 from prism.ops.plan import plan
 from prism.runtime.ports import free_port
-
-SECTION = "benchmarks-scale.md"
-RESULT = Path("bench/results/scale.json")
 
 
 @dataclass(frozen=True)
@@ -242,28 +231,13 @@ def loads(model: str, levels: list[int], requests: int, max_tokens: int, round_:
     return out
 
 
-def profiled(front: Front, profile: Path | None) -> list[subprocess.Popen]:
-    if profile is None:
-        return []
-    profile.mkdir(parents=True, exist_ok=True)
-    spy = Path(sys.executable).with_name("py-spy")
-    return [
-        subprocess.Popen([str(spy), "record", "--pid", str(pid), "--rate", "100",
-                          "--nonblocking", "--output", str(profile / f"scale-{name}.svg")],
-                         stderr=subprocess.DEVNULL)
-        for name, pid in front.pids.items()
-    ]  # fmt: skip
-
-
 def run_front(front: Front, levels: dict, timing: Timing, profile: Path | None) -> list[dict]:
     rows = []
     for streams, (warm_up, load) in levels.items():
-        recorders = profiled(front, profile) if streams == max(levels) else []
+        top = streams == max(levels)
+        recorders = record(front.pids, profile, "scale") if top else []
         run = asyncio.run(drive(front, streams, warm_up, load))
-        for recorder in recorders:
-            recorder.send_signal(2)
-        for recorder in recorders:
-            recorder.wait(timeout=120)
+        finish(recorders, timeout=120)
         row = summarize(front, streams, run, timing)
         rows.append(row)
         cpu = " ".join(f"{k} {v:.1f}" for k, v in row["cpu_s_per_1000"].items())
@@ -310,53 +284,6 @@ def comparisons(rows: list[dict]) -> dict[str, float]:
     return out
 
 
-def section(result: dict) -> str:
-    timing = result["timing"]
-    lines = [
-        "## The front at scale: simulated engines", "",
-        f"Written by `make bench-scale` on {result['when']} ({result['machine']}). "
-        f"{result['workers']} simulated engines behind each front (Prism: gateway + processor "
-        f"+ `prism worker --engine sim`; Dynamo 1.6.1: `dynamo.frontend` + `dynamo.mocker "
-        f"--num-workers {result['workers']}` with the same timing as its profile): a step "
-        f"takes {timing['decode_step_ms']} ms plus its prompt tokens at "
-        f"{timing['prefill_tokens_per_s']:.0f} tokens/s, blocks of {timing['block_size']} "
-        f"tokens, {timing['max_num_seqs']} sequences a step. Model {result['model']} "
-        "(its tokenizer and chat template; no weights used). "
-        f"{result['requests']} streaming chat requests per level, one new 64x48 PNG each, "
-        f"{result['max_tokens']} tokens each; rounds: {result['rounds']} (medians). "
-        "TTFT+ is the time to first token beyond one simulated step with the prompt: what "
-        "the front and the engines' queues add. CPU: seconds of each front process per "
-        "1000 requests, and of all the simulated engines together.", "",
-        "| front | streams | req/s | TTFT+ p50 ms | TTFT+ p99 ms | TTFT p99 ms | ITL p99 ms "
-        "| SSE events / request | CPU s / 1000 req | failures |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
-    ]  # fmt: skip
-    for r in result["rows"]:
-        cpu = ", ".join(f"{k} {v:.1f}" for k, v in r["cpu_s_per_1000"].items())
-        lines.append(
-            f"| {r['front']} | {r['streams']} | {r['requests_per_s']:.1f} | "
-            f"{r['ttft_added_ms_p50']:.1f} | {r['ttft_added_ms_p99']:.1f} | "
-            f"{r['ttft_ms_p99']:.1f} | {r['itl_ms_p99']:.1f} | "
-            f"{r.get('events_per_request', float('nan')):.1f} | {cpu} | {r['failures']} |"
-        )
-    top = max(r["streams"] for r in result["rows"])
-    rps = result.get(f"prism_vs_dynamo_rps_ratio_s{top}")
-    ttft = result.get(f"prism_vs_dynamo_ttft_p99_ratio_s{top}")
-    if rps is not None and ttft is not None:
-        met = rps >= 1.0 and ttft <= 1.2
-        lines += [
-            "",
-            f"Goal at {top} streams: Prism's front sustains at least Dynamo's frontend's "
-            f"requests/s with TTFT p99 within 20 % of it. Measured: {rps:.2f}x its requests/s, "
-            f"TTFT p99 {ttft:.2f}x its: {'met' if met else '**not met**'}.",
-        ]
-    notes = Path("docs") / "benchmarks-scale-notes.md"
-    if notes.exists():
-        lines += ["", notes.read_text()]
-    lines.append("")
-    return "\n".join(lines)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
@@ -366,7 +293,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--fronts", default="prism,dynamo")
-    parser.add_argument("--out", type=Path, default=RESULT)
+    parser.add_argument("--out", type=Path, default=RECORDS["scale"])
     parser.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))
     parser.add_argument("--profile", type=Path, help="write py-spy flame graphs here")
     args = parser.parse_args()
@@ -392,8 +319,7 @@ def main() -> None:
         rounds.append(rows)
     rows = medians(rounds)
     result = {
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        **stamp(),
         "model": args.model,
         "workers": args.workers,
         "requests": args.requests,
@@ -403,9 +329,8 @@ def main() -> None:
         "rows": rows,
         **comparisons(rows),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    write_section(args.doc, SECTION, section(result))
+    save(args.out, result)
+    publish(args.doc, {"scale": result})
     print(json.dumps(comparisons(rows), indent=2))
     print(f"logs in {logs}")
 

@@ -1,6 +1,6 @@
 """Does the engine's stack work on this machine: imports, one vLLM kernel, NIXL's memory.
 
-    .venv/bin/python bench/smoke.py [--device auto|cpu|cuda] [--out PATH]
+    .venv/bin/python -m bench.smoke [--device auto|cpu|cuda] [--out PATH]
 
 The first check `make verify-gpu` runs, and the cheapest place to learn that a wheel does
 not fit the host (vLLM's compiled kernels against the host's torch, NIXL's CUDA build):

@@ -1,6 +1,6 @@
 """Moving a tensor between two processes: NIXL descriptor vs inline gRPC bytes vs memcpy.
 
-    .venv/bin/python bench/transfer.py [--sizes 1,4,16,64] [--reps 25] [--device cpu|cuda]
+    .venv/bin/python -m bench.transfer [--sizes 1,4,16,64] [--reps 25] [--device cpu|cuda]
         [--out PATH]
 
 A server process holds a float32 tensor per size (as the encoder holds an embedding) and

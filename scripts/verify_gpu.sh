@@ -70,20 +70,20 @@ step() {
   return "$status"
 }
 
-step smoke "$PY" bench/smoke.py --device "$DEVICE" --out "$RESULTS/smoke.json"
+step smoke "$PY" -m bench.smoke --device "$DEVICE" --out "$RESULTS/smoke.json"
 if wanted serve || wanted encoder; then
   [ -f "$MODEL/config.json" ] || step model "$PY" -m prism.cli model build "${BUILD[@]}" --out "$MODEL"
 fi
 if [ -f "$MODEL/config.json" ]; then
-  step serve "$PY" bench/serve.py --model "$MODEL" --modes "$MODES" --concurrency 1,32 \
+  step serve "$PY" -m bench.serve --model "$MODEL" --modes "$MODES" --concurrency 1,32 \
     --requests "$REQUESTS" --no-same-engine --parity "$PARITY" --parity-prompts 4 \
     --parity-tokens 16 --out "$RESULTS/serve.json" --doc "$RESULTS/benchmarks.md"
-  step encoder "$PY" bench/encoder.py --model "$MODEL" --device "$DEVICE" \
+  step encoder "$PY" -m bench.encoder --model "$MODEL" --device "$DEVICE" \
     --requests "$ENCODER_REQUESTS" --rounds "$ROUNDS" --out "$RESULTS/encoder.json"
 fi
-step transfer "$PY" bench/transfer.py --device "$DEVICE" --sizes 8 --reps 25 \
+step transfer "$PY" -m bench.transfer --device "$DEVICE" --sizes 8 --reps 25 \
   --out "$RESULTS/transfer.json"
-"$PY" bench/gpu_report.py --results "$RESULTS" --doc "$DOC" || failed=1
+"$PY" -m bench.gpu_report --results "$RESULTS" --doc "$DOC" || failed=1
 if [ "$failed" -ne 0 ]; then
   echo "verify-gpu: a step failed (see $RESULTS)"
   exit 1

@@ -86,7 +86,7 @@ def _running(pid: int) -> bool:
 
 def test_a_process_whose_parent_is_killed_ends_with_it():
     # vLLM's engine core, as a worker starts it: a child the launcher did not start.
-    engine = ("from prism import processes; import time; "
+    engine = ("from prism.runtime import processes; import time; "
               "processes.exit_with_parent(interval=0.05); print('ready', flush=True); "
               "time.sleep(60)")  # fmt: skip
     worker = ("import subprocess, sys, time; "

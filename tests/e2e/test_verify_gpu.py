@@ -31,6 +31,6 @@ def test_the_gpu_verification_runs_in_its_cpu_form(tmp_path: Path) -> None:
     text = doc.read_text()
     # The device's section, with each figure's command; the rest of the document kept.
     assert text.startswith("# Prism on GPUs\n\nKept as it was.\n")
-    assert "<!-- verify-gpu: CPU -->" in text and "bench/transfer.py --device cpu" in text
+    assert "<!-- verify-gpu: CPU -->" in text and "bench.transfer --device cpu" in text
     for title in ("Smoke", "Parity", "Serving", "NIXL", "Encoder"):
         assert f"**{title}.**" in text

@@ -10,7 +10,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-from prism import presets
+from prism.devtools import presets
 from prism.devtools.presets import INDEX_FILE, PRESETS, Preset, build_preset, preset_config
 from prism.devtools.tiny_models import _vllm_weight_name
 

@@ -1,0 +1,172 @@
+"""The load: streaming chat requests with an image or a video each, and the asyncio client
+that sends them and times every token."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import tempfile
+import time
+from dataclasses import dataclass
+
+import aiohttp
+import numpy as np
+from PIL import Image
+
+from bench.lib.shapes import VIDEO_FPS, VIDEO_FRAMES
+from bench.lib.stats import percentile
+from prism.video import encode_video
+
+
+def image_url(seed: int) -> str:
+    pixels = (np.random.RandomState(seed).rand(48, 64, 3) * 255).astype("uint8")
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def video_url(seed: int) -> str:
+    shape = (VIDEO_FRAMES, 48, 64, 3)
+    frames = list((np.random.RandomState(seed).rand(*shape) * 255).astype("uint8"))
+    with tempfile.TemporaryDirectory() as scratch:
+        data = encode_video(frames, VIDEO_FPS, f"{scratch}/v.mp4")
+    return "data:video/mp4;base64," + base64.b64encode(data).decode()
+
+
+def media_part(load: str, seed: int) -> dict:
+    if load == "video":
+        return {"type": "video_url", "video_url": {"url": video_url(seed)}}
+    return {"type": "image_url", "image_url": {"url": image_url(seed)}}
+
+
+def chat(model: str, content: list[dict], max_tokens: int) -> dict:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+def requests(model: str, seeds: range, max_tokens: int, load: str = "image") -> list[dict]:
+    """A fixed load: a chat per seed, each with its own image or video and question."""
+    return [
+        chat(
+            model,
+            [
+                media_part(load, seed),
+                {"type": "text", "text": f"Question {seed}: what is in this {load}?"},
+            ],
+            max_tokens,
+        )
+        for seed in seeds
+    ]
+
+
+def repeats(model: str, seeds: range, max_tokens: int, load: str) -> list[list[dict]]:
+    """Each seed's media sent twice, under different questions asked before it: the second
+    sending shares no prompt prefix with the first past the chat template's."""
+    return [
+        [
+            chat(
+                model,
+                [{"type": "text", "text": f"{ask} {seed}:"}, media_part(load, seed)],
+                max_tokens,
+            )
+            for ask in ("Describe", "Summarize")
+        ]
+        for seed in seeds
+    ]
+
+
+class ServerFailed(RuntimeError):
+    """A server answered a request with an error: its run stops, and the bench goes on."""
+
+
+@dataclass
+class Sample:
+    ttft: float
+    gaps: list[float]
+    tokens: int
+    total: float
+    prompt_tokens: int = 0
+
+
+async def one(session: aiohttp.ClientSession, url: str, body: dict) -> Sample:
+    started = time.perf_counter()
+    first = last = None
+    gaps: list[float] = []
+    tokens = prompt = 0
+    async with session.post(url, json=body) as reply:
+        if reply.status != 200:
+            raise ServerFailed(f"{url}: HTTP {reply.status}: {(await reply.text())[:500]}")
+        async for raw in reply.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[len("data: ") :])
+            if usage := event.get("usage"):
+                tokens, prompt = usage["completion_tokens"], usage["prompt_tokens"]
+            if event["choices"] and event["choices"][0]["delta"].get("content"):
+                now = time.perf_counter()
+                if first is None:
+                    first = now
+                else:
+                    gaps.append(now - last)
+                last = now
+    ttft = (first or started) - started
+    return Sample(ttft, gaps, tokens, time.perf_counter() - started, prompt)
+
+
+async def drive(base_url: str, warm_up: list[dict], load: list[dict], concurrency: int) -> dict:
+    url = f"{base_url}/v1/chat/completions"
+    limit = aiohttp.TCPConnector(limit=concurrency)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=limit, timeout=timeout) as session:
+        # Connections and lazy set-up, outside the measurement.
+        await asyncio.gather(*(one(session, url, body) for body in warm_up))
+        queue = list(load)
+        samples: list[Sample] = []
+
+        async def worker() -> None:
+            while queue:
+                samples.append(await one(session, url, queue.pop()))
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    ttfts = [s.ttft * 1000 for s in samples]
+    gaps = [g * 1000 for s in samples for g in s.gaps]
+    return {
+        "concurrency": concurrency,
+        "requests": len(samples),
+        "seconds": elapsed,
+        "requests_per_s": len(samples) / elapsed,
+        "output_tokens_per_s": sum(s.tokens for s in samples) / elapsed,
+        "ttft_ms_p50": percentile(ttfts, 50),
+        "ttft_ms_p99": percentile(ttfts, 99),
+        "itl_ms_p50": percentile(gaps, 50),
+        "itl_ms_p99": percentile(gaps, 99),
+        "request_seconds_total": sum(s.total for s in samples),
+        # Under load a server may send several tokens in one event.
+        "events_per_request": float(np.mean([len(s.gaps) + 1 for s in samples])),
+    }
+
+
+async def resend(base_url: str, pairs: list[list[dict]]) -> dict:
+    """Time to first token of each media's first sending and of its second, one at a time."""
+    url = f"{base_url}/v1/chat/completions"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        ttfts = [[(await one(session, url, body)).ttft * 1000 for body in pair] for pair in pairs]
+    first, repeat = zip(*ttfts, strict=True)
+    return {
+        "concurrency": 1,
+        "requests": len(pairs),
+        "ttft_ms_p50_first": percentile(list(first), 50),
+        "ttft_ms_p50_repeat": percentile(list(repeat), 50),
+    }

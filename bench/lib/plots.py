@@ -1,0 +1,35 @@
+"""Figures of the image load, drawn beside the page that shows them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# Each figure: the measure it plots, its label, and its name (benchmarks-<name>.png).
+FIGURES = (
+    ("requests_per_s", "requests/s", "rps"),
+    ("ttft_ms_p50", "TTFT p50 (ms)", "ttft"),
+    ("itl_ms_p50", "inter-token latency p50 (ms)", "itl"),
+)
+
+
+def draw(directory: Path, rows: list[dict]) -> None:
+    """Each figure as a PNG in `directory`: every server's measure by concurrency."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    servers = list(dict.fromkeys(r["server"] for r in rows))
+    for key, label, name in FIGURES:
+        figure, axes = plt.subplots(figsize=(6, 4))
+        for server in servers:
+            points = [(r["concurrency"], r[key]) for r in rows if r["server"] == server]
+            axes.plot(*zip(*points, strict=True), marker="o", label=server)
+        axes.set_xscale("log", base=2)
+        axes.set_xlabel("concurrency")
+        axes.set_ylabel(label)
+        axes.legend()
+        axes.grid(alpha=0.3)
+        figure.tight_layout()
+        figure.savefig(directory / f"benchmarks-{name}.png", dpi=110)
+        plt.close(figure)

@@ -1,0 +1,323 @@
+"""docs/benchmarks.md, the one page of the benchmarks, rendered from their results files
+(bench/results/, bench.lib.results.RECORDS) and the notes written by hand beside each
+section (bench/notes/): each section in markdown from its result, and the page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench.lib.plots import FIGURES, draw
+from bench.lib.results import records
+from bench.lib.shapes import (
+    ANCHOR,
+    ANCHORS,
+    ANSWER_WORDS,
+    QUESTION_WORDS,
+    SAME_ENGINE,
+    SYSTEM_WORDS,
+    TAX,
+    VIDEO_FPS,
+    VIDEO_FRAMES,
+    slug,
+)
+from bench.lib.stats import shape_pairs, suffix
+
+# What the results show and why, written by hand: one file per section that has notes.
+NOTES = Path(__file__).resolve().parents[1] / "notes"
+
+
+def table(result: dict) -> list[str]:
+    """One row per server and level, with ratios to each anchor that ran."""
+    rows = result["rows"]
+    anchors = [a for a in ANCHORS if any(r["server"] == a for r in rows)]
+    names = {ANCHOR: "vllm serve", SAME_ENGINE: "vllm serve, same engine"}
+    lines = [
+        "| server | concurrency | req/s | output tok/s | TTFT p50 ms | TTFT p99 ms | ITL p50 ms "
+        "| ITL p99 ms | "
+        + "".join(f"req/s vs {names[a]} | " for a in anchors)
+        + "NIXL read share |",
+        "|---|" + "---:|" * (8 + len(anchors)),
+    ]
+    top = max(r["concurrency"] for r in rows if r["server"] == ANCHOR)
+    for r in rows:
+        end = suffix(r["concurrency"], top)
+        ratios = [
+            1.0 if r["server"] == anchor else result.get(
+                f"{slug(r['server'])}_vs_{anchor}_rps_ratio{end}", float("nan"))
+            for anchor in anchors
+        ]  # fmt: skip
+        share = f"{100 * r['nixl_read_share']:.2f} %" if "nixl_read_share" in r else ""
+        lines.append(
+            f"| {r['server']} | {r['concurrency']} | {r['requests_per_s']:.2f} | "
+            f"{r['output_tokens_per_s']:.1f} | {r['ttft_ms_p50']:.1f} | {r['ttft_ms_p99']:.1f} "
+            f"| {r['itl_ms_p50']:.2f} | {r['itl_ms_p99']:.2f} | "
+            + "".join(f"{ratio:.2f} | " for ratio in ratios)
+            + f"{share} |"
+        )
+    return lines
+
+
+def setting(result: dict, what: str) -> str:
+    return (
+        f"Written by `make bench` on {result['when']} ({result['machine']}). Model: "
+        f"{result['model']}; {result['requests']} streaming chat requests per level, {what} "
+        f"each, {result['max_tokens']} tokens each, greedy. Every level has "
+        "requests of its own (no prefix or media cache hits across levels), after a warm-up "
+        "burst of its own. The client runs on the same machine. "
+        f"Rounds: {result['rounds']}. In each round every server runs once, in turn; the "
+        "table gives medians over the rounds, and each ratio is the median of the ratios "
+        "measured within a round."
+    )
+
+
+# The goals of docs/benchmarks.md, each checked where it was measured.
+RPS_GOAL, TTFT_GOAL_MS, TAX_GOAL = 1.0, 2.0, 0.8
+
+
+def anchors_section(result: dict) -> str:
+    """Each Prism mode beside the anchors of its shape, and the disaggregation tax."""
+    names = {ANCHOR: "vllm serve", "dynamo_agg": "Dynamo aggregated", "dynamo_pd": "Dynamo P/D",
+             "dynamo_e_pd": "Dynamo E/PD", "vllm_pd": "vLLM P/D (NixlConnector + proxy)",
+             "epd": "Prism EPD"}  # fmt: skip
+    levels = sorted({r["concurrency"] for r in result["rows"]})
+    top = max(levels)
+    lines = [
+        "## Beside NVIDIA Dynamo and vLLM's own P/D", "",
+        setting(result, "one 64x48 image").replace("`make bench`", "`make bench-anchors`"), "",
+        "Anchors: NVIDIA Dynamo 1.6.1 (`dynamo.frontend` and `dynamo.vllm` on vLLM 0.31 for "
+        "the CPU, in .anchors/dynamo: file discovery, TCP requests, ZMQ events; aggregated, "
+        "P/D with the NixlConnector, and E/PD with its encode worker), vLLM's own P/D (two "
+        "`vllm serve` with the NixlConnector behind bench/pd_proxy.py, the protocol of vLLM's "
+        "toy proxy) and `vllm serve`. Engines sit on cores the same way on every side: one "
+        "engine keeps vLLM's own binding; a prefill and a decode get a core each.", "",
+        *table(result), "",
+        "Each Prism mode beside the anchor of its shape (requests/s ratio; TTFT p50 "
+        "difference, ms), and the disaggregation tax (each split mode beside Prism EPD):", "",
+        "| Prism | beside | " + " | ".join(f"req/s c={c}" for c in levels) + " | "
+        + " | ".join(f"TTFT p50 ms c={c}" for c in levels) + " | goal | met |",
+        "|---|---|" + "---:|" * (2 * len(levels)) + "---|---|",
+    ]  # fmt: skip
+    for mode, other in shape_pairs(result["rows"]):
+        # `vllm serve` is of EPD's shape alone.
+        if other == ANCHOR and mode != "epd":
+            continue
+        name = f"{slug(mode)}_vs_{slug(other)}"
+        rps = [result.get(f"{name}_rps_ratio{suffix(c, top)}") for c in levels]
+        ttft = [result.get(f"{slug(mode)}_minus_{slug(other)}_ttft_p50_ms{suffix(c, top)}")
+                for c in levels]  # fmt: skip
+        if mode in TAX and other in TAX[mode]:
+            goal = f"req/s at c={top} ≥ {TAX_GOAL:.1f}x EPD"
+            met = rps[-1] is not None and rps[-1] >= TAX_GOAL
+        else:
+            goal = (
+                f"req/s at c={top} ≥ {RPS_GOAL:.1f}x; "
+                f"TTFT p50 at c={levels[0]} ≤ +{TTFT_GOAL_MS:g} ms"
+            )
+            met = (rps[-1] or 0) >= RPS_GOAL and (
+                ttft[0] if ttft[0] is not None else 1e9
+            ) <= TTFT_GOAL_MS
+        lines.append(
+            f"| {mode} | {names.get(other, other)} | "
+            + " | ".join("" if v is None else f"{v:.2f}" for v in rps)
+            + " | "
+            + " | ".join("" if v is None else f"{v:+.1f}" for v in ttft)
+            + f" | {goal} | {'yes' if met else '**no**'} |"
+        )
+    if result.get("not_run"):
+        lines += ["", "Not run here: " + "; ".join(result["not_run"]) + "."]
+    lines += ["", (NOTES / "anchors.md").read_text()]
+    return "\n".join(lines) + "\n"
+
+
+def scale_section(result: dict) -> str:
+    timing = result["timing"]
+    lines = [
+        "## The front at scale: simulated engines", "",
+        f"Written by `make bench-scale` on {result['when']} ({result['machine']}). "
+        f"{result['workers']} simulated engines behind each front (Prism: gateway + processor "
+        f"+ `prism worker --engine sim`; Dynamo 1.6.1: `dynamo.frontend` + `dynamo.mocker "
+        f"--num-workers {result['workers']}` with the same timing as its profile): a step "
+        f"takes {timing['decode_step_ms']} ms plus its prompt tokens at "
+        f"{timing['prefill_tokens_per_s']:.0f} tokens/s, blocks of {timing['block_size']} "
+        f"tokens, {timing['max_num_seqs']} sequences a step. Model {result['model']} "
+        "(its tokenizer and chat template; no weights used). "
+        f"{result['requests']} streaming chat requests per level, one new 64x48 PNG each, "
+        f"{result['max_tokens']} tokens each; rounds: {result['rounds']} (medians). "
+        "TTFT+ is the time to first token beyond one simulated step with the prompt: what "
+        "the front and the engines' queues add. CPU: seconds of each front process per "
+        "1000 requests, and of all the simulated engines together.", "",
+        "| front | streams | req/s | TTFT+ p50 ms | TTFT+ p99 ms | TTFT p99 ms | ITL p99 ms "
+        "| SSE events / request | CPU s / 1000 req | failures |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]  # fmt: skip
+    for r in result["rows"]:
+        cpu = ", ".join(f"{k} {v:.1f}" for k, v in r["cpu_s_per_1000"].items())
+        lines.append(
+            f"| {r['front']} | {r['streams']} | {r['requests_per_s']:.1f} | "
+            f"{r['ttft_added_ms_p50']:.1f} | {r['ttft_added_ms_p99']:.1f} | "
+            f"{r['ttft_ms_p99']:.1f} | {r['itl_ms_p99']:.1f} | "
+            f"{r.get('events_per_request', float('nan')):.1f} | {cpu} | {r['failures']} |"
+        )
+    top = max(r["streams"] for r in result["rows"])
+    rps = result.get(f"prism_vs_dynamo_rps_ratio_s{top}")
+    ttft = result.get(f"prism_vs_dynamo_ttft_p99_ratio_s{top}")
+    if rps is not None and ttft is not None:
+        met = rps >= 1.0 and ttft <= 1.2
+        lines += [
+            "",
+            f"Goal at {top} streams: Prism's front sustains at least Dynamo's frontend's "
+            f"requests/s with TTFT p99 within 20 % of it. Measured: {rps:.2f}x its requests/s, "
+            f"TTFT p99 {ttft:.2f}x its: {'met' if met else '**not met**'}.",
+        ]
+    lines += ["", (NOTES / "scale.md").read_text()]
+    lines.append("")
+    return "\n".join(lines)
+
+
+def routing_section(result: dict) -> str:
+    lines = [
+        "## Routing by what each worker holds",
+        "",
+        f"Written by `make bench-routing` on {result['when']} ({result['machine']}). Model: "
+        f"{result['model']}. Two aggregated workers per mode, one core each; "
+        f"{result['conversations']} conversations per run, {result['turns']} turns each "
+        f"({result['requests']} streaming requests), so many conversations at a time as the "
+        f"concurrency says; {result['max_tokens']} tokens generated per request. Each "
+        f"conversation: a system prompt of its own of {SYSTEM_WORDS} words, an image shared "
+        f"with one other conversation, a question of {QUESTION_WORDS} words a turn, each "
+        f"sent with the conversation so far, answers of {ANSWER_WORDS} words included (about "
+        "1.3 tokens a word). The policies run in turn on one mesh (its processor started "
+        f"again with each), {result['rounds']} rounds; every run has conversations of its "
+        "own. Medians over the rounds. Hit rate: prompt tokens vLLM served from its prefix "
+        "cache over prompt tokens, both workers. One worker: the same load on a mesh of one "
+        "worker, whose hit rate is the ideal. Busiest: the share of requests the busier "
+        "worker served.",
+        "",
+        "| mode | concurrency | policy | prefix-cache hit rate | TTFT p50 ms | TTFT p99 ms "
+        "| req/s | busiest | TTFT p50 vs round-robin |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for line in result["summary"]:
+        ratio = line.get("ttft_p50_vs_round_robin")
+        lines.append(
+            f"| {line['mode']} | {line['concurrency']} | {line['policy']} "
+            f"| {line['hit_rate']:.1%} | {line['ttft_ms_p50']:.1f} | {line['ttft_ms_p99']:.1f} "
+            f"| {line['requests_per_s']:.2f} | {line['busiest_share']:.0%} "
+            f"| {f'{ratio:.2f}' if ratio else ''} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def vllm_bench_section(result: dict) -> str:
+    lines = [
+        "## vLLM's benchmark client",
+        "",
+        f"`vllm bench serve` (vLLM's own client, unmodified), {result['when']}, "
+        f"{result['machine']}, {result['model']}: {result['prompts']} random multimodal "
+        f"chats (one 64x64 image, {result['input_len']} text tokens) at concurrency "
+        f"{result['concurrency']}, {result['max_tokens']} output tokens with `--ignore-eos`, "
+        "sampled (the client sends no temperature); each server "
+        f"{result['rounds']} times, in turn (`bench/vllm_bench.py`, "
+        "bench/results/vllm_bench.json).",
+        "",
+        "| server | round | completed | failed | requests/s | output tok/s | TTFT p50 ms "
+        "| TTFT p99 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in result["rows"]:
+        lines.append(
+            f"| {row['server']} | {row['round']} | {row['completed']} | {row['failed']} | "
+            f"{row['requests_per_s']:.2f} | {row['output_tokens_per_s']:.1f} | "
+            f"{row['ttft_ms_p50']:.0f} | {row['ttft_ms_p99']:.0f} |"
+        )
+    failures = [row for row in result["rows"] if row["errors"]]
+    for row in failures:
+        lines += ["", f"{row['server']}, round {row['round']}: " + "; ".join(row["errors"])]
+    return "\n".join(lines) + "\n"
+
+
+def choices_section(result: dict) -> str:
+    """bench/choices.py's: n choices of one request beside one."""
+    n = result["n"]
+    lines = [
+        "## Several choices of one request",
+        "",
+        f"Written by `make bench-choices` on {result['when']} ({result['machine']}). Model: "
+        f"{result['model']}. One request at a time, {result['requests']} with n = 1, then "
+        f"{result['requests']} with n = {n} (seeded sampling, {result['max_tokens']} tokens per "
+        "choice), each with a prompt of its own (about 1000 tokens and a 64x48 image); "
+        f"medians over {result['rounds']} rounds. Prism runs each choice as a request of its "
+        "own: in E/P/D each gets its own prefill and KV hand-off.",
+        "",
+        f"| server | n=1 TTFT ms | n=1 latency ms | n={n} TTFT ms | "
+        f"n={n} latency ms | n={n} / n=1 latency |",
+        "|---|---:|---:|---:|---:|---:|",
+        *(
+            f"| {r['server']} | {r['n1_ttft_ms_p50']:.1f} | {r['n1_latency_ms_p50']:.1f} | "
+            f"{r[f'n{n}_ttft_ms_p50']:.1f} | {r[f'n{n}_latency_ms_p50']:.1f} | "
+            f"{r['latency_ratio']:.2f} |"
+            for r in result["rows"]
+        ),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def loads_section(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The image load (with its figures and notes), then the video load, as lines."""
+    lines = []
+    if image := results.get("image"):
+        lines += [setting(image, "one 64x48 image"), "", *table(image), ""]
+        lines += [*(f"![{label}](benchmarks-{name}.png)" for _, label, name in FIGURES), ""]
+        lines += [(NOTES / "image.md").read_text()]
+    if video := results.get("video"):
+        clip = (
+            f"one {VIDEO_FRAMES}-frame 64x48 MP4 video (MPEG-4, {VIDEO_FPS:g} frames a "
+            "second, every frame taken by the model's video loader)"
+        )
+        lines += ["## Video load", "", setting(video, clip), "", *table(video), ""]
+    if video and video["resent"]:
+        lines += [
+            "**A video sent again.** Each of "
+            f"{video['resent'][0]['requests']} new videos sent twice, one request at a time, "
+            "each sending under its own question asked before the video (so the second "
+            "shares no prompt prefix with the first past the chat template's); time to "
+            "first token, p50:",
+            "",
+            "| server | first sending, ms | sent again, ms |",
+            "|---|---:|---:|",
+            *(
+                f"| {r['server']} | {r['ttft_ms_p50_first']:.1f} | {r['ttft_ms_p50_repeat']:.1f} |"
+                for r in video["resent"]
+            ),
+            "",
+        ]
+    return lines
+
+
+# The sections after the loads', in the page's order, by the record each renders.
+SECTIONS = {
+    "anchors": anchors_section,
+    "scale": scale_section,
+    "routing": routing_section,
+    "choices": choices_section,
+    "vllm_bench": vllm_bench_section,
+}
+
+
+def page(results: dict[str, dict[str, Any]]) -> str:
+    """docs/benchmarks.md from `results` (by record name): a section per record there."""
+    lines = ["# Benchmarks: Prism against `vllm serve`", "", *loads_section(results)]
+    lines += [render(results[name]) for name, render in SECTIONS.items() if name in results]
+    return "\n".join(lines)
+
+
+def publish(doc: Path, latest: dict[str, dict[str, Any]] | None = None) -> None:
+    """Renders `doc` from the results files, with `latest` (a run's results, by record
+    name) in place of theirs, and draws the image load's figures beside it."""
+    shown = records() | (latest or {})
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    doc.write_text(page(shown))
+    if "image" in shown:
+        draw(doc.parent, shown["image"]["rows"])
