@@ -7,14 +7,22 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from prism import logs, telemetry
 from prism.gateway.client import ReplyStream
-from prism.gateway.openai.protocol import StreamOptions, error_body, usage
+from prism.gateway.openai.protocol import (
+    StreamOptions,
+    as_sent,
+    error_body,
+    stream_options,
+    usage,
+    wants_stream,
+)
 from prism.rpc.errors import PrismError
 
 # The SSE event of a message (the first of its choice or not).
@@ -60,6 +68,30 @@ async def generate(
     if not stream:
         return await _whole(first, rest, timer, final)
     return EventStream(_events(call, first, rest, timer, options, chunk))
+
+
+class Answer(Protocol):
+    """How an endpoint writes a call's messages: an SSE event each, or one whole body."""
+
+    def chunk(self, reply: Any, first: bool) -> dict: ...
+
+    def final(self, choices: dict[int, list], last: Any) -> dict: ...
+
+
+async def respond(
+    request: Request, body: dict, answer: Answer, start: Callable[[], ReplyStream]
+) -> Response:
+    """An OpenAI generation endpoint's reply to `body`. `start` makes the processor call,
+    once the body's stream options are known to be good; errors name the parameter as
+    the client sent it."""
+    options = stream_options(body)
+    call = start()
+    try:
+        return await generate(
+            call, wants_stream(body), options, answer.chunk, answer.final, request.url.path
+        )
+    except PrismError as error:
+        raise as_sent(error, body) from None
 
 
 async def _whole(

@@ -17,7 +17,6 @@ from prism import embeds
 from prism.gateway.client import ProcessorClient
 from prism.gateway.openai.protocol import (
     MAX_LOGPROBS,
-    as_sent,
     bool_field,
     finish_reason,
     int_field,
@@ -28,12 +27,10 @@ from prism.gateway.openai.protocol import (
     position_tokens,
     reject_unknown,
     sampling,
-    stream_options,
     usage,
-    wants_stream,
 )
-from prism.gateway.streaming import generate
-from prism.rpc.errors import PrismError, invalid
+from prism.gateway.streaming import respond
+from prism.rpc.errors import invalid
 from prism.v1 import common_pb2, inference_pb2
 
 router = APIRouter()
@@ -367,13 +364,6 @@ async def chat(request: Request) -> Response:
     body = await json_body(request)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     message = chat_request(body, request_id)
-    options = stream_options(body)
-    answer = ChatAnswer(request_id, message.sampling)
     processor: ProcessorClient = request.app.state.processor
-    call = processor.chat(message)
-    try:
-        return await generate(
-            call, wants_stream(body), options, answer.chunk, answer.final, request.url.path
-        )
-    except PrismError as error:
-        raise as_sent(error, body) from None
+    answer = ChatAnswer(request_id, message.sampling)
+    return await respond(request, body, answer, lambda: processor.chat(message))

@@ -13,7 +13,6 @@ from fastapi.responses import Response
 from prism.gateway.client import ProcessorClient
 from prism.gateway.openai.protocol import (
     MAX_LOGPROBS,
-    as_sent,
     bool_field,
     finish_reason,
     int_field,
@@ -24,12 +23,11 @@ from prism.gateway.openai.protocol import (
     position_tokens,
     reject_unknown,
     sampling,
-    stream_options,
     usage,
     wants_stream,
 )
-from prism.gateway.streaming import generate
-from prism.rpc.errors import PrismError, invalid
+from prism.gateway.streaming import respond
+from prism.rpc.errors import invalid
 from prism.v1 import common_pb2, inference_pb2
 
 router = APIRouter()
@@ -158,13 +156,6 @@ async def completions(request: Request) -> Response:
     body = await json_body(request)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     message = completion_request(body, request_id)
-    options = stream_options(body)
-    answer = CompletionAnswer(request_id, message.sampling)
     processor: ProcessorClient = request.app.state.processor
-    call = processor.complete(message)
-    try:
-        return await generate(
-            call, wants_stream(body), options, answer.chunk, answer.final, request.url.path
-        )
-    except PrismError as error:
-        raise as_sent(error, body) from None
+    answer = CompletionAnswer(request_id, message.sampling)
+    return await respond(request, body, answer, lambda: processor.complete(message))
