@@ -19,18 +19,14 @@ from prism.rpc.server import Server, start_server
 
 # isort: split
 import asyncio
-import base64
 import contextlib
 import dataclasses
-import io
 import json
 import multiprocessing.process
 import os
 import subprocess
 import sys
-import tempfile
 import threading
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -40,15 +36,14 @@ from typing import Any, ClassVar, NoReturn
 
 import grpc
 import httpx
-import numpy as np
-import PIL.Image
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-import parity
+from support import parity
+from support.content import data_url, image_part, png, user, video, video_part
 
 from prism.config.common import ModelConfig
 from prism.config.stages import MeshConfig, ServeConfig
@@ -89,68 +84,6 @@ def unavailable(reason: str) -> NoReturn:
     if os.environ.get("PRISM_TESTS_STRICT") == "1":
         pytest.fail(f"cannot run here, and PRISM_TESTS_STRICT=1: {reason}")
     pytest.skip(reason)
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 15.0, period: float = 0.1) -> bool:
-    """Whether `predicate` turns true within `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(period)
-    return predicate()
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 15.0, period: float = 0.02) -> bool:
-    """`wait_for` on an event loop: whether `predicate` turns true within `timeout` seconds,
-    the loop running meanwhile."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(period)
-    return predicate()
-
-
-def png(seed: int, size: tuple[int, int] = (64, 48)) -> bytes:
-    """A deterministic noise image, different for every seed."""
-    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    PIL.Image.fromarray(pixels).save(buffer, "PNG")
-    return buffer.getvalue()
-
-
-def video(
-    seed: int,
-    frames: int = 16,
-    size: tuple[int, int] = (64, 48),
-    fps: float = 8.0,
-    container: str = "mp4",
-) -> bytes:
-    """A deterministic noise video (MPEG-4 in MP4, or VP8 in WebM), different for every seed."""
-    from prism.video import encode_video
-
-    rng = np.random.default_rng(seed)
-    pixels = [rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8) for _ in range(frames)]
-    with tempfile.TemporaryDirectory() as directory:
-        return encode_video(pixels, fps, f"{directory}/video.{container}")
-
-
-def data_url(data: bytes, mime: str = "image/png") -> str:
-    return f"data:{mime};base64," + base64.b64encode(data).decode()
-
-
-def image_part(url: str) -> dict:
-    return {"type": "image_url", "image_url": {"url": url}}
-
-
-def video_part(url: str) -> dict:
-    return {"type": "video_url", "video_url": {"url": url}}
-
-
-def user(*parts: dict | str) -> list[dict]:
-    content = [{"type": "text", "text": p} if isinstance(p, str) else p for p in parts]
-    return [{"role": "user", "content": content}]
 
 
 def laid_out(model: str, messages: list[dict], images: list[bytes]) -> tuple[list[int], list]:
@@ -320,7 +253,7 @@ def run_oracle(model: Path, tmp: Path, named: dict[str, tuple]) -> dict[str, dic
     cases_path = tmp / "cases.json"
     cases_path.write_text(json.dumps(cases))
     result = subprocess.run(
-        [sys.executable, str(ROOT / "oracle.py"), str(model), str(cases_path)],
+        [sys.executable, str(ROOT / "support" / "oracle.py"), str(model), str(cases_path)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -348,7 +281,7 @@ def oracle(models, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def served(models, tmp_path_factory):
-    """served(family) -> {parity case name: `vllm serve`'s answer} (tests/parity.py)."""
+    """served(family) -> {parity case name: `vllm serve`'s answer} (tests/support/parity.py)."""
     cache: dict[str, dict] = {}
 
     def get(family: str) -> dict[str, dict]:

@@ -13,8 +13,8 @@ import time
 import nixl
 import pytest
 import torch
-from conftest import wait_for
-from transfer_owner import make_tensor, parse, same_bytes
+from support.transfer_owner import make_tensor, parse, same_bytes
+from support.waiting import wait_for
 
 # With Prism's engine extension imported, vLLM's connector makes Prism's NIXL agent, as it
 # does in an engine process.

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import wait_for
+from support.waiting import wait_for
 
 from prism.launcher import Mesh, StageProcess
 from prism.supervisor import RestartPolicy, Supervisor
