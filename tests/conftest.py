@@ -1,8 +1,9 @@
 """Shared fixtures: tiny models, the offline-vLLM oracle, images and running meshes.
 
-Three lanes: tests/unit (pure logic and in-process servers: no engine, no subprocess; `make
-test-unit`), tests/contract (each RPC and wire contract against real server processes) and
-tests/e2e (meshes of real processes). Engines are expensive (about 20 s each on 2 cores),
+Three lanes: tests/unit (pure logic and in-process servers: no engine, no subprocess, no
+torch or vLLM; `make test-unit`, tests/support/unit_lane.py), tests/contract (each RPC and wire
+contract against real server processes, and the code that needs torch or vLLM in-process)
+and tests/e2e (meshes of real processes). Engines are expensive (about 20 s each on 2 cores),
 so everything that starts one is session-scoped and shared: one shared mesh runs at a
 time. Tests that start meshes of their own may run beside it, since an idle mesh takes no
 CPU (`e2e/test_idle.py`).
@@ -22,7 +23,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import multiprocessing.process
 import os
 import subprocess
 import sys
@@ -50,6 +50,9 @@ from prism.config.stages import MeshConfig, ServeConfig
 from prism.launcher import Mesh, StageProcess, plan
 from prism.modes import MODES
 from prism.ports import free_port
+
+# The unit lane's rules: no process, no torch, no vLLM.
+pytest_plugins = ["support.unit_lane"]
 
 FAMILIES = ("llava", "qwen2-vl")
 ROOT = Path(__file__).parent
@@ -214,24 +217,6 @@ CONCURRENT_CASES = {f"concurrent_{i}": _concurrent_case(i) for i in range(64)}
 def cases(family: str) -> dict[str, tuple]:
     """The parity cases of `family`."""
     return CASES | VIDEO_CASES if family in VIDEO_FAMILIES else CASES
-
-
-UNIT = ROOT / "unit"
-
-
-@pytest.fixture(autouse=True)
-def _unit_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch) -> None:
-    """Keeps the unit lane fast and self-contained: a test there that starts a process
-    fails, and belongs in tests/contract or tests/e2e."""
-    if request.path.parent != UNIT:
-        return
-
-    def refuse(*args: object, **kwargs: object) -> None:
-        raise AssertionError("a unit test started a process: move it to tests/e2e")
-
-    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
-    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
-    monkeypatch.setattr(os, "fork", refuse)
 
 
 @pytest.fixture(scope="session")
