@@ -18,7 +18,7 @@ demo:
 test:
 	$(PY) -m pytest -q
 
-# The everyday loop: no engine, no subprocess.
+# The everyday loop: no engine, no subprocess, no torch or vLLM (tests/support/unit_lane.py).
 test-unit:
 	$(PY) -m pytest -q tests/unit
 

@@ -1,8 +1,9 @@
 """Shared fixtures: tiny models, the offline-vLLM oracle, images and running meshes.
 
-Three lanes: tests/unit (pure logic and in-process servers: no engine, no subprocess; `make
-test-unit`), tests/contract (each RPC and wire contract against real server processes) and
-tests/e2e (meshes of real processes). Engines are expensive (about 20 s each on 2 cores),
+Three lanes: tests/unit (pure logic and in-process servers: no engine, no subprocess, no
+torch or vLLM; `make test-unit`, tests/support/unit_lane.py), tests/contract (each RPC and wire
+contract against real server processes, and the code that needs torch or vLLM in-process)
+and tests/e2e (meshes of real processes). Engines are expensive (about 20 s each on 2 cores),
 so everything that starts one is session-scoped and shared: one shared mesh runs at a
 time. Tests that start meshes of their own may run beside it, since an idle mesh takes no
 CPU (`e2e/test_idle.py`).
@@ -19,18 +20,13 @@ from prism.rpc.server import Server, start_server
 
 # isort: split
 import asyncio
-import base64
 import contextlib
 import dataclasses
-import io
 import json
-import multiprocessing.process
 import os
 import subprocess
 import sys
-import tempfile
 import threading
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -40,15 +36,14 @@ from typing import Any, ClassVar, NoReturn
 
 import grpc
 import httpx
-import numpy as np
-import PIL.Image
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-import parity
+from support import parity
+from support.content import data_url, image_part, png, user, video, video_part
 
 from prism.config.common import ModelConfig
 from prism.config.stages import MeshConfig, ServeConfig
@@ -57,6 +52,9 @@ from prism.ops.launcher import Mesh
 from prism.ops.plan import plan
 from prism.ops.stage_process import StageProcess
 from prism.runtime.ports import free_port
+
+# The unit lane's rules: no process, no torch, no vLLM.
+pytest_plugins = ["support.unit_lane"]
 
 FAMILIES = ("llava", "qwen2-vl")
 ROOT = Path(__file__).parent
@@ -91,68 +89,6 @@ def unavailable(reason: str) -> NoReturn:
     if os.environ.get("PRISM_TESTS_STRICT") == "1":
         pytest.fail(f"cannot run here, and PRISM_TESTS_STRICT=1: {reason}")
     pytest.skip(reason)
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 15.0, period: float = 0.1) -> bool:
-    """Whether `predicate` turns true within `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(period)
-    return predicate()
-
-
-async def until(predicate: Callable[[], bool], timeout: float = 15.0, period: float = 0.02) -> bool:
-    """`wait_for` on an event loop: whether `predicate` turns true within `timeout` seconds,
-    the loop running meanwhile."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        await asyncio.sleep(period)
-    return predicate()
-
-
-def png(seed: int, size: tuple[int, int] = (64, 48)) -> bytes:
-    """A deterministic noise image, different for every seed."""
-    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    buffer = io.BytesIO()
-    PIL.Image.fromarray(pixels).save(buffer, "PNG")
-    return buffer.getvalue()
-
-
-def video(
-    seed: int,
-    frames: int = 16,
-    size: tuple[int, int] = (64, 48),
-    fps: float = 8.0,
-    container: str = "mp4",
-) -> bytes:
-    """A deterministic noise video (MPEG-4 in MP4, or VP8 in WebM), different for every seed."""
-    from prism.video import encode_video
-
-    rng = np.random.default_rng(seed)
-    pixels = [rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8) for _ in range(frames)]
-    with tempfile.TemporaryDirectory() as directory:
-        return encode_video(pixels, fps, f"{directory}/video.{container}")
-
-
-def data_url(data: bytes, mime: str = "image/png") -> str:
-    return f"data:{mime};base64," + base64.b64encode(data).decode()
-
-
-def image_part(url: str) -> dict:
-    return {"type": "image_url", "image_url": {"url": url}}
-
-
-def video_part(url: str) -> dict:
-    return {"type": "video_url", "video_url": {"url": url}}
-
-
-def user(*parts: dict | str) -> list[dict]:
-    content = [{"type": "text", "text": p} if isinstance(p, str) else p for p in parts]
-    return [{"role": "user", "content": content}]
 
 
 def laid_out(model: str, messages: list[dict], images: list[bytes]) -> tuple[list[int], list]:
@@ -285,24 +221,6 @@ def cases(family: str) -> dict[str, tuple]:
     return CASES | VIDEO_CASES if family in VIDEO_FAMILIES else CASES
 
 
-UNIT = ROOT / "unit"
-
-
-@pytest.fixture(autouse=True)
-def _unit_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch) -> None:
-    """Keeps the unit lane fast and self-contained: a test there that starts a process
-    fails, and belongs in tests/contract or tests/e2e."""
-    if request.path.parent != UNIT:
-        return
-
-    def refuse(*args: object, **kwargs: object) -> None:
-        raise AssertionError("a unit test started a process: move it to tests/e2e")
-
-    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
-    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)
-    monkeypatch.setattr(os, "fork", refuse)
-
-
 @pytest.fixture(scope="session")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     # Here, not at the top: building imports torch, which the unit lane never loads.
@@ -322,7 +240,7 @@ def run_oracle(model: Path, tmp: Path, named: dict[str, tuple]) -> dict[str, dic
     cases_path = tmp / "cases.json"
     cases_path.write_text(json.dumps(cases))
     result = subprocess.run(
-        [sys.executable, str(ROOT / "oracle.py"), str(model), str(cases_path)],
+        [sys.executable, str(ROOT / "support" / "oracle.py"), str(model), str(cases_path)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -350,7 +268,7 @@ def oracle(models, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def served(models, tmp_path_factory):
-    """served(family) -> {parity case name: `vllm serve`'s answer} (tests/parity.py)."""
+    """served(family) -> {parity case name: `vllm serve`'s answer} (tests/support/parity.py)."""
     cache: dict[str, dict] = {}
 
     def get(family: str) -> dict[str, dict]:

@@ -1,6 +1,6 @@
 """prism.transfer between two OS processes: real NIXL reads, leases and a lost owner.
 
-The owner runs in tests/transfer_owner.py (its own process); this process is the reader.
+The owner runs in tests/support/transfer_owner.py (its own process); this process is the reader.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from transfer_owner import make_tensor, parse, same_bytes
+from support.transfer_owner import make_tensor, parse, same_bytes
 
 from prism.transfer import TransferError
 
 pytestmark = pytest.mark.timeout(120)
 
-OWNER = Path(__file__).parent.parent / "transfer_owner.py"
+OWNER = Path(__file__).parent.parent / "support" / "transfer_owner.py"
 
 CASES = [
     ("float32", [4, 1024]),

@@ -10,7 +10,9 @@ import threading
 import grpc
 import openai
 import pytest
-from conftest import data_url, image_part, laid_out, png, user, wait_for
+from conftest import laid_out
+from support.content import data_url, image_part, png, user
+from support.waiting import wait_for
 
 from prism.kv_index import prompt_keys
 from prism.stage.v1 import kv_events_pb2, kv_events_pb2_grpc

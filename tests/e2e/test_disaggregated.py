@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from conftest import wait_for
-from test_contracts import abort_while_running, greedy, inference, text_message
+from support.calls import abort_while_running, greedy, inference, text_message
+from support.waiting import wait_for
 
 from prism.modes import MODES
 from prism.rpc.errors import PrismError

@@ -15,9 +15,11 @@ import grpc
 import openai
 import pytest
 import torch
-from conftest import CASES, data_url, image_part, png, user, wait_for
+from conftest import CASES
 from prometheus_client.parser import text_string_to_metric_families
 from safetensors import safe_open
+from support.content import data_url, image_part, png, user
+from support.waiting import wait_for
 from transformers import AutoConfig
 
 from prism.devtools.presets import write_weights

@@ -20,9 +20,10 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
-from conftest import ROOT, data_url, image_part, png, unavailable, user
+from conftest import ROOT, unavailable
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from support.content import data_url, image_part, png, user
 from transformers import AutoTokenizer
 
 from prism.runtime.ports import free_port

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import grpc_tools
-import parity
 import pytest
-from conftest import png
+from support import parity
+from support.content import png
 
 ROOT = Path(__file__).parents[2]
 

@@ -13,7 +13,7 @@ import urllib.request
 import grpc
 import PIL.Image
 import pytest
-from conftest import data_url, png, user
+from support.content import data_url, png, user
 
 from prism.devtools.tiny_models import MAX_POSITIONS
 from prism.rpc.channel import sync_channel

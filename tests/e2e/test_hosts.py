@@ -1,7 +1,7 @@
-"""Meshes whose stages sit on simulated hosts (tests/hosts.py): embeddings and KV cross a
+"""Meshes whose stages sit on simulated hosts (tests/support/hosts.py): embeddings and KV cross a
 real network stack (UCX over TCP between network namespaces), and the processor reaches
 every stage at its host's address. Greedy output still equals offline vLLM's with latency
-and loss on the links (tests/netem.py), and a host cut off mid-request loses no request."""
+and loss on the links (tests/support/netem.py), and a host cut off mid-request loses no request."""
 
 from __future__ import annotations
 
@@ -14,20 +14,12 @@ import sys
 import threading
 import time
 
-import hosts
 import httpx
 import pytest
-from conftest import (
-    CASES,
-    data_url,
-    image_part,
-    png,
-    start_mesh,
-    stream_outcome,
-    unavailable,
-    user,
-    wait_for,
-)
+from conftest import CASES, start_mesh, stream_outcome, unavailable
+from support import hosts
+from support.content import data_url, image_part, png, user
+from support.waiting import wait_for
 
 from prism.rpc.channel import check_health
 from prism.runtime import processes

@@ -1,6 +1,6 @@
 """An idle mesh leaves the machine alone and its health checks hold, idle and under load.
 
-An E/P/D mesh registered with Consul (tests/consul_double.py, which runs the registered gRPC
+An E/P/D mesh registered with Consul (tests/support/consul_double.py, which runs the registered gRPC
 and HTTP checks as the agent does) is left idle for a minute, after a few requests: no
 process of any stage, engines included, keeps a core busy polling, and no check goes
 critical. Then a storm of streamed requests: every one is answered whole and still no
@@ -16,8 +16,10 @@ from collections import Counter
 
 import httpx
 import psutil
-from conftest import data_url, image_part, png, start_mesh, stream_outcome, user, wait_for
-from consul_double import ConsulDouble
+from conftest import start_mesh, stream_outcome
+from support.consul_double import ConsulDouble
+from support.content import data_url, image_part, png, user
+from support.waiting import wait_for
 
 # PRISM_IDLE_S=300 for the five idle minutes a deployment on Consul must stay green.
 IDLE_S = float(os.environ.get("PRISM_IDLE_S", "60"))

@@ -10,7 +10,8 @@ import pickle
 import httpx
 import pytest
 import safetensors.torch
-from conftest import ask_case, data_url, image_part, png, start_mesh, user
+from conftest import ask_case, start_mesh
+from support.content import data_url, image_part, png, user
 
 from prism.services.encoder.vision import VisionEncoder
 

@@ -1,6 +1,6 @@
 """A mesh that finds its stages as Kubernetes does (`--registry kubernetes+http://...`):
 real gateway, processor and simulated workers, each following the EndpointSlices of its
-peers' Services through a fake API server (tests/kube_api.py). Replicas the slices add
+peers' Services through a fake API server (tests/support/kube_api.py). Replicas the slices add
 get requests; replicas they drop, or mark not ready, get none."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import itertools
 
 import httpx
 import pytest
-from conftest import start_mesh, wait_for
-from kube_api import KubeApi, endpoint_slice
+from conftest import start_mesh
+from support.kube_api import KubeApi, endpoint_slice
+from support.waiting import wait_for
 
 LONG = " ".join(f"word{i}" for i in range(60))
 # A new prompt for each check: none is cached anywhere yet.

@@ -14,7 +14,9 @@ import threading
 
 import openai
 import pytest
-from conftest import data_url, image_part, laid_out, png, start_mesh, user, wait_for
+from conftest import laid_out, start_mesh
+from support.content import data_url, image_part, png, user
+from support.waiting import wait_for
 
 from prism.media import content_hash
 from prism.registry import StaticRegistry

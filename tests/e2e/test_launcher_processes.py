@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import wait_for
+from support.waiting import wait_for
 
 from prism.ops.launcher import Mesh
 from prism.ops.stage_process import StageProcess

@@ -12,7 +12,9 @@ from collections import Counter
 import grpc
 import httpx
 import pytest
-from conftest import start_mesh, user, wait_for
+from conftest import start_mesh
+from support.content import user
+from support.waiting import wait_for
 
 from prism.rpc.channel import check_health, sync_channel
 from prism.rpc.errors import PrismError

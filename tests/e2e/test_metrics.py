@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import openai
-from conftest import ENGINE_MAX_NUM_SEQS, data_url, png, user, wait_for
+from conftest import ENGINE_MAX_NUM_SEQS
+from support.content import data_url, png, user
+from support.waiting import wait_for
 
 from prism.modes import MODES
 

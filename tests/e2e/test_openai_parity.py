@@ -1,6 +1,6 @@
 """End to end through real processes: OpenAI's parameters beyond plain text (logprobs, n,
 structured output, logit bias, stop strings, echo, usage, tools) answered by every mode exactly as
-`vllm serve` answers them on the same tiny model (tests/parity.py)."""
+`vllm serve` answers them on the same tiny model (tests/support/parity.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import json
 import math
 
 import jsonschema
-import parity
 import pytest
 from conftest import openai_client
+from support import parity
 
 NAMES = list(parity.cases(None))
 ANSWERED = [name for name in NAMES if not name.startswith("bad_")]

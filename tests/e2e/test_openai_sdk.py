@@ -1,7 +1,7 @@
 """End to end through real processes: the official OpenAI SDK against the gateway.
 
 With greedy sampling every answer must equal, token for token, what one plain offline
-vLLM engine gives on the same model directory (tests/oracle.py).
+vLLM engine gives on the same model directory (tests/support/oracle.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from conftest import CASES, CONCURRENT_CASES, ask_case, image_part, openai_client, png
+from conftest import CASES, CONCURRENT_CASES, ask_case, openai_client
+from support.content import image_part, png
 
 
 def ask(mesh, case: str, stream: bool, messages: list | None = None) -> tuple[str, object]:

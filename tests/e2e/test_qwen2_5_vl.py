@@ -12,20 +12,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import (
-    CASES,
-    VIDEO_CASES,
-    ask_case,
-    data_url,
-    image_part,
-    openai_client,
-    png,
-    run_oracle,
-    start_mesh,
-    user,
-    video,
-    video_part,
-)
+from conftest import CASES, VIDEO_CASES, ask_case, openai_client, run_oracle, start_mesh
+from support.content import data_url, image_part, png, user, video, video_part
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from vllm import SamplingParams
 from vllm.v1.engine import EngineCoreOutput

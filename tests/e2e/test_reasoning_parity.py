@@ -1,15 +1,15 @@
 """End to end through real processes: reasoning split from content by vLLM's reasoning
 parser, streamed and whole, alone and before a forced tool call, as `vllm serve` started
-with the same parsers answers it (tests/parity.py). Aggregated, and with prefill and
+with the same parsers answers it (tests/support/parity.py). Aggregated, and with prefill and
 decode apart, where both engines start the call's grammar only after the reasoning."""
 
 from __future__ import annotations
 
 import json
 
-import parity
 import pytest
 from conftest import start_mesh
+from support import parity
 from test_openai_parity import assert_same
 
 FAMILY = "llava"

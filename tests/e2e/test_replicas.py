@@ -1,5 +1,5 @@
 """Replicas behind the Consul registry: real processes, registered with the Consul double
-(tests/consul_double.py: no Consul binary can be installed here), routed among by the
+(tests/support/consul_double.py: no Consul binary can be installed here), routed among by the
 processor, and a replica lost to SIGKILL taken out of rotation."""
 
 from __future__ import annotations
@@ -8,8 +8,10 @@ import os
 import signal
 
 import openai
-from conftest import data_url, png, start_mesh, user, wait_for
-from consul_double import ConsulDouble
+from conftest import start_mesh
+from support.consul_double import ConsulDouble
+from support.content import data_url, png, user
+from support.waiting import wait_for
 
 
 def served(mesh, stage: str) -> float:

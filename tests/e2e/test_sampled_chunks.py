@@ -13,15 +13,8 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import (
-    data_url,
-    image_part,
-    openai_client,
-    png,
-    run_oracle,
-    start_mesh,
-    user,
-)
+from conftest import openai_client, run_oracle, start_mesh
+from support.content import data_url, image_part, png, user
 
 # Far over the step's 64 tokens: the prompt takes several chunks.
 LONG = " ".join(f"word{i}" for i in range(200))

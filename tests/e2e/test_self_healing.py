@@ -19,8 +19,10 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import data_url, image_part, png, stream_outcome, user, wait_for
+from conftest import stream_outcome
 from prometheus_client.parser import text_string_to_metric_families
+from support.content import data_url, image_part, png, user
+from support.waiting import wait_for
 
 from prism.ops.stage_process import http_ok
 from prism.runtime.ports import free_port

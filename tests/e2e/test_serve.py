@@ -11,7 +11,7 @@ import time
 
 import psutil
 import pytest
-from conftest import wait_for
+from support.waiting import wait_for
 
 from prism.ops.stage_process import http_ok
 from prism.runtime.ports import free_port

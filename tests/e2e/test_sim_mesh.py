@@ -9,7 +9,9 @@ import concurrent.futures
 
 import openai
 import pytest
-from conftest import data_url, image_part, png, start_mesh, stream_outcome, user, wait_for
+from conftest import start_mesh, stream_outcome
+from support.content import data_url, image_part, png, user
+from support.waiting import wait_for
 
 WORKERS = ["worker-0", "worker-1"]
 

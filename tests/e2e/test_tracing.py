@@ -11,9 +11,11 @@ from concurrent import futures
 import grpc
 import httpx
 import pytest
-from conftest import data_url, png, start_mesh, user, wait_for
+from conftest import start_mesh
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from support.content import data_url, png, user
+from support.waiting import wait_for
 
 from prism.kserve import grpc_service_pb2 as kserve_pb2
 from prism.kserve import grpc_service_pb2_grpc as kserve_pb2_grpc

@@ -14,7 +14,9 @@ from collections import Counter
 
 import httpx
 import psutil
-from conftest import data_url, png, run_oracle, start_mesh, user, wait_for
+from conftest import run_oracle, start_mesh
+from support.content import data_url, png, user
+from support.waiting import wait_for
 
 from prism.rpc.channel import check_health
 

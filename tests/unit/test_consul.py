@@ -1,6 +1,6 @@
 """Contract tests of the Consul registry backend.
 
-They run against `tests/consul_double.py`, a double of Consul's HTTP API written for the
+They run against `tests/support/consul_double.py`, a double of Consul's HTTP API written for the
 suite, because no Consul binary can be installed where the tests run. The double decodes
 and checks requests the way the Consul agent does, runs the gRPC health checks itself and
 answers blocking queries; compose.yaml runs against the real agent.
@@ -13,8 +13,8 @@ import itertools
 
 import consul
 import pytest
-from conftest import until
-from consul_double import ConsulDouble, DecodeError, decode, duration
+from support.consul_double import ConsulDouble, DecodeError, decode, duration
+from support.waiting import until
 
 from prism.registry import Instance, discovery_tags
 from prism.registry.consul import ConsulRegistry

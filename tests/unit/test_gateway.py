@@ -6,8 +6,9 @@ import json
 import threading
 from concurrent import futures
 
-from conftest import serving, until
+from conftest import serving
 from fastapi.testclient import TestClient
+from support.waiting import until
 
 from prism.gateway.app import create_app
 from prism.registry import StaticRegistry

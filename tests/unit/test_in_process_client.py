@@ -7,9 +7,10 @@ import threading
 
 import grpc
 import pytest
-from conftest import serving, until
+from conftest import serving
 from fastapi.testclient import TestClient
 from grpc_health.v1 import health, health_pb2
+from support.waiting import until
 
 from prism import logs
 from prism.gateway.app import create_app

@@ -12,8 +12,9 @@ from concurrent import futures
 
 import grpc
 import pytest
-from conftest import serving, until, wait_for
+from conftest import serving
 from fastapi.testclient import TestClient
+from support.waiting import until, wait_for
 
 from prism.gateway.app import create_app
 from prism.gateway.kserve import inference, tensors

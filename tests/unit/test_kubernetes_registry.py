@@ -1,5 +1,5 @@
 """The Kubernetes registry backend against a fake API server on loopback
-(tests/kube_api.py) that speaks the real Kubernetes JSON: EndpointSlice lists, and
+(tests/support/kube_api.py) that speaks the real Kubernetes JSON: EndpointSlice lists, and
 chunked watches of ADDED, MODIFIED, DELETED and ERROR events."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import asyncio
 from urllib.parse import urlsplit
 
 import pytest
-from kube_api import KubeApi, endpoint_slice
+from support.kube_api import KubeApi, endpoint_slice
 
 from prism.registry import open_registry
 from prism.registry.kubernetes import KubernetesRegistry, ready_addresses

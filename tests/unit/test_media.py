@@ -6,7 +6,8 @@ import io
 
 import PIL.Image
 import pytest
-from conftest import ALLOWED_HOST, png
+from conftest import ALLOWED_HOST
+from support.content import png
 
 from prism.media import IMAGE, MediaLoader, MediaPolicy, check_image, parse_data_url
 from prism.rpc.errors import PrismError

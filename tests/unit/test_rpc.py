@@ -23,7 +23,7 @@ from prism.rpc.channel import check_health, sync_channel
 from prism.rpc.errors import PrismError, invalid
 from prism.rpc.server import start_server
 from prism.runtime.service import Service
-from prism.services.processor.serving import _track_readiness  # vLLM's import runs `file`
+from prism.services.processor.serving import _track_readiness
 from prism.v1 import errors_pb2, inference_pb2, inference_pb2_grpc
 
 

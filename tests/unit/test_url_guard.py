@@ -10,7 +10,8 @@ import socket
 
 import pytest
 from aiohttp.abc import AbstractResolver
-from conftest import ALLOWED_HOST, png
+from conftest import ALLOWED_HOST
+from support.content import png
 
 from prism.media import MediaLoader, MediaPolicy
 from prism.rpc.errors import PrismError

@@ -6,8 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from transformers import AutoConfig, AutoProcessor
-
 from prism.embeds import Geometry
 from prism.media import PromptMedia, content_hash
 
@@ -34,6 +32,10 @@ class ModelInputs:
 
     @classmethod
     def of(cls, model: str, enable_mm_embeds: bool, count_tokens: bool = False) -> ModelInputs:
+        # Here, not at the top: transformers' Auto classes load torch, which only a serving
+        # processor needs, not the code that lays out a prompt.
+        from transformers import AutoConfig, AutoProcessor
+
         config = AutoConfig.from_pretrained(model)
         image_token = getattr(config, "image_token_id", None)
         if image_token is None:

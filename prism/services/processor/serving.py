@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-
-from transformers import AutoTokenizer
+from typing import TYPE_CHECKING
 
 from prism import telemetry
 from prism.media import MediaLoader, media_policy
@@ -17,10 +16,11 @@ from prism.routing import Router
 from prism.rpc.server import Server
 from prism.runtime.stage import Stage
 from prism.services.processor.inputs import ModelInputs
-from prism.services.processor.parsing import Parsers
 from prism.services.processor.pipeline import Pipeline
-from prism.services.processor.servicer import InferenceServicer
 from prism.v1 import inference_pb2
+
+if TYPE_CHECKING:
+    from prism.services.processor.servicer import InferenceServicer
 
 SERVICE = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
 
@@ -35,6 +35,13 @@ def context_length(model: str) -> int:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    # Here, not at the top: they load vLLM and torch, which only serving needs, not the
+    # readiness tracking below.
+    from transformers import AutoTokenizer
+
+    from prism.services.processor.parsing import Parsers
+    from prism.services.processor.servicer import InferenceServicer
+
     deployed = mode(args.mode)
     stage = Stage(args, MeshRole.PROCESSOR)
     served_model = args.served_model_name or args.model

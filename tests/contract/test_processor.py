@@ -269,7 +269,7 @@ def test_client_embeddings_reach_the_pipeline_as_inline_handles(tokenizer):
 
 
 def test_a_completion_takes_images_for_the_placeholders_its_prompt_holds(tokenizer):
-    from conftest import png
+    from support.content import png
 
     inputs = ModelInputs(image_token=tokenizer.convert_tokens_to_ids("<image>"))
     image = common_pb2.Image(data=png(1), mime_type="image/png")

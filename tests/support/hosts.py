@@ -58,7 +58,7 @@ class Host:
 class Hosts:
     """`with Hosts(["front", "gpu0"]) as hosts: hosts["gpu0"].address ...`
 
-    The links of the hosts named in `impairable` run through tests/netem.py, so that
+    The links of the hosts named in `impairable` run through tests/support/netem.py, so that
     `impair` can give them latency and loss; the others are veth pairs."""
 
     def __init__(self, names: list[str], impairable: tuple[str, ...] = ()):

@@ -7,7 +7,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from conftest import ALLOWED_HOST, png, video
+from conftest import ALLOWED_HOST
+from support.content import png, video
 
 from prism.media import MediaLoader, MediaPolicy
 from prism.rpc.errors import PrismError

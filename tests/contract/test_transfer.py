@@ -1,5 +1,6 @@
 """prism.transfer in one process: the pool allocator, NIXL reads from itself, leases,
-idle agents and malformed descriptors (between two processes: tests/contract)."""
+idle agents and malformed descriptors (between two processes:
+test_transfer_between_processes.py)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,11 @@ import time
 import nixl
 import pytest
 import torch
-from conftest import wait_for
-from transfer_owner import make_tensor, parse, same_bytes
+from support.transfer_owner import make_tensor, parse, same_bytes
+from support.waiting import wait_for
 
-# vLLM's connector and Prism's engine extension are imported here, not in a test: the
-# import runs `file` (Python's platform.architecture), and unit tests start no process.
-# With the extension imported, vLLM's connector makes Prism's NIXL agent, as it does in an
-# engine process.
+# With Prism's engine extension imported, vLLM's connector makes Prism's NIXL agent, as it
+# does in an engine process.
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker  # isort: skip
 
 from prism.services.worker.engine_extension import GLOO_TIMER_SLACK_NS, timer_slack

@@ -23,6 +23,7 @@ import httpx
 
 from prism.runtime import processes
 from prism.runtime.ports import free_port
+from support.content import data_url, image_part, png, user
 
 # A schema whose every answer is short: the random-weight model cannot run on forever.
 SCHEMA = {
@@ -80,14 +81,10 @@ def _streamed(case: tuple[str, dict]) -> tuple[str, dict]:
 
 
 def _image(seed: int) -> dict:
-    from conftest import data_url, image_part, png
-
     return image_part(data_url(png(seed)))
 
 
 def _chat(*parts: Any, **body: Any) -> tuple[str, dict]:
-    from conftest import user
-
     return "chat/completions", {"messages": user(*parts), "temperature": 0, **body}
 
 

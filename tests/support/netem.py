@@ -3,7 +3,7 @@ built without sch_netem (this one). Two TAP devices, one for each end of the lin
 this process between them: every Ethernet frame read from one end is dropped with the
 loss probability or written to the other end after the delay, in order.
 
-    python tests/netem.py HOST_END BRIDGE_END
+    python tests/support/netem.py HOST_END BRIDGE_END
 
 creates both devices and prints "ready" once they exist; the caller then moves HOST_END
 into a host's namespace and puts BRIDGE_END on the bridge. Each line on stdin sets the

@@ -9,8 +9,8 @@ import contextlib
 import time
 from pathlib import Path
 
-from conftest import until
 from prometheus_client import REGISTRY
+from support.waiting import until
 from vllm.distributed.kv_events import (
     AllBlocksCleared,
     BlockRemoved,

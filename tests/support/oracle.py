@@ -2,7 +2,7 @@
 
 The correctness oracle: every mode of the mesh must give exactly these token ids and this
 text with greedy sampling. Run as a subprocess (vLLM's engine wants its own process):
-    python tests/oracle.py MODEL_DIR CASES.json
+    python tests/support/oracle.py MODEL_DIR CASES.json
 Each case is {"kind": "chat", "messages": [...]} or {"kind": "completion", "prompt": "..."},
 plus "max_tokens", and optionally "temperature" and "seed" (a seeded sample, which every
 engine draws alike) and "ignore_eos".
