@@ -8,8 +8,8 @@ import json
 import pytest
 from test_processor import handle
 
+from prism.engine.parsing import ChatParsing, Parsers
 from prism.rpc.errors import PrismError
-from prism.services.processor.parsing import ChatParsing, Parsers
 from prism.tiny_models import llava_tokenizer
 from prism.v1 import common_pb2, inference_pb2
 

@@ -1,7 +1,7 @@
 """A chat request rendered as `vllm serve` renders it: its messages as the chat template
 takes them (vLLM's own post-processing of tool calls included), templated and tokenized,
 its images and videos loaded, and its tools and reasoning parsers set up
-(prism.services.processor.parsing)."""
+(prism.engine.parsing)."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from transformers import PreTrainedTokenizerBase
 from vllm.exceptions import VLLMValidationError
 from vllm.renderers.chat_utils import _postprocess_messages
 
+from prism.engine.parsing import ChatParsing, Parsers
 from prism.media import MediaLoader, PromptMedia
 from prism.modes import Mode
 from prism.rpc.errors import invalid
 from prism.services.processor.checks import check_counts, checked_embedding
 from prism.services.processor.inputs import ModelInputs, Prompt
-from prism.services.processor.parsing import ChatParsing, Parsers
 from prism.stage.v1 import encoder_pb2
 from prism.v1 import common_pb2, inference_pb2
 

@@ -14,10 +14,10 @@ from vllm.config import StructuredOutputsConfig
 from vllm.exceptions import VLLMClientError
 
 from prism import embeds
+from prism.engine.sampling import to_vllm
 from prism.media import MediaPolicy
 from prism.modes import Mode
 from prism.rpc.errors import PrismError, invalid
-from prism.sampling import to_vllm
 from prism.services.processor.inputs import ModelInputs
 from prism.stage.v1 import encoder_pb2
 from prism.v1 import common_pb2, errors_pb2

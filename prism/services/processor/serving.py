@@ -10,6 +10,7 @@ import asyncio
 from transformers import AutoTokenizer
 
 from prism import telemetry
+from prism.engine.parsing import Parsers
 from prism.media import MediaLoader, media_policy
 from prism.modes import MeshRole, mode
 from prism.registry import discovery_tags
@@ -17,7 +18,6 @@ from prism.routing import Router
 from prism.rpc.server import Server
 from prism.runtime.stage import Stage
 from prism.services.processor.inputs import ModelInputs
-from prism.services.processor.parsing import Parsers
 from prism.services.processor.pipeline import Pipeline
 from prism.services.processor.servicer import InferenceServicer
 from prism.v1 import inference_pb2

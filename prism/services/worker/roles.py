@@ -25,9 +25,9 @@ from vllm import SamplingParams, TokensPrompt
 from vllm.v1.engine.async_llm import AsyncLLM
 
 from prism import kv_transfer
+from prism.engine.sampling import to_vllm
 from prism.modes import EngineRole
 from prism.rpc.errors import PrismError, invalid
-from prism.sampling import to_vllm
 from prism.stage.v1 import engine_pb2
 from prism.v1 import errors_pb2
 

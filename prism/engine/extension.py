@@ -37,8 +37,8 @@ from vllm.distributed import nixl_utils
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
 
 from prism import processes
+from prism.engine import seeded_chunks
 from prism.nixl_compat import nixl_agent
-from prism.services.worker import seeded_chunks
 
 # The connector's worker reads this module global when it starts; the engine process may
 # have imported it (binding vLLM's own agent) before this module, hence both.
