@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
-from vllm.exceptions import VLLMValidationError
-from vllm.renderers.chat_utils import _postprocess_messages
 
+from prism.engine.chat import postprocess_messages
 from prism.engine.parsing import ChatParsing, Parsers
 from prism.media import MediaLoader, PromptMedia
 from prism.modes import Mode
@@ -122,11 +121,7 @@ class ChatRenderer:
                         checked_embedding(part.image_embedding, self.inputs, where)
                     )
             conversation.append(_message(role, parts, message, f"messages[{i}]"))
-        try:
-            # vLLM's own: call arguments as objects, as templates expect them.
-            _postprocess_messages(conversation)
-        except VLLMValidationError as exc:
-            raise invalid(str(exc), "messages") from None
+        postprocess_messages(conversation)
         check_counts(len(media.images), len(media.embeddings), len(media.videos),
                      self.loader.policy, self.mode)  # fmt: skip
         return conversation, media

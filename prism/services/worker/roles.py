@@ -21,11 +21,10 @@ from typing import Any
 
 import grpc
 import torch
-from vllm import SamplingParams, TokensPrompt
-from vllm.v1.engine.async_llm import AsyncLLM
 
 from prism import kv_transfer
 from prism.engine.sampling import to_vllm
+from prism.engine.types import AsyncLLM, SamplingParams, TokensPrompt
 from prism.modes import EngineRole
 from prism.rpc.errors import PrismError, invalid
 from prism.stage.v1 import engine_pb2
