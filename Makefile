@@ -99,7 +99,8 @@ bench-modes:
 # buf breaking: the public contract changes only compatibly, checked against main's last
 # commit (the stages' own package, prism.stage.v1, may change with the code that uses it).
 # checkov: the hardening of the manifests, the Dockerfile and compose.yaml.
-# lint-imports: the front loads neither vLLM nor torch ([tool.importlinter]).
+# lint-imports: the front loads neither vLLM nor torch, and only prism.engine imports vLLM
+# ([tool.importlinter]).
 lint:
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .

@@ -110,7 +110,7 @@ def _run_oracle(model: str, n: int, max_tokens: int) -> None:
     from vllm.platforms import current_platform
 
     cpu = current_platform.is_cpu()
-    # As Prism's workers run their engines (prism.services.worker.engine): float32 and eager
+    # As Prism's workers run their engines (prism.engine.launch): float32 and eager
     # on the CPU backend; the checkpoint's dtype and CUDA graphs on a GPU.
     llm = LLM(
         model=model,

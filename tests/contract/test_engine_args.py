@@ -7,9 +7,9 @@ import pytest
 from conftest import mesh_config
 
 from prism import cli
+from prism.engine.launch import engine_args, vllm_flags
 from prism.modes import EngineRole
 from prism.ops.plan import plan
-from prism.services.worker.engine import engine_args, vllm_flags
 
 
 def test_the_flags_given_and_only_those_are_read_as_vllm_reads_them():

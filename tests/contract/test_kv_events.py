@@ -19,8 +19,8 @@ from vllm.distributed.kv_events import (
     ZmqEventPublisher,
 )
 
+from prism.engine.kv_events import KvEvents
 from prism.services.worker import kv_publisher
-from prism.services.worker.kv_events import KvEvents
 from prism.stage.v1 import kv_events_pb2
 
 BLOCK = 4

@@ -13,8 +13,8 @@ from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.request import Request
 
+from prism.engine.kv_events import changes
 from prism.kv_index import EngineBlocks, KvIndex, MediaSpan, prompt_keys
-from prism.services.worker.kv_events import changes
 
 BLOCK = 4
 IMAGE_TOKEN = 99

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from prism.services.worker.engine_extension import is_engine_id, release_kv
+from prism.engine.extension import is_engine_id, release_kv
 from prism.services.worker.roles import Prefill
 from prism.services.worker.servicer import EngineServicer
 from prism.stage.v1 import engine_pb2

@@ -10,11 +10,11 @@ import pytest
 
 from prism.devtools.tiny_models import llava_tokenizer
 from prism.embeds import Geometry
+from prism.engine.detokenize import Detokenizer
+from prism.engine.sampling import to_vllm
 from prism.media import MediaLoader, MediaPolicy
 from prism.modes import MODES
 from prism.rpc.errors import PrismError
-from prism.sampling import to_vllm
-from prism.services.processor.detokenize import Detokenizer
 from prism.services.processor.inputs import ModelInputs
 from prism.services.processor.servicer import InferenceServicer
 from prism.stage.v1 import engine_pb2

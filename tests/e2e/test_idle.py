@@ -24,7 +24,7 @@ from support.waiting import wait_for
 # PRISM_IDLE_S=300 for the five idle minutes a deployment on Consul must stay green.
 IDLE_S = float(os.environ.get("PRISM_IDLE_S", "60"))
 # Of one core: the bar for every process, engines included (whose gloo threads take it
-# only under the timer slack `prism.services.worker.engine_extension` gives them).
+# only under the timer slack `prism.engine.extension` gives them).
 LIMIT = 0.02
 STAGES = ["prism-encoder", "prism-prefill", "prism-decode", "prism-processor", "prism-gateway"]
 

@@ -54,7 +54,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def resolve_dtype(name: str, config: object, device: torch.device) -> torch.dtype:
-    """`auto`: float32 on the CPU, as the CPU engine computes (prism.services.worker.engine),
+    """`auto`: float32 on the CPU, as the CPU engine computes (prism.engine.launch),
     else the checkpoint's own 16-bit dtype (bfloat16 for a float32 checkpoint, as vLLM
     chooses on a GPU)."""
     if name != "auto":

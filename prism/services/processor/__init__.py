@@ -3,7 +3,7 @@
 It applies the model's chat template, tokenizes, loads and validates images and videos
 (and checks image embeddings a client sent), runs the request through the pipeline of its
 mode (prism.services.processor.pipeline, with failover), and turns the token ids that come
-back into text deltas (prism.services.processor.detokenize).
+back into text deltas (prism.engine.detokenize).
 
 A request goes as through vLLM's v1 engine, one job a module: rendered by its kind
 (chat.py, completion.py) and checked (checks.py); fanned out into its n choices and merged

@@ -1,7 +1,7 @@
 """A chat request rendered as `vllm serve` renders it: its messages as the chat template
 takes them (vLLM's own post-processing of tool calls included), templated and tokenized,
 its images and videos loaded, and its tools and reasoning parsers set up
-(prism.services.processor.parsing)."""
+(prism.engine.parsing)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
-from vllm.exceptions import VLLMValidationError
-from vllm.renderers.chat_utils import _postprocess_messages
 
+from prism.engine.chat import postprocess_messages
+from prism.engine.parsing import ChatParsing, Parsers
 from prism.media import MediaLoader, PromptMedia
 from prism.modes import Mode
 from prism.rpc.errors import invalid
 from prism.services.processor.checks import check_counts, checked_embedding
 from prism.services.processor.inputs import ModelInputs, Prompt
-from prism.services.processor.parsing import ChatParsing, Parsers
 from prism.stage.v1 import encoder_pb2
 from prism.v1 import common_pb2, inference_pb2
 
@@ -122,11 +121,7 @@ class ChatRenderer:
                         checked_embedding(part.image_embedding, self.inputs, where)
                     )
             conversation.append(_message(role, parts, message, f"messages[{i}]"))
-        try:
-            # vLLM's own: call arguments as objects, as templates expect them.
-            _postprocess_messages(conversation)
-        except VLLMValidationError as exc:
-            raise invalid(str(exc), "messages") from None
+        postprocess_messages(conversation)
         check_counts(len(media.images), len(media.embeddings), len(media.videos),
                      self.loader.policy, self.mode)  # fmt: skip
         return conversation, media

@@ -6,24 +6,18 @@ media counts and placeholders, client image embeddings, and sampling (vLLM's own
 from __future__ import annotations
 
 import dataclasses
-from types import SimpleNamespace
 
 import grpc
 from transformers import PreTrainedTokenizerBase
-from vllm.config import StructuredOutputsConfig
-from vllm.exceptions import VLLMClientError
 
 from prism import embeds
+from prism.engine.sampling import check_structured_output, to_vllm
 from prism.media import MediaPolicy
 from prism.modes import Mode
 from prism.rpc.errors import PrismError, invalid
-from prism.sampling import to_vllm
 from prism.services.processor.inputs import ModelInputs
 from prism.stage.v1 import encoder_pb2
 from prism.v1 import common_pb2, errors_pb2
-
-# What vLLM's structured-output check reads of the model's config.
-_NOT_DIFFUSION = SimpleNamespace(is_diffusion=False)
 
 
 def check_model(model: str, served_model_name: str) -> None:
@@ -118,10 +112,5 @@ def check_sampling(
         except PrismError as error:
             # Only `n` differs from the parameters just checked.
             raise dataclasses.replace(error, param="n") from None
-    try:
-        # vLLM's own check, which its engine repeats: here it fails before any stage
-        # is called, naming the parameter.
-        params._validate_structured_outputs(_NOT_DIFFUSION, StructuredOutputsConfig(),
-                                            tokenizer)  # fmt: skip
-    except (ValueError, VLLMClientError) as exc:
-        raise invalid(str(exc), "structured_output") from None
+    # vLLM's engine repeats this check: here it fails before any stage is called.
+    check_structured_output(params, tokenizer)

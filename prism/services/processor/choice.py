@@ -13,13 +13,13 @@ from typing import Generic, TypeVar
 import grpc
 from transformers import PreTrainedTokenizerBase
 
+from prism.engine.detokenize import Delta, Detokenizer
+from prism.engine.logprobs import Logprobs
+from prism.engine.parsing import ChatParsing, ChoiceParsing, Step
+from prism.engine.sampling import to_vllm
 from prism.rpc.errors import PrismError
-from prism.sampling import to_vllm
-from prism.services.processor.detokenize import Delta, Detokenizer
 from prism.services.processor.failover import StageCalls
 from prism.services.processor.fan_out import UsageTally
-from prism.services.processor.logprobs import Logprobs
-from prism.services.processor.parsing import ChatParsing, ChoiceParsing, Step
 from prism.stage.v1 import engine_pb2
 from prism.v1 import common_pb2, inference_pb2
 

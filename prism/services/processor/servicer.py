@@ -15,6 +15,7 @@ from opentelemetry import trace
 from transformers import PreTrainedTokenizerBase
 
 from prism import logs
+from prism.engine.parsing import ChatParsing, Parsers
 from prism.media import MediaLoader, PromptMedia
 from prism.rpc.errors import invalid
 from prism.rpc.server import InFlightLimit
@@ -26,7 +27,6 @@ from prism.services.processor.completion import CompletionRenderer
 from prism.services.processor.failover import StageCalls
 from prism.services.processor.fan_out import UsageTally, merge, split
 from prism.services.processor.inputs import ModelInputs, Prompt
-from prism.services.processor.parsing import ChatParsing, Parsers
 from prism.services.processor.pipeline import Pipeline
 from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 

@@ -21,12 +21,11 @@ from typing import Any
 
 import grpc
 import torch
-from vllm import SamplingParams, TokensPrompt
-from vllm.v1.engine.async_llm import AsyncLLM
 
+from prism.engine.sampling import to_vllm
+from prism.engine.types import AsyncLLM, SamplingParams, TokensPrompt
 from prism.modes import EngineRole
 from prism.rpc.errors import PrismError, invalid
-from prism.sampling import to_vllm
 from prism.services.worker import kv_transfer
 from prism.stage.v1 import engine_pb2
 from prism.v1 import errors_pb2

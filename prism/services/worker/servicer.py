@@ -22,23 +22,26 @@ from uuid import uuid4
 import grpc
 import torch
 from opentelemetry.trace import Span
-from vllm import SamplingParams, TokensPrompt
-from vllm.exceptions import VLLMClientError
-from vllm.logprobs import FlatLogprobs
-from vllm.outputs import RequestOutput
-from vllm.sampling_params import RequestOutputKind
-from vllm.v1.engine.async_llm import AsyncLLM
-from vllm.v1.engine.exceptions import EngineDeadError
 
 from prism import logs, telemetry
+from prism.engine.kv_events import KvEvents
+from prism.engine.launch import config_info, embeddings_device, start_engine
+from prism.engine.types import (
+    AsyncLLM,
+    EngineDeadError,
+    FlatLogprobs,
+    RequestOutput,
+    RequestOutputKind,
+    SamplingParams,
+    TokensPrompt,
+    VLLMClientError,
+)
 from prism.media import content_hash, decode_image
 from prism.modes import EngineRole, modes_served
 from prism.rpc.errors import PrismError, invalid
 from prism.rpc.server import Server
 from prism.runtime.stage import Stage
 from prism.services.worker import check_request, engine_service
-from prism.services.worker.engine import config_info, embeddings_device, start_engine
-from prism.services.worker.kv_events import KvEvents
 from prism.services.worker.roles import MODALITIES, Role, embeddings_input, make_role
 from prism.stage.v1 import encoder_pb2, engine_pb2
 from prism.tracing import tracer

@@ -123,7 +123,7 @@ def engine_args(
         enable_mm_embeds=embeds,
         kv_transfer_config=kv_config,
         kv_events_config=kv_events,
-        worker_extension_cls="prism.services.worker.engine_extension.EngineExtension",
+        worker_extension_cls="prism.engine.extension.EngineExtension",
         model=args.model,
         served_model_name=args.served_model_name or None,
         dtype=args.dtype,

@@ -36,8 +36,8 @@ import torch.distributed
 from vllm.distributed import nixl_utils
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
 
+from prism.engine import seeded_chunks
 from prism.runtime import processes
-from prism.services.worker import seeded_chunks
 from prism.transfer.nixl_compat import nixl_agent
 
 # The connector's worker reads this module global when it starts; the engine process may

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
+from transformers import PreTrainedTokenizerBase
 from vllm import SamplingParams as VllmSamplingParams
-from vllm.exceptions import VLLMValidationError
+from vllm.config import StructuredOutputsConfig
+from vllm.exceptions import VLLMClientError, VLLMValidationError
 from vllm.sampling_params import StructuredOutputsParams
 
 from prism.rpc.errors import invalid
@@ -26,6 +29,8 @@ _OPTIONAL = (
     "prompt_logprobs",
     "skip_special_tokens",
 )
+# What vLLM's structured-output check reads of the model's config.
+_NOT_DIFFUSION = SimpleNamespace(is_diffusion=False)
 
 
 def to_vllm(params: common_pb2.SamplingParams, **overrides: Any) -> VllmSamplingParams:
@@ -75,3 +80,13 @@ def structured_outputs(wire: common_pb2.StructuredOutput) -> StructuredOutputsPa
     if kind == "choice":
         return StructuredOutputsParams(choice=list(wire.choice.choices))
     return StructuredOutputsParams(**{kind: getattr(wire, kind)})
+
+
+def check_structured_output(params: VllmSamplingParams, tokenizer: PreTrainedTokenizerBase) -> None:
+    """vLLM's own check of `params`' structured output against the tokenizer, with the
+    default structured-output config. Raises INVALID_ARGUMENT for `structured_output`."""
+    try:
+        params._validate_structured_outputs(_NOT_DIFFUSION, StructuredOutputsConfig(),
+                                            tokenizer)  # fmt: skip
+    except (ValueError, VLLMClientError) as exc:
+        raise invalid(str(exc), "structured_output") from None
