@@ -22,7 +22,7 @@ PROGRESS_WAKEUP_US = 10_000
 def nixl_agent(name: str, conf: Any = None) -> Any:
     """`nixl.nixl_agent(name, conf)`, alike in all but its progress thread's wake-up.
 
-    Prism's transfer agents are made here, and so are vLLM's (`engine_extension`)."""
+    Prism's transfer agents are made here, and so are vLLM's (`prism.engine.extension`)."""
     import nixl
 
     conf = conf or nixl.nixl_agent_config()

@@ -39,7 +39,7 @@ async def serve(args: argparse.Namespace) -> None:
     # readiness tracking below.
     from transformers import AutoTokenizer
 
-    from prism.services.processor.parsing import Parsers
+    from prism.engine.parsing import Parsers
     from prism.services.processor.servicer import InferenceServicer
 
     deployed = mode(args.mode)
