@@ -27,7 +27,6 @@ import os
 import subprocess
 import sys
 import threading
-import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -37,12 +36,11 @@ from typing import Any, ClassVar, NoReturn
 import grpc
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from support import parity
+from support import metrics, parity
 from support.content import data_url, image_part, png, user, video, video_part
 
 from prism.config.common import ModelConfig
@@ -339,23 +337,11 @@ class RunningMesh:
 
     def metrics(self, stage: str) -> dict[str, float]:
         """Current samples of a stage's /metrics: {name{labels}: value}."""
-        with urllib.request.urlopen(self.mesh.stage(stage).metrics_url, timeout=5) as reply:
-            text = reply.read().decode()
-        samples = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-                samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-        return samples
+        return metrics.samples(self.mesh.stage(stage).metrics_url)
 
     def metric(self, stage: str, name: str, **labels: str) -> float:
         """Sum of a stage's samples called `name` whose labels include `labels`."""
-        total = 0.0
-        for key, value in self.metrics(stage).items():
-            sample, _, label_text = key.partition("{")
-            if sample == name and all(f'{k}="{v}"' in label_text for k, v in labels.items()):
-                total += value
-        return total
+        return metrics.total(self.mesh.stage(stage).metrics_url, name, **labels)
 
     def log_tail(self, n: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])

@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,8 +15,8 @@ import openai
 import pytest
 import torch
 from conftest import CASES
-from prometheus_client.parser import text_string_to_metric_families
 from safetensors import safe_open
+from support import metrics
 from support.content import data_url, image_part, png, user
 from support.waiting import wait_for
 from transformers import AutoConfig
@@ -60,14 +59,8 @@ class Encoder:
         return stub.Encode(request, timeout=60)
 
     def metric(self, name: str) -> float:
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as reply:
-            text = reply.read().decode()
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name:
-                    return sample.value
-        raise KeyError(name)
+        """The sum of its samples called `name` (0 before the first is counted)."""
+        return metrics.total(f"http://127.0.0.1:{self.metrics_port}/metrics", name)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -145,17 +138,10 @@ def concurrently(encoder: Encoder, images: list[bytes]) -> list[encoder_pb2.Enco
                              range(len(images))))  # fmt: skip
 
 
-def counted(encoder: Encoder, name: str) -> float:
-    try:
-        return encoder.metric(name)
-    except KeyError:  # before the first forward pass
-        return 0.0
-
-
 def test_concurrent_requests_for_one_new_image_run_one_forward_pass(batching_encoder):
-    passes = counted(batching_encoder, PASSES)
+    passes = batching_encoder.metric(PASSES)
     replies = concurrently(batching_encoder, [png(71)] * 16)
-    assert counted(batching_encoder, PASSES) == passes + 1
+    assert batching_encoder.metric(PASSES) == passes + 1
     (handle,) = {reply.embeddings.images[0].content_hash for reply in replies}
     assert handle
     # Each request got embeddings of its own to read, all of the one encoding.
@@ -164,11 +150,11 @@ def test_concurrent_requests_for_one_new_image_run_one_forward_pass(batching_enc
 
 
 def test_concurrent_requests_for_distinct_images_share_forward_passes(batching_encoder, models):
-    passes, items = counted(batching_encoder, PASSES), counted(batching_encoder, ITEMS)
+    passes, items = batching_encoder.metric(PASSES), batching_encoder.metric(ITEMS)
     images = [png(80 + i) for i in range(8)]
     replies = concurrently(batching_encoder, images)
-    assert counted(batching_encoder, ITEMS) == items + 8
-    assert counted(batching_encoder, PASSES) - passes < 8
+    assert batching_encoder.metric(ITEMS) == items + 8
+    assert batching_encoder.metric(PASSES) - passes < 8
     # Batched, each image's embeddings are still its own.
     reader = NixlTransfer(pool_bytes=8 * 2**20)
     try:

@@ -13,14 +13,13 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
 import psutil
 import pytest
 from conftest import stream_outcome
-from prometheus_client.parser import text_string_to_metric_families
+from support import metrics
 from support.content import data_url, image_part, png, user
 from support.waiting import wait_for
 
@@ -66,14 +65,7 @@ class Served:
         return None
 
     def gauge(self, stage: str, name: str) -> float:
-        with urllib.request.urlopen(self.stage(stage)["metrics"], timeout=5) as reply:
-            text = reply.read().decode()
-        return sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-            if sample.name == name
-        )
+        return metrics.total(self.stage(stage)["metrics"], name)
 
     def healthy(self) -> bool:
         return http_ok(f"{self.base_url}/health")
