@@ -57,9 +57,9 @@ from prism import gpus
 from prism.config.common import LimitConfig, LogConfig, ModelConfig
 from prism.config.stages import MeshConfig, ServeConfig
 from prism.launcher import Mesh, core_slices, http_ok, plan, prepare_child
+from prism.media.video import encode_video
 from prism.ports import free_port
 from prism.processes import reap
-from prism.video import encode_video
 
 ANCHOR = "vllm_serve"
 # `vllm serve` with the engine as Prism's workers run it on the CPU backend (the model

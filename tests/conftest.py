@@ -128,7 +128,7 @@ def video(
     container: str = "mp4",
 ) -> bytes:
     """A deterministic noise video (MPEG-4 in MP4, or VP8 in WebM), different for every seed."""
-    from prism.video import encode_video
+    from prism.media.video import encode_video
 
     rng = np.random.default_rng(seed)
     pixels = [rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8) for _ in range(frames)]
@@ -160,7 +160,9 @@ def laid_out(model: str, messages: list[dict], images: list[bytes]) -> tuple[lis
     from transformers import AutoTokenizer
 
     from prism.kv_index import lay_out
-    from prism.media import MediaPolicy, PromptMedia, check_image
+    from prism.media.image import check_image
+    from prism.media.policy import MediaPolicy
+    from prism.media.prompt import PromptMedia
     from prism.services.processor.inputs import ModelInputs
 
     def parts(content: str | list[dict]) -> list[dict]:

@@ -16,7 +16,7 @@ import openai
 import pytest
 from conftest import data_url, image_part, laid_out, png, start_mesh, user, wait_for
 
-from prism.media import content_hash
+from prism.media.modality import content_hash
 from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.stage.v1 import kv_events_pb2, kv_events_pb2_grpc

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from vllm.distributed.kv_events import BlockStored
 
 from prism.kv_index import prompt_keys
-from prism.media import PromptMedia
+from prism.media.prompt import PromptMedia
 from prism.modes import MODES
 from prism.ports import free_port
 from prism.registry import StaticRegistry
@@ -43,7 +43,7 @@ def test_the_processor_follows_a_workers_cache(tmp_path: Path):
         port = free_port()
         holder, idle = f"127.0.0.1:{port}", f"127.0.0.1:{free_port()}"
         registry = StaticRegistry({"worker": [idle, holder]})
-        pipeline = Pipeline(MODES["epd"], Router(registry, "kv"), ModelInputs(image_token=99))
+        pipeline = Pipeline(MODES["epd"], Router(registry, "kv"), ModelInputs(tokens={"image": 99}))
         router, watch = pipeline.router, pipeline.cache_watch
         assert watch is not None
         server = await serve(kv, port)

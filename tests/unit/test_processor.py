@@ -8,8 +8,9 @@ from typing import Any
 import grpc
 import pytest
 
-from prism.embeds import Geometry
-from prism.media import MediaLoader, MediaPolicy
+from prism.media.embeds import Geometry
+from prism.media.fetch import MediaLoader
+from prism.media.policy import MediaPolicy
 from prism.modes import MODES
 from prism.rpc.errors import PrismError
 from prism.sampling import to_vllm
@@ -271,7 +272,7 @@ def test_client_embeddings_reach_the_pipeline_as_inline_handles(tokenizer):
 def test_a_completion_takes_images_for_the_placeholders_its_prompt_holds(tokenizer):
     from conftest import png
 
-    inputs = ModelInputs(image_token=tokenizer.convert_tokens_to_ids("<image>"))
+    inputs = ModelInputs(tokens={"image": tokenizer.convert_tokens_to_ids("<image>")})
     image = common_pb2.Image(data=png(1), mime_type="image/png")
 
     def complete(prompt: str, images: int):

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from prism.kv_index import lay_out, prompt_keys
-from prism.media import content_hash
+from prism.media.modality import content_hash
 from prism.modes import EngineRole
 from prism.ports import free_port
 from prism.rpc.errors import PrismError

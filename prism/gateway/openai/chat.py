@@ -13,7 +13,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from prism import embeds
 from prism.gateway.client import ProcessorClient
 from prism.gateway.openai.protocol import (
     MAX_LOGPROBS,
@@ -33,6 +32,7 @@ from prism.gateway.openai.protocol import (
     wants_stream,
 )
 from prism.gateway.streaming import generate
+from prism.media import embeds
 from prism.rpc.errors import PrismError, invalid
 from prism.v1 import common_pb2, inference_pb2
 

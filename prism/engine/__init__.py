@@ -1,0 +1,1 @@
+"""Prism's one door to vLLM: the modules that import vLLM, its private calls included, live here and nowhere else."""
