@@ -96,7 +96,9 @@ def laid_out(model: str, messages: list[dict], images: list[bytes]) -> tuple[lis
     from transformers import AutoTokenizer
 
     from prism.kv_index import lay_out
-    from prism.media import MediaPolicy, PromptMedia, check_image
+    from prism.media.image import check_image
+    from prism.media.policy import MediaPolicy
+    from prism.media.prompt import PromptMedia
     from prism.services.processor.inputs import ModelInputs
 
     def parts(content: str | list[dict]) -> list[dict]:

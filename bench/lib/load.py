@@ -17,7 +17,7 @@ from PIL import Image
 
 from bench.lib.shapes import VIDEO_FPS, VIDEO_FRAMES
 from bench.lib.stats import percentile
-from prism.video import encode_video
+from prism.media.video import encode_video
 
 
 def image_url(seed: int) -> str:

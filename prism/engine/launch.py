@@ -23,6 +23,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.executor import Executor
 
 from prism import registry
+from prism.media.modalities import MODALITIES
 from prism.modes import EngineRole
 from prism.runtime.ports import free_port
 
@@ -128,7 +129,7 @@ def engine_args(
         served_model_name=args.served_model_name or None,
         dtype=args.dtype,
         max_model_len=args.max_model_len or None,
-        limit_mm_per_prompt={"image": args.max_images, "video": args.max_videos},
+        limit_mm_per_prompt={m.name: getattr(args, m.cap) for m in MODALITIES},
         # CUDA graphs where there is a GPU; the CPU backend runs eagerly.
         enforce_eager=current_platform.is_cpu(),
         enable_log_requests=False,

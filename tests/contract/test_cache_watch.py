@@ -13,7 +13,7 @@ from vllm.distributed.kv_events import BlockStored
 
 from prism.engine.kv_events import KvEvents
 from prism.kv_index import prompt_keys
-from prism.media import PromptMedia
+from prism.media.prompt import PromptMedia
 from prism.modes import MODES
 from prism.registry import StaticRegistry
 from prism.routing import Router
@@ -43,7 +43,7 @@ def test_the_processor_follows_a_workers_cache(tmp_path: Path):
         port = free_port()
         holder, idle = f"127.0.0.1:{port}", f"127.0.0.1:{free_port()}"
         registry = StaticRegistry({"worker": [idle, holder]})
-        pipeline = Pipeline(MODES["epd"], Router(registry, "kv"), ModelInputs(image_token=99))
+        pipeline = Pipeline(MODES["epd"], Router(registry, "kv"), ModelInputs(tokens={"image": 99}))
         router, watch = pipeline.router, pipeline.cache_watch
         assert watch is not None
         server = await serve(kv, port)

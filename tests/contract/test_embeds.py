@@ -10,8 +10,8 @@ import safetensors.numpy
 import torch
 from transformers import LlavaConfig, Qwen2VLConfig
 
-from prism import embeds
-from prism.embeds import Geometry
+from prism.media import embeds
+from prism.media.embeds import Geometry
 from prism.rpc.errors import PrismError
 from prism.v1 import common_pb2
 

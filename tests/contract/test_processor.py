@@ -9,10 +9,11 @@ import grpc
 import pytest
 
 from prism.devtools.tiny_models import llava_tokenizer
-from prism.embeds import Geometry
 from prism.engine.detokenize import Detokenizer
 from prism.engine.sampling import to_vllm
-from prism.media import MediaLoader, MediaPolicy
+from prism.media.embeds import Geometry
+from prism.media.fetch import MediaLoader
+from prism.media.policy import MediaPolicy
 from prism.modes import MODES
 from prism.rpc.errors import PrismError
 from prism.services.processor.inputs import ModelInputs
@@ -271,7 +272,7 @@ def test_client_embeddings_reach_the_pipeline_as_inline_handles(tokenizer):
 def test_a_completion_takes_images_for_the_placeholders_its_prompt_holds(tokenizer):
     from support.content import png
 
-    inputs = ModelInputs(image_token=tokenizer.convert_tokens_to_ids("<image>"))
+    inputs = ModelInputs(tokens={"image": tokenizer.convert_tokens_to_ids("<image>")})
     image = common_pb2.Image(data=png(1), mime_type="image/png")
 
     def complete(prompt: str, images: int):

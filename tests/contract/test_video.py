@@ -10,10 +10,11 @@ import pytest
 from conftest import ALLOWED_HOST
 from support.content import png, video
 
-from prism.media import MediaLoader, MediaPolicy
+from prism.media.fetch import MediaLoader
+from prism.media.policy import MediaPolicy
+from prism.media.video import VIDEO, VideoDecoder, VideoLimits, check_video, encode_video
 from prism.rpc.errors import PrismError
 from prism.v1 import common_pb2
-from prism.video import VideoDecoder, VideoLimits, check_video, encode_video
 
 
 @pytest.mark.parametrize("container,mime,codec", [("mp4", "video/mp4", "MPEG-4"),
@@ -112,17 +113,17 @@ def test_loader_takes_videos_from_data_urls_bytes_and_loopback(image_server):
             raw = common_pb2.Video(data=data, mime_type="video/webm")
             fetched = common_pb2.Video(url=url)
             for source in (inline, raw, fetched, fetched):
-                assert (await loader.load_video(source, "v")).data == data
+                assert (await loader.load(VIDEO, source, "v")).data == data
             assert (loader.url_cache.stats.hits, loader.url_cache.stats.misses) == (1, 1)
             with pytest.raises(PrismError) as info:
-                await loader.load_video(common_pb2.Video(url="data:image/png;base64,AAAA"), "v")
+                await loader.load(VIDEO, common_pb2.Video(url="data:image/png;base64,AAAA"), "v")
             assert info.value.http_status == 415
             with pytest.raises(PrismError, match="video is larger than the limit"):
                 small = MediaLoader(
                     MediaPolicy(fetch_allow=(ALLOWED_HOST,), video=VideoLimits(max_bytes=100))
                 )
                 try:
-                    await small.load_video(common_pb2.Video(url=url), "v")
+                    await small.load(VIDEO, common_pb2.Video(url=url), "v")
                 finally:
                     await small.close()
         finally:

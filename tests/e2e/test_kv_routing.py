@@ -18,7 +18,7 @@ from conftest import laid_out, start_mesh
 from support.content import data_url, image_part, png, user
 from support.waiting import wait_for
 
-from prism.media import content_hash
+from prism.media.modality import content_hash
 from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.stage.v1 import kv_events_pb2, kv_events_pb2_grpc

@@ -17,7 +17,10 @@ from vllm.config import ModelConfig
 from vllm.multimodal import MULTIMODAL_REGISTRY
 
 from prism.kv_index import MediaSpan, lay_out
-from prism.media import MediaPolicy, PromptMedia, check_image, content_hash
+from prism.media.image import check_image
+from prism.media.modality import content_hash
+from prism.media.policy import MediaPolicy
+from prism.media.prompt import PromptMedia
 from prism.services.processor.inputs import ModelInputs
 
 

@@ -26,7 +26,7 @@ def video(
     container: str = "mp4",
 ) -> bytes:
     """A deterministic noise video (MPEG-4 in MP4, or VP8 in WebM), different for every seed."""
-    from prism.video import encode_video
+    from prism.media.video import encode_video
 
     rng = np.random.default_rng(seed)
     pixels = [rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8) for _ in range(frames)]

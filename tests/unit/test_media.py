@@ -9,7 +9,9 @@ import pytest
 from conftest import ALLOWED_HOST
 from support.content import png
 
-from prism.media import IMAGE, MediaLoader, MediaPolicy, check_image, parse_data_url
+from prism.media.fetch import MediaLoader, parse_data_url
+from prism.media.image import IMAGE, check_image
+from prism.media.policy import MediaPolicy
 from prism.rpc.errors import PrismError
 from prism.v1 import common_pb2
 
@@ -61,16 +63,16 @@ def test_data_urls():
     raw = png(1)
     assert (
         parse_data_url(
-            "data:image/png;base64," + base64.b64encode(raw).decode(), IMAGE.mime_types, "p"
+            "data:image/png;base64," + base64.b64encode(raw).decode(), IMAGE.files.mime_types, "p"
         )
         == raw
     )
     with pytest.raises(PrismError) as info:
-        parse_data_url("data:image/svg+xml;base64,AAAA", IMAGE.mime_types, "p")
+        parse_data_url("data:image/svg+xml;base64,AAAA", IMAGE.files.mime_types, "p")
     assert info.value.http_status == 415
     for bad in ("data:image/png;base64", "data:image/png,plain", "data:image/png;base64,@@"):
         with pytest.raises(PrismError):
-            parse_data_url(bad, IMAGE.mime_types, "p")
+            parse_data_url(bad, IMAGE.files.mime_types, "p")
 
 
 def test_loader_fetches_from_loopback(image_server):
@@ -80,16 +82,18 @@ def test_loader_fetches_from_loopback(image_server):
     async def run():
         loader = MediaLoader(MediaPolicy(fetch_allow=(ALLOWED_HOST,)))
         try:
-            image = await loader.load(common_pb2.Image(url=url), "p")
+            image = await loader.load(IMAGE, common_pb2.Image(url=url), "p")
             assert image.data == png(7)
-            assert (await loader.load(common_pb2.Image(url=url), "p")).data == png(7)
+            assert (await loader.load(IMAGE, common_pb2.Image(url=url), "p")).data == png(7)
             assert (loader.url_cache.stats.hits, loader.url_cache.stats.misses) == (1, 1)
             with pytest.raises(PrismError, match="HTTP 404"):
-                await loader.load(common_pb2.Image(url=missing), "p")
-            raw = await loader.load(common_pb2.Image(data=png(7), mime_type="image/png"), "p")
+                await loader.load(IMAGE, common_pb2.Image(url=missing), "p")
+            raw = await loader.load(
+                IMAGE, common_pb2.Image(data=png(7), mime_type="image/png"), "p"
+            )
             assert raw.data == png(7)
             with pytest.raises(PrismError):
-                await loader.load(common_pb2.Image(url="file:///etc/passwd"), "p")
+                await loader.load(IMAGE, common_pb2.Image(url="file:///etc/passwd"), "p")
         finally:
             await loader.close()
 

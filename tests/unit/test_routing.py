@@ -12,7 +12,9 @@ import grpc
 import pytest
 
 from prism.kv_index import prompt_keys
-from prism.media import LoadedImage, PromptMedia, content_hash
+from prism.media.image import LoadedImage
+from prism.media.modality import content_hash
+from prism.media.prompt import PromptMedia
 from prism.modes import MODES
 from prism.registry import StaticRegistry
 from prism.routing import Router

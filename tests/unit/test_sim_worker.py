@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from prism.kv_index import lay_out, prompt_keys
-from prism.media import content_hash
+from prism.media.modality import content_hash
 from prism.modes import EngineRole
 from prism.rpc.errors import PrismError
 from prism.rpc.server import Server, start_server

@@ -13,9 +13,11 @@ from aiohttp.abc import AbstractResolver
 from conftest import ALLOWED_HOST
 from support.content import png
 
-from prism.media import MediaLoader, MediaPolicy
+from prism.media.fetch import MediaLoader
+from prism.media.image import IMAGE
+from prism.media.policy import MediaPolicy
+from prism.media.url_guard import Allowance, GuardedResolver, Refused, blocked_reason, check_host
 from prism.rpc.errors import PrismError
-from prism.url_guard import Allowance, GuardedResolver, Refused, blocked_reason, check_host
 from prism.v1 import common_pb2
 
 
@@ -94,7 +96,7 @@ def fetch(url: str, **policy) -> bytes:
     async def run() -> bytes:
         loader = MediaLoader(MediaPolicy(**policy))
         try:
-            return (await loader.load(common_pb2.Image(url=url), "image_url")).data
+            return (await loader.load(IMAGE, common_pb2.Image(url=url), "image_url")).data
         finally:
             await loader.close()
 

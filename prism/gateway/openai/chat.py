@@ -13,7 +13,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from prism import embeds
 from prism.gateway.client import ProcessorClient
 from prism.gateway.openai.protocol import (
     MAX_LOGPROBS,
@@ -30,6 +29,7 @@ from prism.gateway.openai.protocol import (
     usage,
 )
 from prism.gateway.streaming import respond
+from prism.media import embeds
 from prism.rpc.errors import invalid
 from prism.v1 import common_pb2, inference_pb2
 
@@ -41,6 +41,13 @@ ROLES = {
     "assistant": inference_pb2.ROLE_ASSISTANT,
     "developer": inference_pb2.ROLE_DEVELOPER,
     "tool": inference_pb2.ROLE_TOOL,
+}
+# OpenAI's URL parts: the `ContentPart` field each fills and the message it fills it with.
+# (The media registry is the processor's: its checks decode with vLLM, which the front
+# never imports.)
+URL_PARTS = {
+    "image_url": ("image", common_pb2.Image),
+    "video_url": ("video", common_pb2.Video),
 }
 TOOL_CHOICES = {
     "none": inference_pb2.TOOL_CHOICE_MODE_NONE,
@@ -101,12 +108,10 @@ def _content(content: Any, param: str) -> list[inference_pb2.ContentPart]:
             if not isinstance(text, str):
                 raise invalid("text part needs a 'text' string", f"{where}.text")
             parts.append(inference_pb2.ContentPart(text=text))
-        elif kind == "image_url":
-            image = common_pb2.Image(url=_url(part, "image_url", where))
-            parts.append(inference_pb2.ContentPart(image=image))
-        elif kind == "video_url":
-            video = common_pb2.Video(url=_url(part, "video_url", where))
-            parts.append(inference_pb2.ContentPart(video=video))
+        elif kind in URL_PARTS:
+            field, message = URL_PARTS[kind]
+            media = message(url=_url(part, kind, where))
+            parts.append(inference_pb2.ContentPart(**{field: media}))
         elif kind == "image_embeds":
             parts.append(_image_embeds_part(part, where))
         else:

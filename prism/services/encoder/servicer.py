@@ -10,7 +10,9 @@ import uuid
 
 from prism import logs, telemetry
 from prism.cache import ByteLru
-from prism.media import MediaLoader, content_hash
+from prism.media.fetch import MediaLoader
+from prism.media.modalities import MODALITIES
+from prism.media.modality import Modality
 from prism.rpc.errors import invalid
 from prism.rpc.server import InFlightLimit
 from prism.runtime.service import Service
@@ -58,17 +60,17 @@ class EncoderServicer:
                 on_batch=telemetry.ENCODER_BATCH_ITEMS.labels(modality).observe,
                 on_result=self.cache.put,
             )
-            for modality, encode in (("image", vision.encode), ("video", vision.encode_videos))
+            for modality, encode in vision.encoders.items()
         }
 
-    def content_hash(self, modality: str, data: bytes) -> str:
+    def content_hash(self, modality: Modality, data: bytes) -> str:
         """The embedding cache key: what the item is and, for a video, how its frames are
         sampled."""
-        if modality == "video" and self.vision.videos is not None:
-            return content_hash(data, f"video {sorted(self.vision.videos.kwargs.items())}")
-        return content_hash(data)
+        return modality.content_hash(data, self.vision.sampling(modality))
 
-    async def _embed(self, modality: str, items: list[bytes]) -> list[tuple[str, Embedding, bool]]:
+    async def _embed(
+        self, modality: Modality, items: list[bytes]
+    ) -> list[tuple[str, Embedding, bool]]:
         """Each item's cache key, embeddings, and whether the cache had them."""
         keys = await asyncio.to_thread(lambda: [self.content_hash(modality, d) for d in items])
         found = {i: hit for i, key in enumerate(keys) if (hit := self.cache.get(key)) is not None}
@@ -78,10 +80,10 @@ class EncoderServicer:
             # The request's share of the batches its items join.
             with tracer.start_as_current_span("vision.encode") as span:
                 span.set_attributes({
-                    "prism.request_id": logs.REQUEST_ID.get(), "prism.modality": modality,
+                    "prism.request_id": logs.REQUEST_ID.get(), "prism.modality": modality.name,
                     "prism.items": len(missing),
                 })  # fmt: skip
-                submit = self.batchers[modality].submit
+                submit = self.batchers[modality.name].submit
                 encoded = await asyncio.gather(*(submit(keys[i], items[i]) for i in missing))
             fresh = dict(zip(missing, encoded, strict=True))
         return [
@@ -108,31 +110,34 @@ class EncoderServicer:
         return handles
 
     async def encode(self, request: encoder_pb2.EncodeRequest) -> encoder_pb2.EncodeResponse:
-        if not request.images and not request.videos:
-            raise invalid("images and videos must not both be empty", "images")
+        fields = [modality.field for modality in MODALITIES]
+        if not any(modality.items(request) for modality in MODALITIES):
+            raise invalid(f"{' and '.join(fields)} must not both be empty", fields[0])
         policy = self.loader.policy
-        if len(request.images) > policy.max_images:
-            raise invalid(f"at most {policy.max_images} images per request", "images")
-        if len(request.videos) > policy.max_videos:
-            raise invalid(f"at most {policy.max_videos} videos per request", "videos")
-        if request.videos and self.vision.video_processor is None:
-            raise invalid("this model does not accept video", "videos")
-        images, videos = await asyncio.gather(
-            asyncio.gather(*(self.loader.load(image, f"images[{i}]")
-                             for i, image in enumerate(request.images))),
-            asyncio.gather(*(self.loader.load_video(video, f"videos[{i}]")
-                             for i, video in enumerate(request.videos))),
-        )  # fmt: skip
+        for modality in MODALITIES:
+            count, field = len(modality.items(request)), modality.field
+            if count > modality.limit(policy):
+                raise invalid(f"at most {modality.limit(policy)} {field} per request", field)
+            if count and not self.vision.takes(modality):
+                raise invalid(f"this model does not accept {modality.name}", field)
+        loaded = await asyncio.gather(*(
+            asyncio.gather(*(self.loader.load(m, item, f"{m.field}[{i}]")
+                             for i, item in enumerate(m.items(request))))
+            for m in MODALITIES
+        ))  # fmt: skip
         request_id = request.request_id or uuid.uuid4().hex
         response = encoder_pb2.EncodeResponse()
-        for modality, loaded, out in (
-            ("image", images, response.embeddings.images),
-            ("video", videos, response.embeddings.videos),
-        ):
-            if loaded:
-                embedded = await self._embed(modality, [item.data for item in loaded])
-                out.extend(await asyncio.to_thread(self._publish, request_id, modality, embedded))
-        handles = [*response.embeddings.images, *response.embeddings.videos]
-        log.info("encoded %d images and %d videos for %s (%d from the cache)", len(images),
-                 len(videos), request_id, sum(h.cached for h in handles))  # fmt: skip
+        for modality, items in zip(MODALITIES, loaded, strict=True):
+            if items:
+                embedded = await self._embed(modality, [item.data for item in items])
+                published = await asyncio.to_thread(
+                    self._publish, request_id, modality.name, embedded
+                )
+                modality.items(response.embeddings).extend(published)
+        handles = [h for modality in MODALITIES for h in modality.items(response.embeddings)]
+        counted = " and ".join(
+            f"{len(items)} {m.field}" for m, items in zip(MODALITIES, loaded, strict=True)
+        )
+        log.info("encoded %s for %s (%d from the cache)", counted, request_id,
+                 sum(h.cached for h in handles))  # fmt: skip
         return response

@@ -10,13 +10,14 @@ import logging
 
 from prism import telemetry
 from prism.cache import ByteLru
-from prism.media import MediaLoader, media_policy
+from prism.media.fetch import MediaLoader
+from prism.media.policy import media_policy
+from prism.media.video import VideoDecoder
 from prism.modes import modes_served
 from prism.runtime.stage import Stage
 from prism.services.encoder.servicer import EncoderServicer
 from prism.services.encoder.vision import Embedding, VisionEncoder
 from prism.transfer import Transfer, open_transfer
-from prism.video import VideoDecoder
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,10 +20,11 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 from transformers.utils import cached_file
 
-from prism.media import decode_image
+from prism.media.image import IMAGE, decode_image
+from prism.media.modality import Modality
+from prism.media.video import VIDEO, VideoDecoder
 from prism.rpc.errors import invalid
 from prism.transfer.tensors import DTYPES
-from prism.video import VideoDecoder
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -175,6 +176,22 @@ class VisionEncoder:
         self.dtype = resolve_dtype(dtype, self.config, self.device)
         self.model = load_vision_model(model, self.device, self.dtype)
         self._lock = threading.Lock()
+        # How each modality the model takes is encoded, by modality name: a batch of items'
+        # bytes to their embeddings.
+        self.encoders: dict[str, Callable[[Sequence[bytes]], list[Embedding]]] = {
+            IMAGE.name: self.encode
+        }
+        if self.video_processor is not None:
+            self.encoders[VIDEO.name] = self.encode_videos
+
+    def takes(self, modality: Modality) -> bool:
+        return modality.name in self.encoders
+
+    def sampling(self, modality: Modality) -> Mapping[str, object] | None:
+        """What shapes an item's embeddings besides its bytes: a video's frame sampling."""
+        if modality is VIDEO and self.videos is not None:
+            return self.videos.kwargs
+        return None
 
     def _feature_kwargs(self) -> dict:
         if self.config.model_type == "llava":

@@ -15,13 +15,18 @@ from transformers import PreTrainedTokenizerBase
 
 from prism.engine.chat import postprocess_messages
 from prism.engine.parsing import ChatParsing, Parsers
-from prism.media import MediaLoader, PromptMedia
+from prism.media.embeds import IMAGE_EMBEDS
+from prism.media.fetch import MediaLoader
+from prism.media.modalities import BY_PART, MODALITIES
+from prism.media.modality import Modality
+from prism.media.prompt import PromptMedia
+from prism.media.video import VIDEO
 from prism.modes import Mode
 from prism.rpc.errors import invalid
 from prism.services.processor.checks import check_counts, checked_embedding
 from prism.services.processor.inputs import ModelInputs, Prompt
 from prism.stage.v1 import encoder_pb2
-from prism.v1 import common_pb2, inference_pb2
+from prism.v1 import inference_pb2
 
 # A request's log lines are the stage's: they name the processor, not this module.
 log = logging.getLogger(__package__)
@@ -40,9 +45,17 @@ _ROLE_NAMES = {
 class _MediaParts:
     """A conversation's media parts, before loading."""
 
-    images: list[tuple[common_pb2.Image, str]] = field(default_factory=list)
-    videos: list[tuple[common_pb2.Video, str]] = field(default_factory=list)
+    # Each file modality's parts (an Image, a Video...) and their params, by modality name.
+    files: dict[str, list[tuple[Any, str]]] = field(default_factory=dict)
     embeddings: list[encoder_pb2.EmbeddingHandle] = field(default_factory=list)
+
+    def of(self, modality: Modality) -> list[tuple[Any, str]]:
+        return self.files.get(modality.name, [])
+
+    def counts(self) -> dict[str, int]:
+        """How many parts came in each `ContentPart` field."""
+        counts = {m.part: len(self.of(m)) for m in MODALITIES}
+        return {**counts, IMAGE_EMBEDS.part: len(self.embeddings)}
 
 
 class ChatRenderer:
@@ -77,14 +90,15 @@ class ChatRenderer:
         return self._load(request_id, prompt_ids, parts), parsing if parsing.active else None
 
     async def _load(self, request_id: str, prompt_ids: list[int], parts: _MediaParts) -> Prompt:
-        images, videos = await asyncio.gather(
-            asyncio.gather(*(self.loader.load(image, p) for image, p in parts.images)),
-            asyncio.gather(*(self.loader.load_video(video, p) for video, p in parts.videos)),
-        )
-        log.info("chat %s: %d prompt tokens, %d images, %d videos, %d image embeddings",
-                 request_id, len(prompt_ids), len(images), len(videos),
-                 len(parts.embeddings))  # fmt: skip
-        return prompt_ids, PromptMedia(list(images), list(videos), parts.embeddings)
+        loaded = await asyncio.gather(*(
+            asyncio.gather(*(self.loader.load(m, item, p) for item, p in parts.of(m)))
+            for m in MODALITIES
+        ))  # fmt: skip
+        files = {m.field: list(items) for m, items in zip(MODALITIES, loaded, strict=True)}
+        counted = ", ".join(f"{len(items)} {field}" for field, items in files.items())
+        log.info("chat %s: %d prompt tokens, %s, %d image embeddings",
+                 request_id, len(prompt_ids), counted, len(parts.embeddings))  # fmt: skip
+        return prompt_ids, PromptMedia(**files, image_embeddings=parts.embeddings)
 
     def _conversation(
         self, messages: list[inference_pb2.ChatMessage]
@@ -107,23 +121,26 @@ class ChatRenderer:
                     raise invalid("content part is empty", where)
                 if role != "user":
                     raise invalid("images and videos are allowed in user messages only", where)
-                if kind == "image":
-                    parts.append({"type": "image"})
-                    media.images.append((part.image, f"{where}.image_url"))
-                elif kind == "video":
-                    if not self.inputs.video:
-                        raise invalid("this model does not accept video", f"{where}.video_url")
-                    parts.append({"type": "video"})
-                    media.videos.append((part.video, f"{where}.video_url"))
-                else:
-                    parts.append({"type": "image"})
+                modality = BY_PART[kind]
+                # The chat template's part: embeddings stand where their modality's file would.
+                parts.append({"type": modality.name})
+                if modality.files is None:
                     media.embeddings.append(
                         checked_embedding(part.image_embedding, self.inputs, where)
                     )
+                    continue
+                # Named as OpenAI's request names it: image_url, video_url.
+                param = f"{where}.{modality.name}_url"
+                # Only videos are refused here: every model served takes images, which
+                # are held to the prompt's placeholders.
+                if modality is VIDEO and self.inputs.token(VIDEO) is None:
+                    raise invalid("this model does not accept video", param)
+                media.files.setdefault(modality.name, []).append(
+                    (getattr(part, modality.part), param)
+                )
             conversation.append(_message(role, parts, message, f"messages[{i}]"))
         postprocess_messages(conversation)
-        check_counts(len(media.images), len(media.embeddings), len(media.videos),
-                     self.loader.policy, self.mode)  # fmt: skip
+        check_counts(media.counts(), self.loader.policy, self.mode)
         return conversation, media
 
     def _prompt_ids(self, conversation: list[dict], tools: list[dict] | None) -> list[int]:

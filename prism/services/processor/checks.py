@@ -6,13 +6,19 @@ media counts and placeholders, client image embeddings, and sampling (vLLM's own
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 import grpc
 from transformers import PreTrainedTokenizerBase
 
-from prism import embeds
 from prism.engine.sampling import check_structured_output, to_vllm
-from prism.media import MediaPolicy
+from prism.media import embeds
+from prism.media.embeds import IMAGE_EMBEDS
+from prism.media.image import IMAGE
+from prism.media.modalities import BY_PART, MODALITIES
+from prism.media.modality import Modality
+from prism.media.policy import MediaPolicy
+from prism.media.video import VIDEO
 from prism.modes import Mode
 from prism.rpc.errors import PrismError, invalid
 from prism.services.processor.inputs import ModelInputs
@@ -32,24 +38,26 @@ def check_model(model: str, served_model_name: str) -> None:
 
 def check_placeholders(
     prompt_ids: list[int],
-    images: int,
+    modality: Modality,
+    count: int,
     inputs: ModelInputs,
     policy: MediaPolicy,
     tokenizer: PreTrainedTokenizerBase,
 ) -> None:
-    """A prompt with images holds the model's image placeholder once for each, which
-    the engine expands to the image's tokens."""
-    token = inputs.image_token
+    """A prompt with `count` items of `modality` holds the model's placeholder once for
+    each, which the engine expands to the item's tokens."""
+    token = inputs.token(modality)
+    what, name = modality.field, modality.name
     if token is None:
-        raise invalid("this model does not accept images", "images")
-    if images > policy.max_images:
-        raise invalid(f"at most {policy.max_images} images per request, got {images}", "images")
+        raise invalid(f"this model does not accept {what}", what)
+    if count > modality.limit(policy):
+        raise invalid(f"at most {modality.limit(policy)} {what} per request, got {count}", what)
     placeholder = tokenizer.convert_ids_to_tokens(token)
     found = prompt_ids.count(token)
-    if found != images:
+    if found != count:
         raise invalid(
-            f"the prompt holds the image placeholder {placeholder!r} {found} times, "
-            f"for {images} images: put it in the prompt once for each image",
+            f"the prompt holds the {name} placeholder {placeholder!r} {found} times, "
+            f"for {count} {what}: put it in the prompt once for each {name}",
             "prompt",
         )
 
@@ -68,23 +76,23 @@ def checked_embedding(
     return embeds.to_handle(embedding)
 
 
-def check_counts(
-    images: int, embeddings: int, videos: int, policy: MediaPolicy, mode: Mode
-) -> None:
-    """A conversation's media, counted: `images` as pixels, `embeddings` as image
-    embeddings a client sent."""
+def check_counts(counts: Mapping[str, int], policy: MediaPolicy, mode: Mode) -> None:
+    """A conversation's media, counted by the `ContentPart` field they came in: images as
+    pixels apart from the image embeddings a client sent."""
+    images, embeddings = counts.get(IMAGE.part, 0), counts.get(IMAGE_EMBEDS.part, 0)
     if images and embeddings:
         # As vLLM: one modality comes as pixels or as embeddings, not both.
         raise invalid("a request cannot mix images and image_embeds", "messages")
-    if embeddings and videos and not mode.has_encoder:
+    if embeddings and counts.get(VIDEO.part, 0) and not mode.has_encoder:
         raise invalid(f"in {mode.name} a request with image_embeds takes no videos", "messages")
-    if images + embeddings > policy.max_images:
-        raise invalid(
-            f"at most {policy.max_images} images per request, got {images + embeddings}",
-            "messages",
-        )
-    if videos > policy.max_videos:
-        raise invalid(f"at most {policy.max_videos} videos per request, got {videos}", "messages")
+    for modality in MODALITIES:
+        # Embeddings stand in for their modality's files and count against the same cap.
+        found = sum(n for part, n in counts.items() if BY_PART[part].cap == modality.cap)
+        if found > modality.limit(policy):
+            raise invalid(
+                f"at most {modality.limit(policy)} {modality.field} per request, got {found}",
+                "messages",
+            )
 
 
 def check_sampling(

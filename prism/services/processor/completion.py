@@ -10,7 +10,9 @@ from collections.abc import Awaitable
 
 from transformers import PreTrainedTokenizerBase
 
-from prism.media import MediaLoader, PromptMedia
+from prism.media.fetch import MediaLoader
+from prism.media.image import IMAGE
+from prism.media.prompt import PromptMedia
 from prism.rpc.errors import invalid
 from prism.services.processor.checks import check_placeholders
 from prism.services.processor.inputs import ModelInputs, Prompt
@@ -45,10 +47,11 @@ class CompletionRenderer:
                 raise invalid(f"prompt token ids must be below {vocab}", "prompt")
         else:
             raise invalid("prompt must not be empty", "prompt")
-        images = list(request.images)
+        # A completion's media are images alone (CompleteRequest.images).
+        images = list(IMAGE.items(request))
         if images:
             check_placeholders(
-                prompt_ids, len(images), self.inputs, self.loader.policy, self.tokenizer
+                prompt_ids, IMAGE, len(images), self.inputs, self.loader.policy, self.tokenizer
             )
         echo = None
         if request.echo:
@@ -63,7 +66,7 @@ class CompletionRenderer:
         self, request_id: str, prompt_ids: list[int], images: list[common_pb2.Image]
     ) -> Prompt:
         loaded = await asyncio.gather(
-            *(self.loader.load(image, f"images[{i}]") for i, image in enumerate(images))
+            *(self.loader.load(IMAGE, image, f"images[{i}]") for i, image in enumerate(images))
         )
         log.info("completion %s: %d prompt tokens, %d images",
                  request_id, len(prompt_ids), len(loaded))  # fmt: skip

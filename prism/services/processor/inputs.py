@@ -3,11 +3,17 @@ laid them out."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from prism.embeds import Geometry
-from prism.media import PromptMedia, content_hash
+from transformers import AutoConfig, AutoProcessor
+
+from prism.media.embeds import Geometry
+from prism.media.image import IMAGE
+from prism.media.modalities import MODALITIES
+from prism.media.modality import Modality
+from prism.media.prompt import PromptMedia
 
 # A media item as `kv_index.lay_out` takes it: its identifier and its count of tokens.
 Item = tuple[str, int]
@@ -19,13 +25,12 @@ Prompt = tuple[list[int], PromptMedia]
 class ModelInputs:
     """What the model takes besides text."""
 
-    video: bool = False
+    # The token id that stands for an item in a templated prompt, by modality name: one for
+    # each modality the model takes.
+    tokens: Mapping[str, int] = field(default_factory=dict)
     # Client image embeddings: their geometry, or None where the server does not take them.
     embeddings: Geometry | None = None
     embeddings_enabled: bool = False
-    # The token ids that stand for an image and a video in a templated prompt.
-    image_token: int | None = None
-    video_token: int | None = None
     # The model's HF processor, which counts an image's tokens from its size; None where
     # nothing needs the count.
     processor: Any = field(default=None, compare=False, repr=False)
@@ -34,34 +39,32 @@ class ModelInputs:
     def of(cls, model: str, enable_mm_embeds: bool, count_tokens: bool = False) -> ModelInputs:
         # Here, not at the top: transformers' Auto classes load torch, which only a serving
         # processor needs, not the code that lays out a prompt.
-        from transformers import AutoConfig, AutoProcessor
 
         config = AutoConfig.from_pretrained(model)
-        image_token = getattr(config, "image_token_id", None)
-        if image_token is None:
-            image_token = getattr(config, "image_token_index", None)
-        video_token = getattr(config, "video_token_id", None)
+        tokens = {m.name: t for m in MODALITIES if (t := m.placeholder(config)) is not None}
         return cls(
-            video=video_token is not None,
+            tokens=tokens,
             embeddings=Geometry.of(config) if enable_mm_embeds else None,
             embeddings_enabled=enable_mm_embeds,
-            image_token=image_token,
-            video_token=video_token,
             processor=AutoProcessor.from_pretrained(model) if count_tokens else None,
         )
 
+    def token(self, modality: Modality) -> int | None:
+        return self.tokens.get(modality.name)
+
     @property
     def placeholders(self) -> frozenset[int]:
-        return frozenset(t for t in (self.image_token, self.video_token) if t is not None)
+        return frozenset(self.tokens.values())
 
     def media_items(self, media: PromptMedia) -> dict[int, list[Item]]:
         """The items of a prompt whose tokens are known, by placeholder token: images, or
         image embeddings a client sent, named by their content hash as workers name them to
         vLLM. Videos are left out: the frames a worker samples set their count."""
-        if self.image_token is None:
+        image_token = self.token(IMAGE)
+        if image_token is None:
             return {}
         if media.image_embeddings:
-            return {self.image_token: [
+            return {image_token: [
                 (handle.content_hash, handle.embeddings.shape[0])
                 for handle in media.image_embeddings
             ]}  # fmt: skip
@@ -71,7 +74,7 @@ class ModelInputs:
         counts = self.processor._get_num_multimodal_tokens(
             image_sizes=[(image.height, image.width) for image in media.images]
         ).num_image_tokens
-        return {self.image_token: [
-            (content_hash(image.data), count)
+        return {image_token: [
+            (IMAGE.content_hash(image.data), count)
             for image, count in zip(media.images, counts, strict=True)
         ]}  # fmt: skip

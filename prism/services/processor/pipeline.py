@@ -15,7 +15,9 @@ import grpc
 
 from prism import telemetry
 from prism.kv_index import lay_out, prompt_keys
-from prism.media import PromptMedia, content_hash
+from prism.media.embeds import IMAGE_EMBEDS
+from prism.media.modalities import MODALITIES
+from prism.media.prompt import PromptMedia
 from prism.modes import MeshRole, Mode
 from prism.routing import Router
 from prism.rpc import multiplex
@@ -101,14 +103,15 @@ class Pipeline:
         )
         if media.image_embeddings:
             # The processor admits no pixels beside them, and no videos without an encoder.
-            request.embeddings.images.extend(media.image_embeddings)
-        if (media.images or media.videos) and self.mode.has_encoder:
+            IMAGE_EMBEDS.items(request.embeddings).extend(media.image_embeddings)
+        if media.has_files and self.mode.has_encoder:
             embeddings = await self._encode(request_id, media, call)
-            request.embeddings.images.extend(embeddings.images)
-            request.embeddings.videos.extend(embeddings.videos)
-        elif media.images or media.videos:
-            request.files.images.extend(image.to_proto() for image in media.images)
-            request.files.videos.extend(video.to_proto() for video in media.videos)
+            for modality in MODALITIES:
+                modality.items(request.embeddings).extend(modality.items(embeddings))
+        elif media.has_files:
+            for modality in MODALITIES:
+                files = modality.items(request.files)
+                files.extend(item.to_proto() for item in media.files(modality))
         keys = self._keys(prompt_ids, media)
         if self.mode.disaggregated:
             return self._prefill_then_decode(request, call, keys)
@@ -121,9 +124,9 @@ class Pipeline:
         routing each item goes to the encoder that owns its content hash, whose cache may
         hold it: items of several owners take a call to each, one after the other (a call
         at a time is what an Abort cancels). Otherwise one call encodes them all."""
-        items = [("images", i) for i in media.images] + [("videos", v) for v in media.videos]
+        items = [(m, item) for m in MODALITIES for item in media.files(m)]
         by_content = self.router.policy == "kv"
-        hashes = [content_hash(item.data) if by_content else "" for _, item in items]
+        hashes = [m.content_hash(item.data) if by_content else "" for m, item in items]
         groups: dict[str, list[int]] = {}
         for index, digest in enumerate(hashes):
             owner = self.router.owner(MeshRole.ENCODER, digest) if by_content else ""
@@ -132,8 +135,8 @@ class Pipeline:
         for indices in groups.values():
             encode = encoder_pb2.EncodeRequest(request_id=request_id)
             for index in indices:
-                kind, item = items[index]
-                getattr(encode, kind).append(item.to_proto())
+                modality, item = items[index]
+                modality.items(encode).append(item.to_proto())
 
             def encoded(address: str, encode=encode) -> grpc.aio.UnaryUnaryCall:
                 stub = encoder_pb2_grpc.EncoderServiceStub(self.peers.channel(address))
@@ -143,16 +146,15 @@ class Pipeline:
                 MeshRole.ENCODER, call, encoded, content=hashes[indices[0]]
             ):
                 # Each modality's handles come in the order its items went.
-                replies = {"images": iter(reply.embeddings.images),
-                           "videos": iter(reply.embeddings.videos)}  # fmt: skip
+                replies = {m.name: iter(m.items(reply.embeddings)) for m in MODALITIES}
                 for index in indices:
-                    handles[index] = next(replies[items[index][0]])
+                    handles[index] = next(replies[items[index][0].name])
         if len(groups) == 1:
             # A worker that cannot read them names no encoder: this one is then lost.
             call.holders[errors_pb2.ERROR_REASON_EMBEDDINGS_UNAVAILABLE] = call.address
         embeddings = encoder_pb2.MediaEmbeddings()
-        for (kind, _), handle in zip(items, handles, strict=True):
-            getattr(embeddings, kind).append(handle)
+        for (modality, _), handle in zip(items, handles, strict=True):
+            modality.items(embeddings).append(handle)
         return embeddings
 
     def _keys(self, prompt_ids: list[int], media: PromptMedia) -> list[int]:

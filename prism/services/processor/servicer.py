@@ -16,7 +16,8 @@ from transformers import PreTrainedTokenizerBase
 
 from prism import logs
 from prism.engine.parsing import ChatParsing, Parsers
-from prism.media import MediaLoader, PromptMedia
+from prism.media.fetch import MediaLoader
+from prism.media.prompt import PromptMedia
 from prism.rpc.errors import invalid
 from prism.rpc.server import InFlightLimit
 from prism.runtime.service import Service

@@ -9,7 +9,8 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from prism import telemetry
-from prism.media import MediaLoader, media_policy
+from prism.media.fetch import MediaLoader
+from prism.media.policy import media_policy
 from prism.modes import MeshRole, mode
 from prism.registry import discovery_tags
 from prism.routing import Router

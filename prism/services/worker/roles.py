@@ -24,6 +24,7 @@ import torch
 
 from prism.engine.sampling import to_vllm
 from prism.engine.types import AsyncLLM, SamplingParams, TokensPrompt
+from prism.media.modalities import MODALITIES
 from prism.modes import EngineRole
 from prism.rpc.errors import PrismError, invalid
 from prism.services.worker import kv_transfer
@@ -32,9 +33,6 @@ from prism.v1 import errors_pb2
 
 # Longest pause between tries to free a prefill's KV that the connector does not hold yet.
 _RELEASE_POLL_MAX_S = 0.25
-
-
-MODALITIES = ("image", "video")
 
 
 def embeddings_input(
@@ -65,11 +63,12 @@ def media_layouts(engine_input: Any) -> engine_pb2.MediaLayouts:
     layouts = engine_pb2.MediaLayouts()
     if engine_input.get("type") != "multimodal":
         return layouts
-    for modality, out in zip(MODALITIES, (layouts.images, layouts.videos), strict=True):
-        items = engine_input["mm_kwargs"].get(modality, [])
-        hashes = engine_input["mm_hashes"].get(modality, [])
-        grid_key = f"{modality}_grid_thw"
-        for index, placeholder in enumerate(engine_input["mm_placeholders"].get(modality, [])):
+    for modality in MODALITIES:
+        name, out = modality.name, modality.items(layouts)
+        items = engine_input["mm_kwargs"].get(name, [])
+        hashes = engine_input["mm_hashes"].get(name, [])
+        grid_key = f"{name}_grid_thw"
+        for index, placeholder in enumerate(engine_input["mm_placeholders"].get(name, [])):
             item = items[index]
             grid = item[grid_key].data.tolist() if grid_key in item else []
             seconds = item["second_per_grid_ts"].data.item() if "second_per_grid_ts" in item else 0
@@ -182,7 +181,7 @@ class Prefill(Role):
         if not output.kv_transfer_params:
             return
         finish.kv_transfer_params.CopyFrom(kv_transfer.to_proto(output.kv_transfer_params))
-        if layouts.images or layouts.videos:
+        if any(modality.items(layouts) for modality in MODALITIES):
             finish.layouts.CopyFrom(layouts)
         now = time.monotonic()
         for stale in [k for k, until in self._held.items() if until <= now]:
@@ -255,17 +254,18 @@ class Decode(Role):
         hidden = config.get_inputs_embeds_size()
         data: dict[str, Any] = {}
         uuids: dict[str, list[str | None]] = {}
-        for modality, items in zip(MODALITIES, (layouts.images, layouts.videos), strict=True):
+        for modality in MODALITIES:
+            items = modality.items(layouts)
             if not items:
                 continue
             tensors = [torch.zeros(item.num_tokens, hidden, dtype=config.dtype) for item in items]
-            data[modality] = embeddings_input(
-                modality,
+            data[modality.name] = embeddings_input(
+                modality.name,
                 tensors,
                 [item.grid_thw for item in items],
                 [item.second_per_grid_ts for item in items],
             )
-            uuids[modality] = [item.uuid or None for item in items]
+            uuids[modality.name] = [item.uuid or None for item in items]
         return {"multi_modal_data": data, "multi_modal_uuids": uuids}
 
     def failure(self, request: engine_pb2.GenerateRequest) -> PrismError:

@@ -36,18 +36,20 @@ from prism.engine.types import (
     TokensPrompt,
     VLLMClientError,
 )
-from prism.media import content_hash, decode_image
+from prism.media.image import IMAGE, decode_image
+from prism.media.modalities import MODALITIES
+from prism.media.modality import Modality
+from prism.media.video import VIDEO, VideoDecoder
 from prism.modes import EngineRole, modes_served
 from prism.rpc.errors import PrismError, invalid
 from prism.rpc.server import Server
 from prism.runtime.stage import Stage
 from prism.services.worker import check_request, engine_service
-from prism.services.worker.roles import MODALITIES, Role, embeddings_input, make_role
+from prism.services.worker.roles import Role, embeddings_input, make_role
 from prism.stage.v1 import encoder_pb2, engine_pb2
 from prism.tracing import tracer
 from prism.transfer import Transfer, TransferError, open_transfer
 from prism.v1 import common_pb2, errors_pb2
-from prism.video import VideoDecoder
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +66,27 @@ _CANARY_TIMEOUT_S = 5.0
 
 
 def _uuids(
-    media: engine_pb2.MediaFiles | encoder_pb2.MediaEmbeddings, uuid: Callable[[Any], str]
+    media: engine_pb2.MediaFiles | encoder_pb2.MediaEmbeddings,
+    uuid: Callable[[Modality, Any], str],
 ) -> dict[str, list[str]]:
     """The uuid of each item of `media`, by modality."""
-    groups = zip(MODALITIES, (media.images, media.videos), strict=True)
-    return {modality: [uuid(item) for item in items] for modality, items in groups if items}
+    groups = ((m, m.items(media)) for m in MODALITIES)
+    return {m.name: [uuid(m, item) for item in items] for m, items in groups if items}
+
+
+def _decoders(videos: VideoDecoder | None) -> dict[str, Callable[[bytes], Any]]:
+    """How a worker decodes each modality's files as the engine takes them, by modality
+    name: videos only where it samples them."""
+    if videos is None:
+        return {IMAGE.name: decode_image}
+
+    def decode_video(data: bytes) -> Any:
+        try:
+            return videos.decode(data)
+        except ValueError as exc:
+            raise ValueError(f"video cannot be decoded: {exc}") from None
+
+    return {IMAGE.name: decode_image, VIDEO.name: decode_video}
 
 
 def engine_logprobs(flat: FlatLogprobs | None, top: int) -> list[engine_pb2.EngineLogprobs]:
@@ -131,7 +149,7 @@ class EngineServicer:
         self.engine = engine
         self.role = role
         self.transfer = transfer
-        self.videos = videos
+        self.decoders = _decoders(videos)
         # Running request ids -> whether an Abort came for them.
         self._running: dict[str, bool] = {}
         # When the engine last produced an output: traffic proves it generates.
@@ -141,18 +159,16 @@ class EngineServicer:
     def _decode(self, files: engine_pb2.MediaFiles) -> dict[str, list]:
         """The files' pixels (videos: sampled frames) as the engine takes them."""
         data: dict[str, list] = {}
-        for index, image in enumerate(files.images):
-            try:
-                data.setdefault("image", []).append(decode_image(image.data))
-            except ValueError as exc:
-                raise invalid(str(exc), param=f"images[{index}]") from None
-        for index, video in enumerate(files.videos):
-            if self.videos is None:
-                raise invalid("this worker takes no videos", f"videos[{index}]")
-            try:
-                data.setdefault("video", []).append(self.videos.decode(video.data))
-            except ValueError as exc:
-                raise invalid(f"video cannot be decoded: {exc}", f"videos[{index}]") from None
+        for modality in MODALITIES:
+            decode = self.decoders.get(modality.name)
+            for index, item in enumerate(modality.items(files)):
+                param = f"{modality.field}[{index}]"
+                if decode is None:
+                    raise invalid(f"this worker takes no {modality.field}", param)
+                try:
+                    data.setdefault(modality.name, []).append(decode(item.data))
+                except ValueError as exc:
+                    raise invalid(str(exc), param) from None
         return data
 
     async def _fetch(self, embeddings: encoder_pb2.MediaEmbeddings) -> dict[str, object]:
@@ -175,13 +191,7 @@ class EngineServicer:
                     span.set_attribute("prism.nixl.peer", handle.embeddings.nixl.agent_name)
                 return tensor
 
-        groups = [
-            (modality, items)
-            for modality, items in zip(
-                MODALITIES, (embeddings.images, embeddings.videos), strict=True
-            )
-            if items
-        ]
+        groups = [(m.name, m.items(embeddings)) for m in MODALITIES if m.items(embeddings)]
         try:
             tensors = await asyncio.gather(*(
                 asyncio.gather(*(asyncio.to_thread(read, h) for h in items)) for _, items in groups
@@ -221,11 +231,13 @@ class EngineServicer:
         if media == "files":
             prompt["multi_modal_data"] = await asyncio.to_thread(self._decode, request.files)
             prompt["multi_modal_uuids"] = _uuids(
-                request.files, lambda file: content_hash(file.data)
+                request.files, lambda modality, file: modality.content_hash(file.data)
             )
         elif media == "embeddings":
             prompt["multi_modal_data"] = await self._fetch(request.embeddings)
-            prompt["multi_modal_uuids"] = _uuids(request.embeddings, lambda item: item.content_hash)
+            prompt["multi_modal_uuids"] = _uuids(
+                request.embeddings, lambda _, item: item.content_hash
+            )
         elif media == "layouts":
             prompt.update(self.role.placeholders(request.layouts))
         return prompt

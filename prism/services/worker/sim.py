@@ -23,7 +23,7 @@ import grpc
 
 from prism import telemetry
 from prism.kv_index import lay_out, prompt_keys
-from prism.media import content_hash
+from prism.media.modalities import MODALITIES
 from prism.modes import EngineRole, modes_served
 from prism.rpc.errors import PrismError, invalid
 from prism.rpc.server import Server
@@ -66,11 +66,8 @@ def _model_len(model: str) -> int:
 def placeholders(model: str) -> dict[str, int]:
     """The model's image and video placeholder tokens, from its config alone."""
     config = _model_config(model)
-    found = {
-        "image": config.get("image_token_id", config.get("image_token_index")),
-        "video": config.get("video_token_id"),
-    }
-    return {modality: token for modality, token in found.items() if token is not None}
+    found = {modality.name: modality.placeholder(config) for modality in MODALITIES}
+    return {name: token for name, token in found.items() if token is not None}
 
 
 class SimServicer:
@@ -101,24 +98,16 @@ class SimServicer:
     def _media(self, request: engine_pb2.GenerateRequest) -> dict[str, list[tuple[str, int]]]:
         """Each item of the prompt, by modality: its identity and its tokens."""
         which = request.WhichOneof("media")
-        if which == "files":
-            return {
-                "image": [(content_hash(i.data), self.media_tokens) for i in request.files.images],
-                "video": [(content_hash(v.data), self.media_tokens) for v in request.files.videos],
-            }
-        if which == "embeddings":
-            embeddings = request.embeddings
-            return {
-                modality: [(h.content_hash, h.embeddings.shape[0]) for h in items]
-                for modality, items in (("image", embeddings.images), ("video", embeddings.videos))
-            }
-        if which == "layouts":
-            layouts = request.layouts
-            return {
-                modality: [(item.uuid, item.num_tokens) for item in items]
-                for modality, items in (("image", layouts.images), ("video", layouts.videos))
-            }
-        return {}
+        # An item's identity and tokens, by the form the media came in.
+        describe = {
+            "files": lambda m, file: (m.content_hash(file.data), self.media_tokens),
+            "embeddings": lambda _, handle: (handle.content_hash, handle.embeddings.shape[0]),
+            "layouts": lambda _, layout: (layout.uuid, layout.num_tokens),
+        }.get(which or "")
+        if describe is None:
+            return {}
+        media = getattr(request, which)
+        return {m.name: [describe(m, item) for item in m.items(media)] for m in MODALITIES}
 
     def _prompt(
         self, request: engine_pb2.GenerateRequest
@@ -127,16 +116,19 @@ class SimServicer:
         media = self._media(request)
         layouts = engine_pb2.MediaLayouts()
         items: dict[int, list[tuple[str, int]]] = {}
-        for modality, token in self.placeholders.items():
-            given = media.get(modality, [])
+        for modality in MODALITIES:
+            token = self.placeholders.get(modality.name)
+            if token is None:
+                continue
+            given = media.get(modality.name, [])
             count = sum(1 for t in request.prompt_token_ids if t == token)
             if count != len(given):
                 raise invalid(
-                    f"the prompt has {count} {modality} placeholders for {len(given)} items",
+                    f"the prompt has {count} {modality.name} placeholders for {len(given)} items",
                     "prompt_token_ids",
                 )
             items[token] = given
-            getattr(layouts, f"{modality}s").extend(
+            modality.items(layouts).extend(
                 engine_pb2.MediaLayout(uuid=uuid, num_tokens=n) for uuid, n in given
             )
         tokens, spans = lay_out(request.prompt_token_ids, set(items), items)

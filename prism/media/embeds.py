@@ -16,6 +16,7 @@ from typing import Any
 
 import safetensors
 
+from prism.media.modality import IMAGE_TOKEN_KEYS, Modality
 from prism.rpc.errors import invalid
 from prism.stage.v1 import encoder_pb2, tensor_pb2
 from prism.v1 import common_pb2
@@ -113,3 +114,14 @@ def to_handle(embedding: common_pb2.ImageEmbedding) -> encoder_pb2.EmbeddingHand
         content_hash=digest.hexdigest(),
         grid_thw=embedding.image_grid_thw,
     )
+
+
+# Stands in the prompt and reaches vLLM as an image does, and counts against the same cap;
+# but it arrives checked and whole, so it loads nothing and goes past any encoder.
+IMAGE_EMBEDS = Modality(
+    name="image",
+    part="image_embedding",
+    field="images",
+    cap="max_images",
+    token_keys=IMAGE_TOKEN_KEYS,
+)

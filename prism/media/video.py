@@ -13,6 +13,8 @@ import io
 from dataclasses import dataclass
 from typing import Any
 
+from prism.engine import media_io
+from prism.media.modality import Files, Modality
 from prism.rpc.errors import check_size, invalid
 from prism.rpc.errors import unsupported_media as unsupported
 from prism.v1 import common_pb2
@@ -54,6 +56,10 @@ class LoadedVideo:
     def to_proto(self) -> common_pb2.Video:
         return common_pb2.Video(data=self.data, mime_type=self.mime_type)
 
+    def span_attributes(self) -> dict[str, Any]:
+        return {"bytes": len(self.data), "mime_type": self.mime_type, "codec": self.codec,
+                "width": self.width, "height": self.height, "frames": self.frames}  # fmt: skip
+
 
 def container(data: bytes) -> str | None:
     """The container's MIME type from its first bytes, or None if it is none we take."""
@@ -72,16 +78,15 @@ def _fourcc(code: float) -> str:
 def check_video(data: bytes, limits: VideoLimits, param: str) -> LoadedVideo:
     """Checks container, codec, size, length and resolution of video bytes."""
     import cv2  # heavy: only the stages that take videos
-    from vllm.multimodal.video_decoders.opencv import OpenCVVideoBackendMixin as OpenCV
 
     check_size(data, "video", limits.max_bytes, param)
     mime_type = container(data)
     if mime_type is None:
         raise unsupported("not a video: use MP4 or WebM", param)
-    # Opened here, not by OpenCV.open_video_capture: the capture does not own its stream,
-    # and releasing it after its BytesIO is gone crashes the process.
+    # Opened here, not by vLLM's OpenCV backend: the capture does not own its stream, and
+    # releasing it after its BytesIO is gone crashes the process.
     stream = io.BytesIO(data)
-    capture = cv2.VideoCapture(stream, OpenCV.get_cv2_video_api(), [])
+    capture = cv2.VideoCapture(stream, media_io.opencv_video_api(), [])
     try:
         if not capture.isOpened():
             raise invalid("video cannot be opened: the file is damaged or incomplete", param)
@@ -99,7 +104,7 @@ def check_video(data: bytes, limits: VideoLimits, param: str) -> LoadedVideo:
                 f"{limits.max_pixels}",
                 param,
             )
-        source = OpenCV.get_video_metadata(capture)
+        source = media_io.opencv_video_metadata(capture)
         frames, fps = source.total_frames_num, source.original_fps
         if frames <= 0 or fps <= 0:
             raise invalid("video has no frames or no known frame rate", param)
@@ -141,22 +146,30 @@ class VideoDecoder:
     def for_model(cls, model: str, frames: int = 32, fps: float = 0.0) -> VideoDecoder:
         """Samples as vLLM's chat API does for `model`: with the loader its video processor
         asks for (Qwen2-VL's samples by frame rate), else vLLM's default."""
-        from vllm.multimodal.video import get_video_loader_backend_for_processor
-        from vllm.transformers_utils.processor import get_video_processor_cls_name_from_config
-
-        processor = get_video_processor_cls_name_from_config(model)
-        return cls(get_video_loader_backend_for_processor(processor), frames, fps)
+        return cls(media_io.video_loader_backend(model), frames, fps)
 
     def media_io_kwargs(self) -> dict[str, dict[str, Any]]:
         """The same sampling as vLLM's `media_io_kwargs` (for an engine of one's own)."""
-        return {"video": dict(self.kwargs)}
+        return {VIDEO.name: dict(self.kwargs)}
 
     def decode(self, data: bytes) -> tuple[Any, dict[str, Any]]:
         """(frames as a uint8 (N, H, W, 3) array, vLLM's metadata of them)."""
-        from vllm.multimodal.media import ImageMediaIO, VideoMediaIO
+        return media_io.load_video(data, **self.kwargs)
 
-        frames, metadata = VideoMediaIO(ImageMediaIO(), **self.kwargs).load_bytes(data).media
-        return frames, metadata
+
+VIDEO = Modality(
+    name="video",
+    part="video",
+    field="videos",
+    cap="max_videos",
+    token_keys=("video_token_id",),
+    files=Files(
+        mime_types=MIME_TYPES,
+        max_bytes=lambda policy: policy.video.max_bytes,
+        check=lambda data, policy, param: check_video(data, policy.video, param),
+        in_thread=True,
+    ),
+)
 
 
 def encode_video(frames: list[Any], fps: float, path: str) -> bytes:

@@ -1,7 +1,7 @@
-"""Which addresses an image URL may reach: public ones only, unless the operator allows more.
+"""Which addresses a media URL may reach: public ones only, unless the operator allows more.
 
-Requests name image URLs, so a fetch must not become a way into the network behind Prism
-(loopback, private ranges, link-local, cloud metadata services). Every address a URL's
+Requests name image and video URLs, so a fetch must not become a way into the network
+behind Prism (loopback, private ranges, link-local, cloud metadata services). Every address a URL's
 host resolves to is checked, at connect time, on the first request and on every redirect:
 the check runs inside the HTTP client's resolver, so the address checked is the address
 connected to (no window for DNS rebinding). IP literals never reach a resolver; `check_host`
