@@ -1,8 +1,4 @@
 PY := .venv/bin/python
-# The public package (prism.v1), the stages' own (prism.stage.v1), and KServe v2's
-# (package inference, served by the gateway).
-STUB_DIRS := prism/v1 prism/stage/v1 prism/kserve
-PROTOS := $(foreach dir,$(STUB_DIRS),$(wildcard protos/$(dir)/*.proto))
 
 .PHONY: setup demo test test-unit test-net lint protos check-protos bench bench-transfer bench-encoder bench-modes \
 	bench-routing bench-choices bench-anchors bench-scale manifests docs bundle verify-gpu
@@ -124,11 +120,11 @@ docs:
 	$(PY) scripts/flag_reference.py
 	$(PY) -m bench.render
 
-# Stubs are generated with grpc_tools (the protoc that matches the grpcio runtime).
+# The stubs of the public package (prism.v1), the stages' own (prism.stage.v1) and KServe
+# v2's (package inference, served by the gateway), into prism/proto/, with grpc_tools (the
+# protoc that matches the grpcio runtime).
 protos:
-	rm -f $(STUB_DIRS:=/*_pb2*.py) $(STUB_DIRS:=/*_pb2*.pyi)
-	$(PY) -m grpc_tools.protoc -Iprotos --python_out=. --pyi_out=. --grpc_python_out=. $(PROTOS)
-	touch prism/stage/__init__.py $(STUB_DIRS:=/__init__.py)
+	scripts/protos.sh
 
 check-protos:
 	scripts/check_protos.sh

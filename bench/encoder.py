@@ -28,10 +28,10 @@ from pathlib import Path
 import PIL.Image
 import torch
 
+from prism.proto.stage.v1 import encoder_pb2, encoder_pb2_grpc
+from prism.proto.v1 import common_pb2
 from prism.rpc.channel import check_health, sync_channel
 from prism.runtime.ports import free_port
-from prism.stage.v1 import encoder_pb2, encoder_pb2_grpc
-from prism.v1 import common_pb2
 
 
 def image(seed: int, size: int) -> bytes:

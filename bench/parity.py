@@ -24,7 +24,7 @@ import grpc
 import numpy as np
 from PIL import Image
 
-from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from prism.proto.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
 TOP = 5
 # Image sizes of the prompts, in turn: each lays out a different number of tokens.

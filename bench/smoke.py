@@ -86,7 +86,7 @@ def kernels(device: str) -> dict[str, float]:
 def nixl_pool(device: str) -> dict[str, object]:
     """A NIXL agent registers a pool in the device's memory and publishes a tensor from it,
     as the encoder does."""
-    from prism.stage.v1 import tensor_pb2
+    from prism.proto.stage.v1 import tensor_pb2
     from prism.transfer.nixl import NixlTransfer
 
     with NixlTransfer(pool_bytes=16 * 2**20, device=device) as transfer:

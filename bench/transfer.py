@@ -34,7 +34,7 @@ import grpc
 import torch
 from google.protobuf import wrappers_pb2
 
-from prism.stage.v1 import tensor_pb2
+from prism.proto.stage.v1 import tensor_pb2
 from prism.transfer.nixl import NixlTransfer
 
 # NIXL logs INFO lines to stdout, which would land inside the table.

@@ -9,7 +9,7 @@ from transformers import PreTrainedTokenizerBase
 from vllm import SamplingParams
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 
-from prism.v1 import common_pb2
+from prism.proto.v1 import common_pb2
 
 
 @dataclass

@@ -28,9 +28,9 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from prism import telemetry
 from prism.kv_index import EngineBlocks
+from prism.proto.stage.v1 import kv_events_pb2
 from prism.rpc.server import Server
 from prism.services.worker.kv_publisher import KvPublisher
-from prism.stage.v1 import kv_events_pb2
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from vllm.v1.engine import EngineCoreOutput
 from vllm.v1.engine.logprobs import LogprobsProcessor
 from vllm.v1.outputs import LogprobsLists
 
-from prism.stage.v1 import engine_pb2
-from prism.v1 import common_pb2
+from prism.proto.stage.v1 import engine_pb2
+from prism.proto.v1 import common_pb2
 
 
 @dataclass

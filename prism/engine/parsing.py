@@ -20,8 +20,8 @@ from vllm.exceptions import VLLMValidationError
 from vllm.parser import Parser, ParserManager
 from vllm.renderers.chat_utils import make_tool_call_id
 
+from prism.proto.v1 import common_pb2, inference_pb2
 from prism.rpc.errors import invalid
-from prism.v1 import common_pb2, inference_pb2
 
 _MODES = {
     inference_pb2.TOOL_CHOICE_MODE_NONE: "none",

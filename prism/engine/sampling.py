@@ -12,8 +12,8 @@ from vllm.config import StructuredOutputsConfig
 from vllm.exceptions import VLLMClientError, VLLMValidationError
 from vllm.sampling_params import StructuredOutputsParams
 
+from prism.proto.v1 import common_pb2
 from prism.rpc.errors import invalid
-from prism.v1 import common_pb2
 
 _OPTIONAL = (
     "temperature",

@@ -17,11 +17,11 @@ from opentelemetry import propagate
 
 from prism import tracing
 from prism.modes import MeshRole
+from prism.proto.v1 import inference_pb2, inference_pb2_grpc
 from prism.routing import Router
 from prism.rpc.channel import call_metadata, is_serving
 from prism.rpc.errors import PrismError, status_for
 from prism.runtime.clients import CHAT, COMPLETE, Batched, Peers
-from prism.v1 import inference_pb2, inference_pb2_grpc
 
 
 class ReplyStream(Protocol):

@@ -16,9 +16,9 @@ from starlette.exceptions import HTTPException
 
 from prism import logs, telemetry
 from prism.gateway.openai.protocol import error_body
+from prism.proto.v1 import errors_pb2
 from prism.rpc.errors import PrismError, status_for
 from prism.rpc.server import InFlightLimit
-from prism.v1 import errors_pb2
 
 # Routes counted by path in the request metrics; anything else counts as "other".
 _GENERATIONS = ("/v1/chat/completions", "/v1/completions")

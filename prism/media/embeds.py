@@ -17,9 +17,9 @@ from typing import Any
 import safetensors
 
 from prism.media.modality import IMAGE_TOKEN_KEYS, Modality
+from prism.proto.stage.v1 import encoder_pb2, tensor_pb2
+from prism.proto.v1 import common_pb2
 from prism.rpc.errors import invalid
-from prism.stage.v1 import encoder_pb2, tensor_pb2
-from prism.v1 import common_pb2
 
 ITEM_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2}
 _SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}

@@ -19,10 +19,10 @@ from prism.cache import ByteLru
 from prism.media.modality import Files, Modality
 from prism.media.policy import MediaPolicy
 from prism.media.url_guard import Allowance, GuardedResolver, Refused, check_host
+from prism.proto.v1 import common_pb2, errors_pb2
 from prism.rpc.errors import invalid
 from prism.rpc.errors import unsupported_media as unsupported
 from prism.tracing import tracer
-from prism.v1 import common_pb2, errors_pb2
 
 
 def parse_data_url(url: str, mime_types: tuple[str, ...], param: str) -> bytes:

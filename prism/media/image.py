@@ -12,9 +12,9 @@ import PIL.Image
 
 from prism.engine import media_io
 from prism.media.modality import IMAGE_TOKEN_KEYS, Files, Modality
+from prism.proto.v1 import common_pb2
 from prism.rpc.errors import check_size, invalid
 from prism.rpc.errors import unsupported_media as unsupported
-from prism.v1 import common_pb2
 
 if TYPE_CHECKING:
     from prism.media.policy import MediaPolicy

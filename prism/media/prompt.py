@@ -9,7 +9,7 @@ from prism.media.image import LoadedImage
 from prism.media.modalities import MODALITIES
 from prism.media.modality import Modality
 from prism.media.video import LoadedVideo
-from prism.stage.v1 import encoder_pb2
+from prism.proto.stage.v1 import encoder_pb2
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ from typing import Any
 
 from prism.engine import media_io
 from prism.media.modality import Files, Modality
+from prism.proto.v1 import common_pb2
 from prism.rpc.errors import check_size, invalid
 from prism.rpc.errors import unsupported_media as unsupported
-from prism.v1 import common_pb2
 
 MIME_TYPES = ("video/mp4", "video/webm", "video/x-matroska", "video/quicktime")
 # OpenCV's FourCC of each codec a maintained decoder handles (FFmpeg's, inside OpenCV):

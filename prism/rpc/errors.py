@@ -12,7 +12,7 @@ import grpc
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from prism.v1 import errors_pb2
+from prism.proto.v1 import errors_pb2
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ import grpc
 from opentelemetry import propagate
 
 from prism import tracing
+from prism.proto.v1 import common_pb2
 from prism.rpc.errors import PrismError, invalid
-from prism.v1 import common_pb2
 
 log = logging.getLogger(__name__)
 

@@ -11,11 +11,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from prism.proto.stage.v1 import load_pb2, load_pb2_grpc
+from prism.proto.v1 import errors_pb2
 from prism.rpc import options
 from prism.rpc.errors import PrismError
 from prism.rpc.tls import server_credentials
-from prism.stage.v1 import load_pb2, load_pb2_grpc
-from prism.v1 import errors_pb2
 
 
 class InFlightLimit:

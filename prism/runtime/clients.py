@@ -12,12 +12,12 @@ from typing import Any
 
 import grpc
 
+from prism.proto.stage.v1 import engine_pb2, engine_pb2_grpc, load_pb2, load_pb2_grpc
+from prism.proto.v1 import inference_pb2, inference_pb2_grpc
 from prism.routing import Router
 from prism.rpc import multiplex
 from prism.rpc.channel import channel as open_channel
 from prism.rpc.channel import is_serving
-from prism.stage.v1 import engine_pb2, engine_pb2_grpc, load_pb2, load_pb2_grpc
-from prism.v1 import inference_pb2, inference_pb2_grpc
 
 
 @dataclass(frozen=True)

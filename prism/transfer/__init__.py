@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:  # torch is imported where tensors are handled, not by the CLI
     import torch
 
-    from prism.stage.v1 import tensor_pb2
+    from prism.proto.stage.v1 import tensor_pb2
 
 KINDS = ("nixl", "inline")
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import torch
 
-from prism.stage.v1 import tensor_pb2
+from prism.proto.stage.v1 import tensor_pb2
 from prism.transfer import TransferError, TransferStats
 from prism.transfer.tensors import dtype_name, fetch_inline
 

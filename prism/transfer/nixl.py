@@ -34,7 +34,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from prism.stage.v1 import tensor_pb2
+from prism.proto.stage.v1 import tensor_pb2
 from prism.transfer import TransferError, TransferStats
 from prism.transfer.nixl_agent import NixlAgent, Region, StuckTransfer
 from prism.transfer.tensors import DTYPES, dtype_name, fetch_inline

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import torch
 
-from prism.stage.v1 import tensor_pb2
+from prism.proto.stage.v1 import tensor_pb2
 from prism.transfer import TransferError
 from prism.transfer.nixl_compat import nixl_agent
 

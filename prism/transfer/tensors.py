@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from prism.stage.v1 import tensor_pb2
+from prism.proto.stage.v1 import tensor_pb2
 from prism.transfer import TransferError, TransferStats
 
 DTYPES: dict[str, torch.dtype] = {

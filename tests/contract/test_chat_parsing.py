@@ -10,8 +10,8 @@ from test_processor import handle
 
 from prism.devtools.tiny_models import llava_tokenizer
 from prism.engine.parsing import ChatParsing, Parsers
+from prism.proto.v1 import common_pb2, inference_pb2
 from prism.rpc.errors import PrismError
-from prism.v1 import common_pb2, inference_pb2
 
 STOP = common_pb2.FINISH_REASON_STOP
 LENGTH = common_pb2.FINISH_REASON_LENGTH

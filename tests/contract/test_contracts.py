@@ -19,11 +19,11 @@ from support.waiting import wait_for
 from transformers import AutoTokenizer
 
 from prism.modes import MODES
+from prism.proto.stage.v1 import engine_pb2, engine_pb2_grpc
+from prism.proto.v1 import common_pb2, inference_pb2
 from prism.rpc.channel import check_health, sync_channel
 from prism.rpc.errors import PrismError
 from prism.rpc.server import LOAD_SERVICE
-from prism.stage.v1 import engine_pb2, engine_pb2_grpc
-from prism.v1 import common_pb2, inference_pb2
 
 ENGINE_STAGES = ("worker", "prefill", "decode")
 

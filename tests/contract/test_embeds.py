@@ -12,8 +12,8 @@ from transformers import LlavaConfig, Qwen2VLConfig
 
 from prism.media import embeds
 from prism.media.embeds import Geometry
+from prism.proto.v1 import common_pb2
 from prism.rpc.errors import PrismError
-from prism.v1 import common_pb2
 
 
 def test_safetensors_become_a_typed_embedding():

@@ -20,8 +20,8 @@ from vllm.distributed.kv_events import (
 )
 
 from prism.engine.kv_events import KvEvents
+from prism.proto.stage.v1 import kv_events_pb2
 from prism.services.worker import kv_publisher
-from prism.stage.v1 import kv_events_pb2
 
 BLOCK = 4
 

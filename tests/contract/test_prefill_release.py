@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 
 from prism.engine.extension import is_engine_id, release_kv
+from prism.proto.stage.v1 import engine_pb2
+from prism.proto.v1 import common_pb2
 from prism.services.worker.roles import Prefill
 from prism.services.worker.servicer import EngineServicer
-from prism.stage.v1 import engine_pb2
-from prism.v1 import common_pb2
 
 
 def test_a_request_is_known_by_the_id_vllm_runs_it_under():

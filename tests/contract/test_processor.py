@@ -15,11 +15,11 @@ from prism.media.embeds import Geometry
 from prism.media.fetch import MediaLoader
 from prism.media.policy import MediaPolicy
 from prism.modes import MODES
+from prism.proto.stage.v1 import engine_pb2
+from prism.proto.v1 import common_pb2, inference_pb2
 from prism.rpc.errors import PrismError
 from prism.services.processor.inputs import ModelInputs
 from prism.services.processor.servicer import InferenceServicer
-from prism.stage.v1 import engine_pb2
-from prism.v1 import common_pb2, inference_pb2
 
 STOP = common_pb2.FINISH_REASON_STOP
 LENGTH = common_pb2.FINISH_REASON_LENGTH

@@ -21,7 +21,7 @@ from support.waiting import wait_for
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker  # isort: skip
 
 from prism.engine.extension import GLOO_TIMER_SLACK_NS, timer_slack
-from prism.stage.v1 import tensor_pb2
+from prism.proto.stage.v1 import tensor_pb2
 from prism.transfer import TransferError, open_transfer
 from prism.transfer.inline import InlineTransfer
 from prism.transfer.nixl import NixlTransfer, PoolAllocator

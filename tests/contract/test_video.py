@@ -13,8 +13,8 @@ from support.content import png, video
 from prism.media.fetch import MediaLoader
 from prism.media.policy import MediaPolicy
 from prism.media.video import VIDEO, VideoDecoder, VideoLimits, check_video, encode_video
+from prism.proto.v1 import common_pb2
 from prism.rpc.errors import PrismError
-from prism.v1 import common_pb2
 
 
 @pytest.mark.parametrize("container,mime,codec", [("mp4", "video/mp4", "MPEG-4"),

@@ -15,7 +15,7 @@ from support.content import data_url, image_part, png, user
 from support.waiting import wait_for
 
 from prism.kv_index import prompt_keys
-from prism.stage.v1 import kv_events_pb2, kv_events_pb2_grpc
+from prism.proto.stage.v1 import kv_events_pb2, kv_events_pb2_grpc
 
 
 class Subscription:

@@ -12,10 +12,10 @@ from support.calls import abort_while_running, greedy, inference, text_message
 from support.waiting import wait_for
 
 from prism.modes import MODES
+from prism.proto.stage.v1 import engine_pb2, engine_pb2_grpc
+from prism.proto.v1 import common_pb2, inference_pb2
 from prism.rpc.errors import PrismError
 from prism.runtime.ports import free_port
-from prism.stage.v1 import engine_pb2, engine_pb2_grpc
-from prism.v1 import common_pb2, inference_pb2
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13]
 

@@ -22,14 +22,14 @@ from support.waiting import wait_for
 from transformers import AutoConfig
 
 from prism.devtools.presets import write_weights
+from prism.proto.stage.v1 import encoder_pb2, encoder_pb2_grpc, engine_pb2, engine_pb2_grpc
+from prism.proto.v1 import common_pb2
 from prism.rpc.channel import check_health, sync_channel
 from prism.rpc.errors import PrismError
 from prism.runtime import processes
 from prism.runtime.ports import free_port
 from prism.services.encoder.vision import VisionEncoder
-from prism.stage.v1 import encoder_pb2, encoder_pb2_grpc, engine_pb2, engine_pb2_grpc
 from prism.transfer.nixl import NixlTransfer
-from prism.v1 import common_pb2
 
 POOL = "prism_nixl_pool_bytes_in_use"
 

@@ -22,7 +22,7 @@ CLIENT = """
 import json, sys
 import grpc
 from google.protobuf import json_format
-from prism.v1 import inference_pb2, inference_pb2_grpc
+from prism.proto.v1 import inference_pb2, inference_pb2_grpc
 
 address, calls = sys.argv[1], json.loads(sys.argv[2])
 stub = inference_pb2_grpc.InferenceServiceStub(grpc.insecure_channel(address))

@@ -16,9 +16,9 @@ import pytest
 from support.content import data_url, png, user
 
 from prism.devtools.tiny_models import MAX_POSITIONS
+from prism.proto.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from prism.rpc.channel import sync_channel
 from prism.rpc.errors import PrismError
-from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
 CHAT, COMPLETIONS = "/chat/completions", "/completions"
 # The part after the text in `chat(...)`'s message, and its URL.

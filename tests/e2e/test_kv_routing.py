@@ -19,9 +19,9 @@ from support.content import data_url, image_part, png, user
 from support.waiting import wait_for
 
 from prism.media.modality import content_hash
+from prism.proto.stage.v1 import kv_events_pb2, kv_events_pb2_grpc
 from prism.registry import StaticRegistry
 from prism.routing import Router
-from prism.stage.v1 import kv_events_pb2, kv_events_pb2_grpc
 
 WORKERS = ["worker-0", "worker-1"]
 ENCODERS = ["encoder-0", "encoder-1"]

@@ -16,10 +16,10 @@ from conftest import start_mesh
 from support.content import user
 from support.waiting import wait_for
 
+from prism.proto.stage.v1 import engine_pb2, engine_pb2_grpc
+from prism.proto.v1 import common_pb2
 from prism.rpc.channel import check_health, sync_channel
 from prism.rpc.errors import PrismError
-from prism.stage.v1 import engine_pb2, engine_pb2_grpc
-from prism.v1 import common_pb2
 
 BOUND, TIMEOUT_S = 4, 1.5
 

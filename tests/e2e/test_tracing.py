@@ -17,8 +17,8 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from support.content import data_url, png, user
 from support.waiting import wait_for
 
-from prism.kserve import grpc_service_pb2 as kserve_pb2
-from prism.kserve import grpc_service_pb2_grpc as kserve_pb2_grpc
+from prism.proto.kserve import grpc_service_pb2 as kserve_pb2
+from prism.proto.kserve import grpc_service_pb2_grpc as kserve_pb2_grpc
 from prism.runtime.ports import free_port
 
 STAGES = {"prism-gateway", "prism-processor", "prism-encoder", "prism-prefill", "prism-decode"}

@@ -7,9 +7,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from prism.proto.stage.v1 import engine_pb2
+from prism.proto.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from prism.rpc.channel import sync_channel
-from prism.stage.v1 import engine_pb2
-from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
 
 def inference(mesh) -> inference_pb2_grpc.InferenceServiceStub:

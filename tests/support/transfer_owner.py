@@ -15,7 +15,7 @@ from dataclasses import asdict
 
 import torch
 
-from prism.stage.v1 import tensor_pb2
+from prism.proto.stage.v1 import tensor_pb2
 
 FLOATS = {"float32", "float16", "bfloat16", "float64"}
 

@@ -11,11 +11,11 @@ from fastapi.testclient import TestClient
 from support.waiting import until
 
 from prism.gateway.app import create_app
+from prism.proto.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.runtime.ports import free_port
 from prism.runtime.service import Service
-from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

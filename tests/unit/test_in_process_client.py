@@ -15,11 +15,11 @@ from support.waiting import until
 from prism import logs
 from prism.gateway.app import create_app
 from prism.gateway.client import InProcessClient
+from prism.proto.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.rpc.errors import invalid
 from prism.runtime.service import Service
-from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {"model": "m", "prompt": "hi"}

@@ -18,15 +18,15 @@ from support.waiting import until, wait_for
 
 from prism.gateway.app import create_app
 from prism.gateway.kserve import inference, tensors
-from prism.kserve import grpc_service_pb2 as pb
-from prism.kserve import grpc_service_pb2_grpc as pb_grpc
+from prism.proto.kserve import grpc_service_pb2 as pb
+from prism.proto.kserve import grpc_service_pb2_grpc as pb_grpc
+from prism.proto.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.rpc.errors import PrismError
 from prism.runtime.ports import free_port
 from prism.runtime.service import Service
 from prism.telemetry import REQUESTS
-from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
 Tensor = pb.ModelInferRequest.InferInputTensor
 Stub = pb_grpc.GRPCInferenceServiceStub

@@ -12,8 +12,8 @@ from support.content import png
 from prism.media.fetch import MediaLoader, parse_data_url
 from prism.media.image import IMAGE, check_image
 from prism.media.policy import MediaPolicy
+from prism.proto.v1 import common_pb2
 from prism.rpc.errors import PrismError
-from prism.v1 import common_pb2
 
 
 def encode(fmt: str, size=(8, 8)) -> bytes:

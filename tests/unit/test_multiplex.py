@@ -7,13 +7,13 @@ import contextlib
 import grpc
 import pytest
 
+from prism.proto.stage.v1 import engine_pb2, engine_pb2_grpc
 from prism.rpc import multiplex
 from prism.rpc.channel import channel as open_channel
 from prism.rpc.errors import PrismError, invalid
 from prism.rpc.server import start_server
 from prism.runtime.clients import merge_generated
 from prism.runtime.service import Service
-from prism.stage.v1 import engine_pb2, engine_pb2_grpc
 
 
 class Engine:

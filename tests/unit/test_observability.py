@@ -12,10 +12,10 @@ from prometheus_client import REGISTRY
 
 from prism import logs, telemetry
 from prism.gateway.app import create_app
+from prism.proto.v1 import common_pb2, inference_pb2
 from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.runtime.ports import free_port
-from prism.v1 import common_pb2, inference_pb2
 
 
 def sample(name: str, **labels: str) -> float:

@@ -16,15 +16,7 @@ from prism.media.image import LoadedImage
 from prism.media.modality import content_hash
 from prism.media.prompt import PromptMedia
 from prism.modes import MODES
-from prism.registry import StaticRegistry
-from prism.routing import Router
-from prism.rpc.errors import PrismError
-from prism.rpc.server import Server, start_server
-from prism.runtime.ports import free_port
-from prism.runtime.service import Service
-from prism.services.processor.failover import StageCalls
-from prism.services.processor.pipeline import Pipeline
-from prism.stage.v1 import (
+from prism.proto.stage.v1 import (
     encoder_pb2,
     encoder_pb2_grpc,
     engine_pb2,
@@ -33,7 +25,15 @@ from prism.stage.v1 import (
     load_pb2_grpc,
     tensor_pb2,
 )
-from prism.v1 import common_pb2, errors_pb2
+from prism.proto.v1 import common_pb2, errors_pb2
+from prism.registry import StaticRegistry
+from prism.routing import Router
+from prism.rpc.errors import PrismError
+from prism.rpc.server import Server, start_server
+from prism.runtime.ports import free_port
+from prism.runtime.service import Service
+from prism.services.processor.failover import StageCalls
+from prism.services.processor.pipeline import Pipeline
 
 
 def router(policy: str = "round-robin", **peers: list[str]) -> Router:

@@ -15,6 +15,7 @@ from conftest import serving
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from prism import cli
+from prism.proto.v1 import errors_pb2, inference_pb2, inference_pb2_grpc
 from prism.registry import StaticRegistry
 from prism.routing import Router
 from prism.rpc import options
@@ -24,7 +25,6 @@ from prism.rpc.errors import PrismError, invalid
 from prism.rpc.server import start_server
 from prism.runtime.service import Service
 from prism.services.processor.serving import _track_readiness
-from prism.v1 import errors_pb2, inference_pb2, inference_pb2_grpc
 
 
 async def list_models(request):

@@ -14,13 +14,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client import REGISTRY
 
 from prism import logs, tracing
+from prism.proto.v1 import common_pb2, errors_pb2, inference_pb2, inference_pb2_grpc
 from prism.rpc import multiplex
 from prism.rpc.channel import channel as open_channel
 from prism.rpc.errors import PrismError, invalid
 from prism.rpc.server import InFlightLimit, start_server
 from prism.runtime import service
 from prism.runtime.service import Service
-from prism.v1 import common_pb2, errors_pb2, inference_pb2, inference_pb2_grpc
 
 
 class Handlers:

@@ -13,14 +13,14 @@ import pytest
 from prism.kv_index import lay_out, prompt_keys
 from prism.media.modality import content_hash
 from prism.modes import EngineRole
+from prism.proto.stage.v1 import engine_pb2, engine_pb2_grpc, kv_events_pb2
+from prism.proto.v1 import common_pb2, errors_pb2
 from prism.rpc.errors import PrismError
 from prism.rpc.server import Server, start_server
 from prism.runtime.ports import free_port
 from prism.services.worker.kv_publisher import KvPublisher
 from prism.services.worker.sim import SimServicer
 from prism.services.worker.sim_engine import SimConfig, SimEngine
-from prism.stage.v1 import engine_pb2, engine_pb2_grpc, kv_events_pb2
-from prism.v1 import common_pb2, errors_pb2
 
 IMAGE = 99
 MEDIA_TOKENS = 6

@@ -17,12 +17,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from prism.proto.stage.v1 import load_pb2, load_pb2_grpc
 from prism.rpc.channel import channel as open_channel
 from prism.rpc.channel import check_health, is_serving
 from prism.rpc.server import start_server
 from prism.rpc.tls import Tls, configure_tls
 from prism.runtime.ports import free_port
-from prism.stage.v1 import load_pb2, load_pb2_grpc
 
 
 def certificate(name: str, issuer: tuple | None = None) -> tuple[bytes, bytes, tuple]:

@@ -11,8 +11,8 @@ import safetensors.numpy
 
 from prism.gateway.openai import chat as chat_api
 from prism.gateway.openai import completions, protocol
+from prism.proto.v1 import common_pb2, errors_pb2, inference_pb2
 from prism.rpc.errors import PrismError
-from prism.v1 import common_pb2, errors_pb2, inference_pb2
 
 
 def chat(**fields):

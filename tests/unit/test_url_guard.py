@@ -17,8 +17,8 @@ from prism.media.fetch import MediaLoader
 from prism.media.image import IMAGE
 from prism.media.policy import MediaPolicy
 from prism.media.url_guard import Allowance, GuardedResolver, Refused, blocked_reason, check_host
+from prism.proto.v1 import common_pb2
 from prism.rpc.errors import PrismError
-from prism.v1 import common_pb2
 
 
 @pytest.mark.parametrize(

@@ -13,9 +13,9 @@ from typing import Any
 from prism.gateway.kserve.tensors import OUTPUTS, pack_bytes, read_inputs
 from prism.gateway.openai import protocol
 from prism.gateway.openai.completions import completion_request
-from prism.kserve import grpc_service_pb2 as kserve
+from prism.proto.kserve import grpc_service_pb2 as kserve
+from prism.proto.v1 import common_pb2, inference_pb2
 from prism.rpc.errors import invalid
-from prism.v1 import common_pb2, inference_pb2
 
 # Sampling parameters that Triton clients send as strings, by the type vLLM gives them.
 _INTS = {"top_k", "max_tokens", "min_tokens", "seed", "n"}

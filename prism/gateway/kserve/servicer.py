@@ -18,11 +18,11 @@ from prism import logs, telemetry, tracing
 from prism.gateway.client import ProcessorClient
 from prism.gateway.kserve.inference import Answer, Generation, generation
 from prism.gateway.kserve.tensors import CONFIG_TYPES, INPUTS, OUTPUTS
-from prism.kserve import grpc_service_pb2 as kserve
-from prism.kserve import grpc_service_pb2_grpc as kserve_grpc
+from prism.proto.kserve import grpc_service_pb2 as kserve
+from prism.proto.kserve import grpc_service_pb2_grpc as kserve_grpc
+from prism.proto.v1 import errors_pb2
 from prism.rpc.errors import PrismError, invalid, status_for
 from prism.rpc.server import InFlightLimit, Server, start_server
-from prism.v1 import errors_pb2
 
 log = logging.getLogger(__name__)
 

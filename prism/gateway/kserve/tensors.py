@@ -7,7 +7,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from prism.kserve import grpc_service_pb2 as kserve
+from prism.proto.kserve import grpc_service_pb2 as kserve
 from prism.rpc.errors import invalid
 
 

@@ -30,8 +30,8 @@ from prism.gateway.openai.protocol import (
 )
 from prism.gateway.streaming import respond
 from prism.media import embeds
+from prism.proto.v1 import common_pb2, inference_pb2
 from prism.rpc.errors import invalid
-from prism.v1 import common_pb2, inference_pb2
 
 router = APIRouter()
 

@@ -27,8 +27,8 @@ from prism.gateway.openai.protocol import (
     wants_stream,
 )
 from prism.gateway.streaming import respond
+from prism.proto.v1 import common_pb2, inference_pb2
 from prism.rpc.errors import invalid
-from prism.v1 import common_pb2, inference_pb2
 
 router = APIRouter()
 

@@ -7,8 +7,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from prism.gateway.client import ProcessorClient
+from prism.proto.v1 import inference_pb2
 from prism.rpc.errors import PrismError, status_for
-from prism.v1 import inference_pb2
 
 router = APIRouter()
 

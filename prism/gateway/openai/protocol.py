@@ -11,8 +11,8 @@ from typing import Any
 
 from fastapi import Request
 
+from prism.proto.v1 import common_pb2
 from prism.rpc.errors import PrismError, invalid
-from prism.v1 import common_pb2
 
 FINISH_REASONS = {
     common_pb2.FINISH_REASON_STOP: "stop",

@@ -13,12 +13,12 @@ from prism.cache import ByteLru
 from prism.media.fetch import MediaLoader
 from prism.media.modalities import MODALITIES
 from prism.media.modality import Modality
+from prism.proto.stage.v1 import encoder_pb2, encoder_pb2_grpc
 from prism.rpc.errors import invalid
 from prism.rpc.server import InFlightLimit
 from prism.runtime.service import Service
 from prism.services.encoder.batching import Batcher
 from prism.services.encoder.vision import Embedding, VisionEncoder
-from prism.stage.v1 import encoder_pb2, encoder_pb2_grpc
 from prism.tracing import tracer
 from prism.transfer import Transfer
 

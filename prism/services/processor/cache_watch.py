@@ -14,8 +14,8 @@ import logging
 import grpc
 
 from prism import telemetry
+from prism.proto.stage.v1 import kv_events_pb2, kv_events_pb2_grpc
 from prism.runtime.clients import Peers
-from prism.stage.v1 import kv_events_pb2, kv_events_pb2_grpc
 
 log = logging.getLogger(__name__)
 

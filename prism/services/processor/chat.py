@@ -22,11 +22,11 @@ from prism.media.modality import Modality
 from prism.media.prompt import PromptMedia
 from prism.media.video import VIDEO
 from prism.modes import Mode
+from prism.proto.stage.v1 import encoder_pb2
+from prism.proto.v1 import inference_pb2
 from prism.rpc.errors import invalid
 from prism.services.processor.checks import check_counts, checked_embedding
 from prism.services.processor.inputs import ModelInputs, Prompt
-from prism.stage.v1 import encoder_pb2
-from prism.v1 import inference_pb2
 
 # A request's log lines are the stage's: they name the processor, not this module.
 log = logging.getLogger(__package__)

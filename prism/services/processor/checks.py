@@ -20,10 +20,10 @@ from prism.media.modality import Modality
 from prism.media.policy import MediaPolicy
 from prism.media.video import VIDEO
 from prism.modes import Mode
+from prism.proto.stage.v1 import encoder_pb2
+from prism.proto.v1 import common_pb2, errors_pb2
 from prism.rpc.errors import PrismError, invalid
 from prism.services.processor.inputs import ModelInputs
-from prism.stage.v1 import encoder_pb2
-from prism.v1 import common_pb2, errors_pb2
 
 
 def check_model(model: str, served_model_name: str) -> None:

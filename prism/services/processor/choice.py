@@ -17,11 +17,11 @@ from prism.engine.detokenize import Delta, Detokenizer
 from prism.engine.logprobs import Logprobs
 from prism.engine.parsing import ChatParsing, ChoiceParsing, Step
 from prism.engine.sampling import to_vllm
+from prism.proto.stage.v1 import engine_pb2
+from prism.proto.v1 import common_pb2, inference_pb2
 from prism.rpc.errors import PrismError
 from prism.services.processor.failover import StageCalls
 from prism.services.processor.fan_out import UsageTally
-from prism.stage.v1 import engine_pb2
-from prism.v1 import common_pb2, inference_pb2
 
 Response = TypeVar("Response", inference_pb2.ChatResponse, inference_pb2.CompleteResponse)
 

@@ -13,10 +13,10 @@ from transformers import PreTrainedTokenizerBase
 from prism.media.fetch import MediaLoader
 from prism.media.image import IMAGE
 from prism.media.prompt import PromptMedia
+from prism.proto.v1 import common_pb2, inference_pb2
 from prism.rpc.errors import invalid
 from prism.services.processor.checks import check_placeholders
 from prism.services.processor.inputs import ModelInputs, Prompt
-from prism.v1 import common_pb2, inference_pb2
 
 # A request's log lines are the stage's: they name the processor, not this module.
 log = logging.getLogger(__package__)

@@ -15,11 +15,11 @@ from typing import TypeVar
 import grpc
 
 from prism.modes import MeshRole
+from prism.proto.stage.v1 import engine_pb2
+from prism.proto.v1 import common_pb2, errors_pb2
 from prism.rpc import multiplex
 from prism.rpc.errors import PrismError
 from prism.runtime.clients import Peers
-from prism.stage.v1 import engine_pb2
-from prism.v1 import common_pb2, errors_pb2
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import TypeVar
 
+from prism.proto.stage.v1 import engine_pb2
+from prism.proto.v1 import common_pb2
 from prism.rpc.errors import invalid
-from prism.stage.v1 import engine_pb2
-from prism.v1 import common_pb2
 
 Message = TypeVar("Message")
 

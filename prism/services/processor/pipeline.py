@@ -19,6 +19,8 @@ from prism.media.embeds import IMAGE_EMBEDS
 from prism.media.modalities import MODALITIES
 from prism.media.prompt import PromptMedia
 from prism.modes import MeshRole, Mode
+from prism.proto.stage.v1 import encoder_pb2, encoder_pb2_grpc, engine_pb2, engine_pb2_grpc
+from prism.proto.v1 import common_pb2, errors_pb2
 from prism.routing import Router
 from prism.rpc import multiplex
 from prism.rpc.channel import call_metadata
@@ -27,8 +29,6 @@ from prism.runtime.clients import GENERATE, Peers
 from prism.services.processor.cache_watch import CacheWatch
 from prism.services.processor.failover import Failover, StageCalls
 from prism.services.processor.inputs import ModelInputs
-from prism.stage.v1 import encoder_pb2, encoder_pb2_grpc, engine_pb2, engine_pb2_grpc
-from prism.v1 import common_pb2, errors_pb2
 
 log = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ from prism import logs
 from prism.engine.parsing import ChatParsing, Parsers
 from prism.media.fetch import MediaLoader
 from prism.media.prompt import PromptMedia
+from prism.proto.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from prism.rpc.errors import invalid
 from prism.rpc.server import InFlightLimit
 from prism.runtime.service import Service
@@ -29,7 +30,6 @@ from prism.services.processor.failover import StageCalls
 from prism.services.processor.fan_out import UsageTally, merge, split
 from prism.services.processor.inputs import ModelInputs, Prompt
 from prism.services.processor.pipeline import Pipeline
-from prism.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 
 
 class InferenceServicer:

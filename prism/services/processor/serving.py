@@ -12,13 +12,13 @@ from prism import telemetry
 from prism.media.fetch import MediaLoader
 from prism.media.policy import media_policy
 from prism.modes import MeshRole, mode
+from prism.proto.v1 import inference_pb2
 from prism.registry import discovery_tags
 from prism.routing import Router
 from prism.rpc.server import Server
 from prism.runtime.stage import Stage
 from prism.services.processor.inputs import ModelInputs
 from prism.services.processor.pipeline import Pipeline
-from prism.v1 import inference_pb2
 
 if TYPE_CHECKING:
     from prism.services.processor.servicer import InferenceServicer

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import argparse
 
+from prism.proto.stage.v1 import engine_pb2, engine_pb2_grpc
 from prism.rpc.errors import invalid
 from prism.rpc.server import InFlightLimit
 from prism.runtime.service import Service, StreamHandler, UnaryHandler
-from prism.stage.v1 import engine_pb2, engine_pb2_grpc
 
 
 def check_request(request: engine_pb2.GenerateRequest) -> None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable
 
+from prism.proto.stage.v1 import kv_events_pb2, kv_events_pb2_grpc
 from prism.runtime.service import Service
-from prism.stage.v1 import kv_events_pb2, kv_events_pb2_grpc
 
 # Changes a subscriber may fall behind by before it is sent a snapshot instead.
 _BACKLOG = 1024

@@ -13,7 +13,7 @@ from typing import Any
 
 from google.protobuf import json_format, struct_pb2
 
-from prism.stage.v1 import engine_pb2
+from prism.proto.stage.v1 import engine_pb2
 
 log = logging.getLogger(__name__)
 

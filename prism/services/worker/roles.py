@@ -26,10 +26,10 @@ from prism.engine.sampling import to_vllm
 from prism.engine.types import AsyncLLM, SamplingParams, TokensPrompt
 from prism.media.modalities import MODALITIES
 from prism.modes import EngineRole
+from prism.proto.stage.v1 import engine_pb2
+from prism.proto.v1 import errors_pb2
 from prism.rpc.errors import PrismError, invalid
 from prism.services.worker import kv_transfer
-from prism.stage.v1 import engine_pb2
-from prism.v1 import errors_pb2
 
 # Longest pause between tries to free a prefill's KV that the connector does not hold yet.
 _RELEASE_POLL_MAX_S = 0.25

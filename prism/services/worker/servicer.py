@@ -41,15 +41,15 @@ from prism.media.modalities import MODALITIES
 from prism.media.modality import Modality
 from prism.media.video import VIDEO, VideoDecoder
 from prism.modes import EngineRole, modes_served
+from prism.proto.stage.v1 import encoder_pb2, engine_pb2
+from prism.proto.v1 import common_pb2, errors_pb2
 from prism.rpc.errors import PrismError, invalid
 from prism.rpc.server import Server
 from prism.runtime.stage import Stage
 from prism.services.worker import check_request, engine_service
 from prism.services.worker.roles import Role, embeddings_input, make_role
-from prism.stage.v1 import encoder_pb2, engine_pb2
 from prism.tracing import tracer
 from prism.transfer import Transfer, TransferError, open_transfer
-from prism.v1 import common_pb2, errors_pb2
 
 log = logging.getLogger(__name__)
 

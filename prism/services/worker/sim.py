@@ -25,14 +25,14 @@ from prism import telemetry
 from prism.kv_index import lay_out, prompt_keys
 from prism.media.modalities import MODALITIES
 from prism.modes import EngineRole, modes_served
+from prism.proto.stage.v1 import engine_pb2, engine_pb2_grpc
+from prism.proto.v1 import common_pb2, errors_pb2
 from prism.rpc.errors import PrismError, invalid
 from prism.rpc.server import Server
 from prism.runtime.stage import Stage
 from prism.services.worker import check_request, engine_service
 from prism.services.worker.kv_publisher import KvPublisher
 from prism.services.worker.sim_engine import Seq, SimConfig, SimEngine
-from prism.stage.v1 import engine_pb2, engine_pb2_grpc
-from prism.v1 import common_pb2, errors_pb2
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-from prism.stage.v1 import tensor_pb2 as _tensor_pb2
-from prism.v1 import common_pb2 as _common_pb2
+from prism.proto.stage.v1 import tensor_pb2 as _tensor_pb2
+from prism.proto.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message

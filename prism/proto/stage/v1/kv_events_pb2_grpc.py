@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from prism.stage.v1 import kv_events_pb2 as prism_dot_stage_dot_v1_dot_kv__events__pb2
+from prism.proto.stage.v1 import kv_events_pb2 as prism_dot_stage_dot_v1_dot_kv__events__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from prism.kserve import grpc_service_pb2 as prism_dot_kserve_dot_grpc__service__pb2
+from prism.proto.kserve import grpc_service_pb2 as prism_dot_kserve_dot_grpc__service__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
