@@ -70,7 +70,7 @@ async def generate(
     return EventStream(_events(call, first, rest, timer, options, chunk))
 
 
-class Answer(Protocol):
+class EndpointAnswer(Protocol):
     """How an endpoint writes a call's messages: an SSE event each, or one whole body."""
 
     def chunk(self, reply: Any, first: bool) -> dict: ...
@@ -79,7 +79,7 @@ class Answer(Protocol):
 
 
 async def respond(
-    request: Request, body: dict, answer: Answer, start: Callable[[], ReplyStream]
+    request: Request, body: dict, answer: EndpointAnswer, start: Callable[[], ReplyStream]
 ) -> Response:
     """An OpenAI generation endpoint's reply to `body`. `start` makes the processor call,
     once the body's stream options are known to be good; errors name the parameter as

@@ -1,8 +1,10 @@
-"""Prism's hand-written modules keep functions and classes short enough to read whole."""
+"""Prism's hand-written modules keep functions and classes short enough to read whole, and
+no two of their classes share a name (a reader, a log or a trace would confuse them)."""
 
 from __future__ import annotations
 
 import ast
+from collections import defaultdict
 from pathlib import Path
 
 PRISM = Path(__file__).parent.parent.parent / "prism"
@@ -12,8 +14,8 @@ MAX_CLASS = 300
 
 
 def hand_written() -> list[Path]:
-    # The protobuf stubs (*_pb2.py, *_pb2_grpc.py) are generated.
-    return sorted(p for p in PRISM.rglob("*.py") if "_pb2" not in p.name)
+    # The protobuf stubs (prism/proto/) are generated.
+    return sorted(p for p in PRISM.rglob("*.py") if "proto" not in p.relative_to(PRISM).parts)
 
 
 def too_long(path: Path) -> list[str]:
@@ -37,3 +39,13 @@ def test_no_function_or_class_is_too_long() -> None:
     assert modules, f"no modules under {PRISM}"
     found = [line for path in modules for line in too_long(path)]
     assert not found, "too long, split it:\n" + "\n".join(found)
+
+
+def test_no_two_classes_share_a_name() -> None:
+    where: defaultdict[str, list[str]] = defaultdict(list)
+    for path in hand_written():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                where[node.name].append(f"{path.relative_to(PRISM.parent)}:{node.lineno}")
+    shared = {name: places for name, places in where.items() if len(places) > 1}
+    assert not shared, f"classes sharing a name, rename one: {shared}"
