@@ -6,7 +6,15 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from prism.media.video import VideoLimits
+
+@dataclass(frozen=True)
+class VideoLimits:
+    max_bytes: int = 64 * 1024 * 1024
+    max_seconds: float = 600.0
+    # Frames in the container (not the ones sampled): reading reaches past all of them.
+    max_frames: int = 36_000
+    # Per frame, as the image pixel cap.
+    max_pixels: int = 3840 * 2160
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 from prism.engine import media_io
 from prism.media.modality import Files, Modality
+from prism.media.policy import VideoLimits
 from prism.proto.v1 import common_pb2
 from prism.rpc.errors import check_size, invalid
 from prism.rpc.errors import unsupported_media as unsupported
@@ -31,16 +32,6 @@ CODECS = {
     **dict.fromkeys(("fmp4", "mp4v", "xvid", "divx", "dx50"), "MPEG-4"),
 }
 _CODEC_NAMES = "H.264, HEVC, VP8, VP9, AV1 or MPEG-4"
-
-
-@dataclass(frozen=True)
-class VideoLimits:
-    max_bytes: int = 64 * 1024 * 1024
-    max_seconds: float = 600.0
-    # Frames in the container (not the ones sampled): reading reaches past all of them.
-    max_frames: int = 36_000
-    # Per frame, as the image pixel cap.
-    max_pixels: int = 3840 * 2160
 
 
 @dataclass(frozen=True)

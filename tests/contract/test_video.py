@@ -11,8 +11,8 @@ from conftest import ALLOWED_HOST
 from support.content import png, video
 
 from prism.media.fetch import MediaLoader
-from prism.media.policy import MediaPolicy
-from prism.media.video import VIDEO, VideoDecoder, VideoLimits, check_video, encode_video
+from prism.media.policy import MediaPolicy, VideoLimits
+from prism.media.video import VIDEO, VideoDecoder, check_video, encode_video
 from prism.proto.v1 import common_pb2
 from prism.rpc.errors import PrismError
 
