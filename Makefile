@@ -11,8 +11,9 @@ setup:
 demo:
 	$(PY) -m prism.ops.demo
 
-test:
-	$(PY) -m pytest -q
+# The unit lane first, on its own, so that its rule (no torch, no vLLM) is judged every time.
+test: test-unit
+	$(PY) -m pytest -q tests/contract tests/e2e
 
 # The everyday loop: no engine, no subprocess, no torch or vLLM (tests/support/unit_lane.py).
 test-unit:

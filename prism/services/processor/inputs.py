@@ -7,8 +7,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from transformers import AutoConfig, AutoProcessor
-
 from prism.media.embeds import Geometry
 from prism.media.image import IMAGE
 from prism.media.modalities import MODALITIES
@@ -37,6 +35,10 @@ class ModelInputs:
 
     @classmethod
     def of(cls, model: str, enable_mm_embeds: bool, count_tokens: bool = False) -> ModelInputs:
+        # Here, not at the top: transformers' Auto classes load torch, which only a serving
+        # processor needs, not the code that lays out a prompt.
+        from transformers import AutoConfig, AutoProcessor
+
         # Here, not at the top: transformers' Auto classes load torch, which only a serving
         # processor needs, not the code that lays out a prompt.
 
