@@ -15,55 +15,23 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
-from prism import logs, registry
-from prism.config.common import (
-    AddressConfig,
-    FetchConfig,
-    LimitConfig,
-    LogConfig,
-    MediaConfig,
-    MetricsConfig,
-    ModelConfig,
-    ReasoningConfig,
-    RoutingConfig,
-    TlsConfig,
-    ToolsConfig,
-    TransferConfig,
-)
+from prism import logs
+from prism.config.common import LogConfig, TlsConfig
 from prism.config.deploy import KubernetesConfig
-from prism.config.flags import Flags, option
+from prism.config.flags import Flags
 from prism.config.stages import (
-    EncoderConfig,
-    EngineConfig,
-    GatewayConfig,
+    EncoderStageConfig,
+    GatewayStageConfig,
     MeshConfig,
-    ProcessorConfig,
-    SimEngineConfig,
-    WorkerConfig,
+    ProcessorStageConfig,
+    WorkerStageConfig,
 )
 
 
-def _forwarded_registry_args(args: argparse.Namespace) -> list[str]:
-    """`prism serve`'s registry flags, as every stage it starts takes them."""
-    if args.registry == "static":
-        return []
-    names = ("registry", "advertise_host", "consul_token", "consul_check_interval",
-             "consul_check_timeout", "consul_deregister_after")  # fmt: skip
-    return [arg for name in names if (value := getattr(args, name))
-            for arg in (option(name), value)]  # fmt: skip
-
-
-def _stage(
-    sub: argparse._SubParsersAction, name: str, help: str, port: int, *configs: type[Flags],
-    peers: str = "",
-) -> None:  # fmt: skip
-    """The command of a stage serving at `port`, which takes `configs` and the registry's
-    flags (`peers`: an example of --peer, for the stages that call others)."""
-    parser = sub.add_parser(name, help=help)
-    AddressConfig.add_cli_args(parser, port=port)
-    for config in configs:
-        config.add_cli_args(parser)
-    registry.add_arguments(parser, peers=peers)
+def _stage(sub: argparse._SubParsersAction, name: str, help: str, port: int,
+           config: type[Flags]) -> None:  # fmt: skip
+    """The command of a stage serving at `port` by default, which takes `config`."""
+    config.add_cli_args(sub.add_parser(name, help=help), port=port)
 
 
 def _model_parser(sub: argparse._SubParsersAction) -> None:
@@ -119,19 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run every stage of a mode as local processes")
     MeshConfig.add_cli_args(serve)
-    registry.add_arguments(serve, sidecar=False)
-    model, media, tls = ModelConfig, MediaConfig, TlsConfig
-    _stage(sub, "worker", "EngineService on a vLLM (or simulated) engine", 50051, tls,
-           MetricsConfig, model, media, EngineConfig, SimEngineConfig, WorkerConfig,
-           ReasoningConfig, TransferConfig, LimitConfig)  # fmt: skip
-    _stage(sub, "encoder", "EncoderService: vision tower + projector", 50052, tls,
-           MetricsConfig, model, media, EncoderConfig, TransferConfig, FetchConfig,
-           LimitConfig)  # fmt: skip
-    _stage(sub, "processor", "the public InferenceService", 50050, tls, MetricsConfig, model,
-           media, ProcessorConfig, RoutingConfig, FetchConfig, LimitConfig, ToolsConfig,
-           ReasoningConfig, peers="worker=127.0.0.1:50051")  # fmt: skip
-    _stage(sub, "gateway", "OpenAI REST API in front of a processor", 8000, tls, GatewayConfig,
-           LimitConfig, peers="processor=127.0.0.1:50050")  # fmt: skip
+    _stage(sub, "worker", "EngineService on a vLLM (or simulated) engine", 50051,
+           WorkerStageConfig)  # fmt: skip
+    _stage(sub, "encoder", "EncoderService: vision tower + projector", 50052, EncoderStageConfig)
+    _stage(sub, "processor", "the public InferenceService", 50050, ProcessorStageConfig)
+    _stage(sub, "gateway", "OpenAI REST API in front of a processor", 8000, GatewayStageConfig)
     _model_parser(sub)
     _health_parser(sub)
     _deploy_parser(sub)
@@ -221,7 +181,6 @@ def main(argv: list[str] | None = None) -> int:
             MeshConfig.from_args(
                 args,
                 log=LogConfig.from_args(args),
-                registry_args=_forwarded_registry_args(args),
                 vllm_flags=args.vllm_flags,
                 engine_gpus=args.engine_gpus,
             )
@@ -229,19 +188,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "worker":
         from prism.services import worker
 
-        return _run_stage(worker.serve(args))
+        config = WorkerStageConfig.from_args(args, vllm_flags=args.vllm_flags)
+        return _run_stage(worker.serve(config))
     if args.command == "encoder":
         from prism.services.encoder import serving
 
-        return _run_stage(serving.serve(args))
+        return _run_stage(serving.serve(EncoderStageConfig.from_args(args)))
     if args.command == "processor":
         from prism.services.processor import serving
 
-        return _run_stage(serving.serve(args))
+        return _run_stage(serving.serve(ProcessorStageConfig.from_args(args)))
     if args.command == "gateway":
         from prism.gateway import app
 
-        app.serve(args)
+        app.serve(GatewayStageConfig.from_args(args))
         return 0
     if args.command == "health":
         return 0 if _healthy(args.target, args.timeout) else 1

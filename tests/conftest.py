@@ -354,11 +354,15 @@ ENGINE_MAX_NUM_SEQS = 72
 
 def mesh_config(mode: str, model: str, **fields: Any) -> MeshConfig:
     """A MeshConfig with `fields` set by name wherever each lives (workers=2: its serve
-    config's, routing="kv": its routing config's; registry_args: its own)."""
+    config's, routing="kv": its routing config's; vllm_flags: its own), or a whole config
+    in its place (registry=RegistryConfig(...))."""
     # The public gRPC API on a free port (the CLI's default, 50050, would be every mesh's).
     config = MeshConfig(ModelConfig(model), ServeConfig(mode, grpc_port=0))
     parts = [part for part in vars(config).values() if dataclasses.is_dataclass(part)]
     for name, value in fields.items():
+        if dataclasses.is_dataclass(value):
+            setattr(config, name, value)
+            continue
         owners = [part for part in parts if name in {f.name for f in dataclasses.fields(part)}]
         (owner,) = owners or [config]
         setattr(owner, name, value)

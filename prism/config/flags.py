@@ -32,6 +32,8 @@ class Flag:
     always: bool
     # Never written on a command line, which `ps` shows (the launcher passes it otherwise).
     secret: bool
+    # The argument group it is listed under, where not its config's.
+    group: str | None
 
 
 def flag(
@@ -44,9 +46,10 @@ def flag(
     metavar: str | None = None,
     always: bool = False,
     secret: bool = False,
+    group: str | None = None,
 ) -> Any:
     """A field and its flag, `--NAME-OF-FIELD` (after `aliases`); no default: required."""
-    spec = Flag(help, aliases, choices, metavar, always, secret)
+    spec = Flag(help, aliases, choices, metavar, always, secret, group)
     return dataclasses.field(default=default, default_factory=factory, metadata={_FLAG: spec})
 
 
@@ -94,6 +97,17 @@ def _argument(field: dataclasses.Field, kind: Any, default: Any) -> dict[str, An
     return keywords
 
 
+def _group(parser: argparse.ArgumentParser, title: str | None) -> Any:
+    """Where a flag of group `title` is added: the parser's group of that title, made on
+    first use (configs may share one), or the parser itself (None)."""
+    if title is None:
+        return parser
+    for group in parser._action_groups:
+        if group.title == title:
+            return group
+    return parser.add_argument_group(title)
+
+
 def _render(name: str, value: Any) -> list[str]:
     """`value` as the command line gives it to flag `name`."""
     if isinstance(value, bool):
@@ -114,7 +128,6 @@ class Flags:
     def add_cli_args(cls, parser: argparse.ArgumentParser, **defaults: Any) -> None:
         """Adds its flags to `parser`; `defaults` replace some of theirs (by field)."""
         hints = typing.get_type_hints(cls)
-        target = parser.add_argument_group(cls.group) if cls.group else parser
         for field in dataclasses.fields(cls):  # type: ignore[arg-type]
             if field.metadata.get(_NESTED):
                 hints[field.name].add_cli_args(parser, **defaults)
@@ -122,6 +135,7 @@ class Flags:
                 spec: Flag = field.metadata[_FLAG]
                 default = defaults.get(field.name, _default(field))
                 keywords = _argument(field, hints[field.name], default)
+                target = _group(parser, spec.group or cls.group)
                 target.add_argument(*spec.aliases, option(field.name), **keywords)
 
     @classmethod

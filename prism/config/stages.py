@@ -1,6 +1,7 @@
 """The configs of one stage each (worker, encoder, processor, gateway), and `prism serve`'s:
 its own flags, and `MeshConfig`, everything it takes, which the launcher hands out to the
-stages it starts."""
+stages it starts. A stage command takes the whole config of its stage (`...StageConfig`),
+whose flags are those of the configs it lists, in their order."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import os
 from dataclasses import dataclass, field
 
 from prism.config.common import (
+    AddressConfig,
     FetchConfig,
     LimitConfig,
     LogConfig,
     MediaConfig,
+    MetricsConfig,
     ModelConfig,
     ReasoningConfig,
     RoutingConfig,
@@ -21,6 +24,7 @@ from prism.config.common import (
 )
 from prism.config.flags import Flags, flag, nested
 from prism.modes import MODES, EngineRole
+from prism.registry.config import ConnectConfig, PeersConfig, RegistryConfig
 from prism.services.worker.sim_engine import SimConfig
 
 _SIM = SimConfig()
@@ -194,10 +198,81 @@ class MeshConfig(Flags):
     tools: ToolsConfig = nested(ToolsConfig)
     reasoning: ReasoningConfig = nested(ReasoningConfig)
     tls: TlsConfig = nested(TlsConfig)
-    # Not `prism serve`'s flags: the top-level ones, the registry flags every stage takes
-    # (e.g. --registry consul://...; none: the static registry), vLLM's engine arguments
-    # for every worker as `vllm serve` takes them, and the GPUs each engine spans.
+    # Every stage takes it too (the static registry: the launcher's --peer entries).
+    registry: RegistryConfig = nested(RegistryConfig)
+    # Not `prism serve`'s flags: the top-level ones, vLLM's engine arguments for every
+    # worker as `vllm serve` takes them, and the GPUs each engine spans.
     log: LogConfig = field(default_factory=LogConfig)
-    registry_args: list[str] = field(default_factory=list)
     vllm_flags: list[str] = field(default_factory=list)
     engine_gpus: int = 1
+
+
+@dataclass
+class WorkerStageConfig(Flags):
+    """Everything `prism worker` takes."""
+
+    address: AddressConfig = nested(AddressConfig)
+    tls: TlsConfig = nested(TlsConfig)
+    metrics: MetricsConfig = nested(MetricsConfig)
+    model: ModelConfig = nested(ModelConfig)
+    media: MediaConfig = nested(MediaConfig)
+    engine: EngineConfig = nested(EngineConfig)
+    sim: SimEngineConfig = nested(SimEngineConfig)
+    worker: WorkerConfig = nested(WorkerConfig)
+    reasoning: ReasoningConfig = nested(ReasoningConfig)
+    transfer: TransferConfig = nested(TransferConfig)
+    limit: LimitConfig = nested(LimitConfig)
+    registry: RegistryConfig = nested(RegistryConfig)
+    connect: ConnectConfig = nested(ConnectConfig)
+    # Not its flags: vLLM's engine arguments, the flags it does not know (prism.cli).
+    vllm_flags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EncoderStageConfig(Flags):
+    """Everything `prism encoder` takes."""
+
+    address: AddressConfig = nested(AddressConfig)
+    tls: TlsConfig = nested(TlsConfig)
+    metrics: MetricsConfig = nested(MetricsConfig)
+    model: ModelConfig = nested(ModelConfig)
+    media: MediaConfig = nested(MediaConfig)
+    encoder: EncoderConfig = nested(EncoderConfig)
+    transfer: TransferConfig = nested(TransferConfig)
+    fetch: FetchConfig = nested(FetchConfig)
+    limit: LimitConfig = nested(LimitConfig)
+    registry: RegistryConfig = nested(RegistryConfig)
+    connect: ConnectConfig = nested(ConnectConfig)
+
+
+@dataclass
+class ProcessorStageConfig(Flags):
+    """Everything `prism processor` takes."""
+
+    address: AddressConfig = nested(AddressConfig)
+    tls: TlsConfig = nested(TlsConfig)
+    metrics: MetricsConfig = nested(MetricsConfig)
+    model: ModelConfig = nested(ModelConfig)
+    media: MediaConfig = nested(MediaConfig)
+    processor: ProcessorConfig = nested(ProcessorConfig)
+    routing: RoutingConfig = nested(RoutingConfig)
+    fetch: FetchConfig = nested(FetchConfig)
+    limit: LimitConfig = nested(LimitConfig)
+    tools: ToolsConfig = nested(ToolsConfig)
+    reasoning: ReasoningConfig = nested(ReasoningConfig)
+    registry: RegistryConfig = nested(RegistryConfig)
+    peers: PeersConfig = nested(PeersConfig)
+    connect: ConnectConfig = nested(ConnectConfig)
+
+
+@dataclass
+class GatewayStageConfig(Flags):
+    """Everything `prism gateway` takes."""
+
+    address: AddressConfig = nested(AddressConfig)
+    tls: TlsConfig = nested(TlsConfig)
+    gateway: GatewayConfig = nested(GatewayConfig)
+    limit: LimitConfig = nested(LimitConfig)
+    registry: RegistryConfig = nested(RegistryConfig)
+    peers: PeersConfig = nested(PeersConfig)
+    connect: ConnectConfig = nested(ConnectConfig)

@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 from vllm import AsyncEngineArgs
@@ -26,6 +27,9 @@ from prism import registry
 from prism.media.modalities import MODALITIES
 from prism.modes import EngineRole
 from prism.runtime.ports import free_port
+
+if TYPE_CHECKING:
+    from prism.config.stages import WorkerStageConfig
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +75,14 @@ def vllm_flags(flags: list[str]) -> dict[str, object]:
 
 
 def start_engine(
-    args: argparse.Namespace, sockets: Path, kv_events: KVEventsConfig | None = None
+    config: WorkerStageConfig, sockets: Path, kv_events: KVEventsConfig | None = None
 ) -> AsyncLLM:
     """The worker's engine, started, at the priority `--engine-nice` gives it, with its
     local sockets in `sockets` (the worker's own directory), publishing its KV events as
     `kv_events` says."""
-    _configure(args, sockets)
-    engine = _async_llm(engine_args(args, kv_events))
-    niceness = args.engine_nice
+    _configure(config, sockets)
+    engine = _async_llm(engine_args(config, kv_events))
+    niceness = config.worker.engine_nice
     if niceness is None:
         niceness = 10 if current_platform.is_cpu() else 0
     if niceness:
@@ -87,58 +91,63 @@ def start_engine(
     return engine
 
 
-def _configure(args: argparse.Namespace, sockets: Path) -> None:
-    """What vLLM reads from the environment when the engine starts, and the dtype: the KV
-    cache size on the CPU, where its IPC sockets go, and the NIXL side channel of a
-    disaggregated role."""
-    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)
+def _configure(config: WorkerStageConfig, sockets: Path) -> None:
+    """What vLLM reads from the environment when the engine starts: the KV cache size on
+    the CPU, where its IPC sockets go, and the NIXL side channel of a disaggregated role."""
+    worker = config.worker
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.engine.kv_cache_gib)
     # vLLM leaves its sockets in the temporary directory; in the worker's, they go with it.
     os.environ["VLLM_RPC_BASE_PATH"] = str(sockets)
-    if args.role != EngineRole.AGGREGATED:
-        args.kv_host = args.kv_host or registry.advertise_host(args)
-        args.kv_port = args.kv_port or free_port(args.kv_host)
-        os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = args.kv_host
-        os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(args.kv_port)
-    # bfloat16 kernels crash (SIGILL) on some CPUs; float32 works everywhere.
-    if args.dtype == "auto" and current_platform.is_cpu():
-        args.dtype = "float32"
+    if worker.role != EngineRole.AGGREGATED:
+        host = worker.kv_host or registry.advertise_host(config.registry, config.address.host)
+        port = worker.kv_port or free_port(host)
+        os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = host
+        os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(port)
+        log.info("worker (%s) KV side channel on %s:%d", worker.role, host, port)
 
 
 def engine_args(
-    args: argparse.Namespace, kv_events: KVEventsConfig | None = None
+    config: WorkerStageConfig, kv_events: KVEventsConfig | None = None
 ) -> AsyncEngineArgs:
-    disaggregated = args.role != EngineRole.AGGREGATED
+    """vLLM's engine arguments: those the worker's flags and role decide, then its vLLM
+    flags."""
+    worker, model = config.worker, config.model
+    disaggregated = worker.role != EngineRole.AGGREGATED
     kv_config = (
         KVTransferConfig(
             kv_connector="NixlConnector",
             kv_role="kv_both",
-            kv_connector_extra_config={"kv_lease_duration": args.kv_lease_s},
+            kv_connector_extra_config={"kv_lease_duration": worker.kv_lease_s},
             # The KV that decode reads stays in the memory it was computed in.
             kv_buffer_device=current_platform.device_type,
         )
         if disaggregated
         else None
     )
-    embeds = args.enable_mm_embeds or args.role in _EMBEDS_ROLES
+    embeds = worker.enable_mm_embeds or worker.role in _EMBEDS_ROLES
+    dtype = config.engine.dtype
+    # bfloat16 kernels crash (SIGILL) on some CPUs; float32 works everywhere.
+    if dtype == "auto" and current_platform.is_cpu():
+        dtype = "float32"
     engine = AsyncEngineArgs(
         enable_mm_embeds=embeds,
         kv_transfer_config=kv_config,
         kv_events_config=kv_events,
         worker_extension_cls="prism.engine.extension.EngineExtension",
-        model=args.model,
-        served_model_name=args.served_model_name or None,
-        dtype=args.dtype,
-        max_model_len=args.max_model_len or None,
-        limit_mm_per_prompt={m.name: getattr(args, m.cap) for m in MODALITIES},
+        model=model.model,
+        served_model_name=model.served_model_name or None,
+        dtype=dtype,
+        max_model_len=model.max_model_len or None,
+        limit_mm_per_prompt={m.name: getattr(config.media, m.cap) for m in MODALITIES},
         # CUDA graphs where there is a GPU; the CPU backend runs eagerly.
         enforce_eager=current_platform.is_cpu(),
         enable_log_requests=False,
         disable_log_stats=False,
-        seed=args.seed,
+        seed=worker.seed,
         # Structured output (a forced tool call) then starts where reasoning ends.
-        reasoning_parser=args.reasoning_parser,
+        reasoning_parser=config.reasoning.reasoning_parser,
     )
-    given = vllm_flags(getattr(args, "vllm_flags", []))
+    given = vllm_flags(config.vllm_flags)
     engine = dataclasses.replace(engine, **given)
     if embeds and "mm_tensor_ipc" not in given and device_embeddings(engine):
         # Embeddings read into GPU memory reach the engine core as device tensors.

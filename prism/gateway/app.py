@@ -3,12 +3,12 @@ assembled from one router per endpoint, and KServe v2 gRPC on a port of its own.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import functools
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import uvicorn
 from fastapi import FastAPI
@@ -19,11 +19,14 @@ from prism.gateway import health, middleware
 from prism.gateway.client import GrpcProcessorClient, ProcessorClient
 from prism.gateway.kserve import servicer as kserve
 from prism.gateway.openai import chat, completions, models
-from prism.registry import Instance, Registry, instance, open_registry
+from prism.registry import Instance, Registry, advertise_host, instance, open_registry
 from prism.routing import Router
 from prism.rpc.errors import PrismError
 from prism.rpc.server import InFlightLimit
 from prism.runtime.stage import freeze_startup_heap
+
+if TYPE_CHECKING:
+    from prism.config.stages import GatewayStageConfig
 
 log = logging.getLogger(__name__)
 
@@ -102,24 +105,26 @@ async def _lifespan(
         await processor.close()
 
 
-def serve(args: argparse.Namespace) -> None:
+def serve(config: GatewayStageConfig) -> None:
     tracing.setup("gateway")
+    address, gateway = config.address, config.gateway
+    host, kserve_port = address.host, gateway.kserve_grpc_port
     app = create_app(
-        Router(open_registry(args)),
-        instance(args, "gateway", args.port, health="http"),
-        api_key=args.api_key,
-        max_in_flight=args.max_in_flight,
-        request_timeout=args.request_timeout,
-        kserve_address=f"{args.host}:{args.kserve_grpc_port}" if args.kserve_grpc_port else "",
-        shutdown_grace_s=args.shutdown_grace_s,
+        Router(open_registry(config.registry, config.peers.peer, config.connect)),
+        instance("gateway", advertise_host(config.registry, host), address.port, health="http"),
+        api_key=gateway.api_key,
+        max_in_flight=config.limit.max_in_flight,
+        request_timeout=gateway.request_timeout,
+        kserve_address=f"{host}:{kserve_port}" if kserve_port else "",
+        shutdown_grace_s=address.shutdown_grace_s,
     )
-    log.info("gateway listening on http://%s:%d", args.host, args.port)
+    log.info("gateway listening on http://%s:%d", host, address.port)
     freeze_startup_heap()
     uvicorn.run(
         app,
-        host=args.host,
-        port=args.port,
+        host=host,
+        port=address.port,
         log_level="warning",
         access_log=False,
-        timeout_graceful_shutdown=args.shutdown_grace_s,
+        timeout_graceful_shutdown=address.shutdown_grace_s,
     )

@@ -3,8 +3,11 @@ takes media checks alike, from the stage's media flags (prism.config)."""
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prism.config.common import FetchConfig, MediaConfig
 
 
 @dataclass(frozen=True)
@@ -34,16 +37,16 @@ class MediaPolicy:
     url_cache_bytes: int = 64 * 1024 * 1024
 
 
-def media_policy(args: argparse.Namespace) -> MediaPolicy:
-    """The policy a stage's media flags (prism.cli) ask for."""
+def media_policy(media: MediaConfig, fetch: FetchConfig) -> MediaPolicy:
+    """The policy a stage's media and fetch flags ask for."""
     return MediaPolicy(
-        max_images=args.max_images,
-        max_videos=args.max_videos,
+        max_images=media.max_images,
+        max_videos=media.max_videos,
         video=VideoLimits(
-            max_bytes=args.max_video_mib * 2**20,
-            max_seconds=args.max_video_seconds,
-            max_frames=args.max_video_frames,
-            max_pixels=args.max_video_pixels,
+            max_bytes=media.max_video_mib * 2**20,
+            max_seconds=media.max_video_seconds,
+            max_frames=media.max_video_frames,
+            max_pixels=media.max_video_pixels,
         ),
-        fetch_allow=tuple(getattr(args, "fetch_allow", ())),
+        fetch_allow=tuple(fetch.fetch_allow),
     )

@@ -15,6 +15,7 @@ from prism.config.stages import MeshConfig, ProcessorConfig, WorkerConfig
 from prism.modes import EngineRole, MeshRole, mode
 from prism.ops import gpus
 from prism.ops.stage_process import StageProcess, core_slices, http_ok
+from prism.registry.config import STATIC
 from prism.rpc.channel import check_health
 from prism.runtime.ports import free_port
 
@@ -75,7 +76,7 @@ def _prism(config: MeshConfig) -> list[str]:
 
 def _model(config: MeshConfig) -> list[str]:
     """The flags of every stage that holds the model (all but the gateway)."""
-    return [*config.model.to_argv(), *config.media.to_argv(), *config.registry_args,
+    return [*config.model.to_argv(), *config.media.to_argv(), *config.registry.to_argv(),
             *config.tls.to_argv()]  # fmt: skip
 
 
@@ -146,7 +147,7 @@ def plan(config: MeshConfig) -> list[StageProcess]:
 def _peers(config: MeshConfig, by_role: dict[str, list[StageProcess]]) -> list[str]:
     """The static registry's entries for `by_role`: a dynamic registry tells each stage
     where its peers are."""
-    if config.registry_args:
+    if config.registry.registry != STATIC:
         return []
     return [arg for role, stages in by_role.items() for s in stages
             for arg in ("--peer", f"{role}={s.address}")]  # fmt: skip
@@ -174,7 +175,7 @@ def _gateway(config: MeshConfig, processor: StageProcess) -> StageProcess:
         "gateway",
         base_url,
         [*_prism(config), "gateway", *AddressConfig(host, config.serve.http_port).to_argv(),
-         *config.gateway.to_argv(), *config.limit.to_argv(), *config.registry_args,
+         *config.gateway.to_argv(), *config.limit.to_argv(), *config.registry.to_argv(),
          *config.tls.to_argv(), *_peers(config, {"processor": [processor]})],
         functools.partial(_gateway_healthy, base_url, kserve_address),
         metrics_url=f"{base_url}/metrics",

@@ -9,13 +9,14 @@ each stage's headless Service (`prism.registry.kubernetes`). All implement `Regi
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
+
+from prism.registry.config import STATIC, ConnectConfig, RegistryConfig
 
 
 @dataclass(frozen=True)
@@ -85,86 +86,40 @@ class StaticRegistry:
         pass
 
 
-def add_arguments(parser: argparse.ArgumentParser, peers: str = "", sidecar: bool = True) -> None:
-    """The registry flags every service takes; `peers` is an example of `--peer`, for the
-    services that call others; `sidecar` adds the Consul Connect flags."""
-    parser.add_argument(
-        "--registry",
-        default="static",
-        help="static (peers from --peer), consul://HOST:PORT (register and discover there), "
-        "or kubernetes:///PREFIX (the ready pods of the Services PREFIX-ROLE; "
-        "kubernetes+http://HOST:PORT/PREFIX through kubectl proxy)",
-    )
-    if peers:
-        parser.add_argument(
-            "--peer",
-            action="append",
-            default=[],
-            metavar="ROLE=HOST:PORT",
-            help=f"static registry entry, repeatable (e.g. {peers})",
-        )
-    parser.add_argument(
-        "--advertise-host",
-        default="",
-        help="host that peers dial (default: --host, or this machine's address if that is "
-        "a wildcard)",
-    )
-    consul = parser.add_argument_group("consul registry")
-    consul.add_argument(
-        "--consul-token",
-        default="",
-        help="Consul ACL token (default: the CONSUL_HTTP_TOKEN environment variable)",
-    )
-    consul.add_argument("--consul-check-interval", default="5s", help="health check interval")
-    consul.add_argument("--consul-check-timeout", default="2s", help="health check timeout")
-    consul.add_argument(
-        "--consul-deregister-after",
-        default="1m",
-        help="Consul removes an instance whose check stayed critical this long",
-    )
-    if not sidecar:
-        return
-    consul.add_argument(
-        "--consul-connect",
-        action="store_true",
-        help="also register a Consul Connect sidecar (Envoy) for this service",
-    )
-    consul.add_argument(
-        "--upstream",
-        action="append",
-        default=[],
-        metavar="ROLE=PORT",
-        help="with --consul-connect: call ROLE through the sidecar's local upstream listener "
-        "on 127.0.0.1:PORT instead of the addresses Consul lists (repeatable)",
-    )
-
-
-def advertise_host(args: argparse.Namespace) -> str:
-    """The host peers reach this service at: a wildcard bind address is not one."""
-    if args.advertise_host:
-        return args.advertise_host
+def advertise_host(config: RegistryConfig, host: str) -> str:
+    """The host peers reach a service bound to `host` at: a wildcard is not one."""
+    if config.advertise_host:
+        return config.advertise_host
     try:
-        wildcard = ipaddress.ip_address(args.host).is_unspecified
+        wildcard = ipaddress.ip_address(host).is_unspecified
     except ValueError:
-        return args.host  # a host name
-    return socket.gethostbyname(socket.gethostname()) if wildcard else args.host
+        return host  # a host name
+    return socket.gethostbyname(socket.gethostname()) if wildcard else host
 
 
 def instance(
-    args: argparse.Namespace, role: str, port: int, modes: Iterable[str] = (), health: str = "grpc"
+    role: str,
+    host: str,
+    port: int,
+    *,
+    model: str = "",
+    modes: Iterable[str] = (),
+    health: str = "grpc",
+    health_port: int = 0,
 ) -> Instance:
-    """This service as its peers see it, from its command-line arguments."""
-    host = advertise_host(args)
-    model = getattr(args, "served_model_name", "") or getattr(args, "model", "")
+    """This service as its peers see it: `role` at `host` (advertise_host's) and `port`."""
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    return Instance(role, address, model, tuple(modes), health, getattr(args, "health_port", 0))
+    return Instance(role, address, model, tuple(modes), health, health_port)
 
 
-def open_registry(args: argparse.Namespace) -> Registry:
-    """The registry `--registry` names."""
-    if args.registry == "static":
-        return StaticRegistry.from_pairs(getattr(args, "peer", []))
-    url = urlsplit(args.registry)
+def open_registry(
+    config: RegistryConfig, peers: Iterable[str] = (), connect: ConnectConfig | None = None
+) -> Registry:
+    """The registry `config` names; the static one holds `peers` (ROLE=HOST:PORT), and
+    Consul registers `connect`'s sidecar, if asked, and calls through its upstreams."""
+    if config.registry == STATIC:
+        return StaticRegistry.from_pairs(peers)
+    url = urlsplit(config.registry)
     if url.scheme in ("kubernetes", "kubernetes+http"):
         from prism.registry.kubernetes import KubernetesRegistry
 
@@ -172,12 +127,13 @@ def open_registry(args: argparse.Namespace) -> Registry:
     if url.scheme != "consul" or not url.hostname:
         raise ValueError(
             "--registry must be static, consul://HOST:PORT, kubernetes:///PREFIX or "
-            f"kubernetes+http://HOST:PORT/PREFIX, got {args.registry!r}"
+            f"kubernetes+http://HOST:PORT/PREFIX, got {config.registry!r}"
         )
     from prism.registry.consul import ConsulRegistry
 
+    connect = connect or ConnectConfig()
     upstreams = {}
-    for pair in getattr(args, "upstream", []):
+    for pair in connect.upstream:
         role, sep, port = pair.partition("=")
         if not sep or not port.isdigit():
             raise ValueError(f"upstream must be ROLE=PORT, got {pair!r}")
@@ -185,10 +141,10 @@ def open_registry(args: argparse.Namespace) -> Registry:
     return ConsulRegistry(
         url.hostname,
         url.port or 8500,
-        token=args.consul_token or None,
-        check_interval=args.consul_check_interval,
-        check_timeout=args.consul_check_timeout,
-        deregister_after=args.consul_deregister_after,
-        connect=getattr(args, "consul_connect", False),
+        token=config.consul_token or None,
+        check_interval=config.consul_check_interval,
+        check_timeout=config.consul_check_timeout,
+        deregister_after=config.consul_deregister_after,
+        connect=connect.consul_connect,
         upstreams=upstreams,
     )

@@ -9,20 +9,23 @@ finish; a stage whose task failed then exits with an error (StageFailed).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import logging
 import signal
 from collections.abc import Callable, Coroutine, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client.registry import Collector
 
 from prism import telemetry, tracing
-from prism.registry import instance, open_registry
+from prism.registry import Instance, advertise_host, instance, open_registry
 from prism.rpc.server import Server, start_server
 from prism.runtime.service import Service
+
+if TYPE_CHECKING:
+    from prism.config.common import AddressConfig, MetricsConfig, ModelConfig
+    from prism.registry.config import ConnectConfig, RegistryConfig
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +48,25 @@ class StageFailed(Exception):
     """A stage stopped serving because it could not go on (its engine died)."""
 
 
-class Stage:
-    """One stage process: `role` names it in traces and in the registry."""
+class StageSettings(Protocol):
+    """What a gRPC stage's config (prism.config.stages) says of where and how it serves."""
 
-    def __init__(self, args: argparse.Namespace, role: str) -> None:
+    address: AddressConfig
+    metrics: MetricsConfig
+    model: ModelConfig
+    registry: RegistryConfig
+    connect: ConnectConfig
+
+
+class Stage:
+    """One stage process: `role` names it in traces and in the registry; `peers` are the
+    static registry's entries, for the stages that call others."""
+
+    def __init__(self, config: StageSettings, role: str, peers: Sequence[str] = ()) -> None:
         tracing.setup(role)
-        self.args = args
+        self.config = config
         self.role = role
-        self.registry = open_registry(args)
+        self.registry = open_registry(config.registry, peers, config.connect)
 
     async def serve(
         self,
@@ -65,7 +79,7 @@ class Stage:
     ) -> None:
         """Serves `services` until SIGINT or SIGTERM, then drains. Health starts SERVING
         unless `serving` is False (a task then reports it); `in_flight` adds LoadService."""
-        args = self.args
+        address, metrics = self.config.address, self.config.metrics
         names = [service.name for service in services]
 
         def register(server: Any) -> None:
@@ -73,17 +87,18 @@ class Stage:
                 service.stage = self.role
                 service.add_to_server(server)
 
-        health = f"{args.host}:{args.health_port}" if args.health_port else ""
+        host = address.host
+        health = f"{host}:{metrics.health_port}" if metrics.health_port else ""
         server = await start_server(
-            f"{args.host}:{args.port}", register, names, in_flight, health_address=health
+            f"{host}:{address.port}", register, names, in_flight, health_address=health
         )
-        telemetry.serve_metrics(args.metrics_port, args.host, collectors)
+        telemetry.serve_metrics(metrics.metrics_port, host, collectors)
         if serving:
             await server.set_serving(names)
         running = [asyncio.create_task(task(server)) for task in tasks]
-        log.info("%s serving %s on %s:%d", self.role, args.model, args.host, server.port)
+        log.info("%s serving %s on %s:%d", self.role, self.config.model.model, host, server.port)
         try:
-            await self.registry.register(instance(args, self.role, server.port, modes))
+            await self.registry.register(self._instance(server.port, modes))
             freeze_startup_heap()
             failure = await _terminated_or_failed(running)
             if failure is not None:
@@ -93,13 +108,25 @@ class Stage:
             for service in services:
                 service.drain()
             await self.registry.deregister()
-            await server.stop(args.shutdown_grace_s)
+            await server.stop(address.shutdown_grace_s)
             if failure is not None:
                 raise StageFailed(f"{self.role}: {failure}") from failure
         finally:
             for task in running:
                 task.cancel()
             await self.registry.close()
+
+    def _instance(self, port: int, modes: Iterable[str]) -> Instance:
+        """This stage as the registry lists it, serving at `port`."""
+        model, host = self.config.model, self.config.address.host
+        return instance(
+            self.role,
+            advertise_host(self.config.registry, host),
+            port,
+            model=model.served_model_name or model.model,
+            modes=modes,
+            health_port=self.config.metrics.health_port,
+        )
 
 
 async def _terminated_or_failed(tasks: list[asyncio.Task]) -> BaseException | None:

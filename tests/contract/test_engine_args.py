@@ -3,10 +3,13 @@ except those a worker's role and Prism's own flags decide."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from conftest import mesh_config
 
 from prism import cli
+from prism.config.stages import WorkerStageConfig
 from prism.engine.launch import engine_args, vllm_flags
 from prism.modes import EngineRole
 from prism.ops.plan import plan
@@ -37,16 +40,20 @@ def test_a_workers_engine_takes_them_over_its_defaults(models):
         ["worker", "--model", str(models["llava"]), "--role", "prefill", "--kv-host", "127.0.0.1",
          "--kv-port", "1"]
     )  # fmt: skip
-    args.vllm_flags = ["--max-num-seqs", "8", "--no-enforce-eager"]
-    engine = engine_args(args)
+    config = WorkerStageConfig.from_args(
+        args, vllm_flags=["--max-num-seqs", "8", "--no-enforce-eager"]
+    )
+    engine = engine_args(config)
     assert (engine.max_num_seqs, engine.enforce_eager) == (8, False)
     # Left alone: what the role decides, and eager execution on the CPU backend.
     assert engine.kv_transfer_config.kv_connector == "NixlConnector"
     assert engine.kv_transfer_config.kv_buffer_device == "cpu"
     assert engine.enable_mm_embeds
-    args.vllm_flags, args.role = [], EngineRole.AGGREGATED
-    assert engine_args(args).enforce_eager
-    assert engine_args(args).mm_tensor_ipc == "direct_rpc"
+    config = dataclasses.replace(
+        config, vllm_flags=[], worker=dataclasses.replace(config.worker, role=EngineRole.AGGREGATED)
+    )
+    assert engine_args(config).enforce_eager
+    assert engine_args(config).mm_tensor_ipc == "direct_rpc"
 
 
 def test_serve_passes_vllm_engine_arguments_to_every_engine():

@@ -21,6 +21,8 @@ from support.consul_double import ConsulDouble
 from support.content import data_url, image_part, png, user
 from support.waiting import wait_for
 
+from prism.registry.config import RegistryConfig
+
 # PRISM_IDLE_S=300 for the five idle minutes a deployment on Consul must stay green.
 IDLE_S = float(os.environ.get("PRISM_IDLE_S", "60"))
 # Of one core: the bar for every process, engines included (whose gloo threads take it
@@ -68,9 +70,9 @@ def test_an_idle_e_p_d_mesh_takes_no_cpu_and_keeps_its_checks_passing_idle_and_i
     # Checks every second with a 2 s timeout: a minute idle sees as many as five minutes
     # at Consul's usual 5 s.
     with ConsulDouble() as consul:
-        registry = ["--registry", consul.url, "--consul-check-interval", "1s",
-                    "--consul-check-timeout", "2s"]  # fmt: skip
-        mesh = start_mesh("llava", "e/p/d", models["llava"], tmp_path, registry_args=registry)
+        registry = RegistryConfig(consul.url, consul_check_interval="1s",
+                                  consul_check_timeout="2s")  # fmt: skip
+        mesh = start_mesh("llava", "e/p/d", models["llava"], tmp_path, registry=registry)
         try:
             assert wait_for(lambda: all(consul.passing(name) for name in STAGES), timeout=30), (
                 consul.states(),

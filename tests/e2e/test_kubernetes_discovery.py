@@ -13,6 +13,8 @@ from conftest import start_mesh
 from support.kube_api import KubeApi, endpoint_slice
 from support.waiting import wait_for
 
+from prism.registry.config import RegistryConfig
+
 LONG = " ".join(f"word{i}" for i in range(60))
 # A new prompt for each check: none is cached anywhere yet.
 prompts = itertools.count(1)
@@ -57,10 +59,11 @@ def kube_mesh(models, tmp_path_factory):
             planned.extend(stages)
             publish(api, stages, {})
 
-        registry = ["--registry", f"kubernetes+http://127.0.0.1:{split(api.url)[1]}/mesh"
-                    "?namespace=mesh"]  # fmt: skip
+        registry = RegistryConfig(
+            f"kubernetes+http://127.0.0.1:{split(api.url)[1]}/mesh?namespace=mesh"
+        )
         mesh = start_mesh("llava", "epd", models["llava"], tmp_path_factory.mktemp("kube"),
-                          place=place, workers=2, engine="sim", registry_args=registry)  # fmt: skip
+                          place=place, workers=2, engine="sim", registry=registry)  # fmt: skip
         try:
             yield api, mesh, planned
         finally:

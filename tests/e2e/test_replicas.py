@@ -13,6 +13,8 @@ from support.consul_double import ConsulDouble
 from support.content import data_url, png, user
 from support.waiting import wait_for
 
+from prism.registry.config import RegistryConfig
+
 
 def served(mesh, stage: str) -> float:
     """Requests the vLLM engine of `stage` has finished."""
@@ -23,9 +25,9 @@ def served(mesh, stage: str) -> float:
 
 def test_requests_spread_over_two_workers_and_survive_losing_one(models, tmp_path):
     with ConsulDouble() as consul:
-        registry = ["--registry", consul.url, "--consul-check-interval", "500ms"]
+        registry = RegistryConfig(consul.url, consul_check_interval="500ms")
         mesh = start_mesh("llava", "epd", models["llava"], tmp_path, workers=2,
-                          registry_args=registry)  # fmt: skip
+                          registry=registry)  # fmt: skip
         try:
             # Every stage registered itself, and Consul's checks pass for all of them.
             names = sorted(r.definition["Name"] for r in consul.services.values())

@@ -15,16 +15,27 @@ from prism.cli import build_parser
 from prism.config import common, deploy, stages
 from prism.config.common import LogConfig, ModelConfig
 from prism.config.flags import Flags, flag
-from prism.config.stages import MeshConfig, ServeConfig
+from prism.config.stages import (
+    EncoderStageConfig,
+    GatewayStageConfig,
+    MeshConfig,
+    ProcessorStageConfig,
+    ServeConfig,
+    WorkerStageConfig,
+)
 from prism.ops.plan import plan
+from prism.registry import config as registry
 
 CONFIGS = [
     cls
-    for module in (common, stages, deploy)
+    for module in (common, stages, deploy, registry)
     for cls in vars(module).values()
     if isinstance(cls, type) and issubclass(cls, Flags) and cls.__module__ == module.__name__
 ]
-LEAVES = [cls for cls in CONFIGS if cls is not MeshConfig]
+# A whole command's config: no default to compare with (most need --model); tested below.
+WHOLES = (MeshConfig, WorkerStageConfig, EncoderStageConfig, ProcessorStageConfig,
+          GatewayStageConfig)  # fmt: skip
+LEAVES = [cls for cls in CONFIGS if cls not in WHOLES]
 
 
 def other(field: dataclasses.Field, kind: Any) -> Any:
@@ -103,6 +114,20 @@ def test_a_field_declares_its_flag_help_default_and_choices_once():
     assert config == Example("x", 5, "a", None, ["t1", "t2"], True)
     assert config.to_argv() == ["--name", "x", "--count", "5", "--tags", "t1", "--tags", "t2",
                                 "--on"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("command", "cls", "port"),
+    [("worker", WorkerStageConfig, 50051), ("encoder", EncoderStageConfig, 50052),
+     ("processor", ProcessorStageConfig, 50050), ("gateway", GatewayStageConfig, 8000)],
+)  # fmt: skip
+def test_a_stage_command_reads_its_whole_config_and_writes_it_back(command, cls, port):
+    model = [] if command == "gateway" else ["--model", "m"]
+    argv = [command, *model, "--registry", "consul://h:8500", "--upstream", "worker=21003"]
+    config = cls.from_args(build_parser().parse_args(argv))
+    assert config.registry.registry == "consul://h:8500"
+    assert (config.connect.upstream, config.address.port) == (["worker=21003"], port)
+    assert cls.from_args(build_parser().parse_args([command, *config.to_argv()])) == config
 
 
 def test_serve_reads_its_flags_into_each_stages_config():

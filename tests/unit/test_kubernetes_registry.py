@@ -4,7 +4,6 @@ chunked watches of ADDED, MODIFIED, DELETED and ERROR events."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 from urllib.parse import urlsplit
 
@@ -12,6 +11,7 @@ import pytest
 from support.kube_api import KubeApi, endpoint_slice
 
 from prism.registry import open_registry
+from prism.registry.config import RegistryConfig
 from prism.registry.kubernetes import KubernetesRegistry, ready_addresses
 
 
@@ -94,8 +94,7 @@ def test_a_condition_left_unset_counts_as_ready_and_ipv6_is_bracketed():
 
 
 def test_the_registry_flag_names_the_api_prefix_and_namespace():
-    flag = argparse.Namespace(registry="kubernetes+http://127.0.0.1:8001/mesh?namespace=ns")
-    registry = open_registry(flag)
+    registry = open_registry(RegistryConfig("kubernetes+http://127.0.0.1:8001/mesh?namespace=ns"))
     assert isinstance(registry, KubernetesRegistry)
     assert (registry.api, registry.prefix, registry.namespace) == (
         "http://127.0.0.1:8001", "mesh", "ns")  # fmt: skip

@@ -8,10 +8,11 @@ import os
 import pytest
 from conftest import mesh_config
 
-from prism.cli import _forwarded_registry_args, build_parser
+from prism.cli import build_parser
 from prism.config.stages import MeshConfig
 from prism.ops import launcher
 from prism.ops.plan import plan
+from prism.registry.config import RegistryConfig
 from prism.runtime.ports import _ephemeral_ports, free_port
 
 
@@ -61,9 +62,9 @@ def test_free_ports_avoid_the_ephemeral_range():
 
 
 def test_a_dynamic_registry_replaces_the_static_peers():
-    consul = ["--registry", "consul://127.0.0.1:8500", "--consul-check-interval", "1s"]
+    consul = RegistryConfig("consul://127.0.0.1:8500", consul_check_interval="1s")
     stages = plan(mesh_config("e/pd", "m", encoders=2, workers=2,
-                             routing="least-loaded", registry_args=consul))  # fmt: skip
+                             routing="least-loaded", registry=consul))  # fmt: skip
     assert [s.name for s in stages] == [
         "encoder-0",
         "encoder-1",
@@ -74,6 +75,7 @@ def test_a_dynamic_registry_replaces_the_static_peers():
     ]
     for stage in stages:
         assert flag(stage.argv, "--registry") == ["consul://127.0.0.1:8500"]
+        assert flag(stage.argv, "--consul-check-interval") == ["1s"]
         assert flag(stage.argv, "--peer") == []
         # Each argv is one the stage's parser takes.
         build_parser().parse_args(stage.argv[stage.argv.index("prism.cli") + 1 :])
@@ -86,11 +88,11 @@ def test_serve_forwards_its_registry_flags_and_replica_counts():
          "--registry", "consul://h:8500", "--consul-token", "t"]
     )  # fmt: skip
     assert (args.prefill_workers, args.decode_workers) == (1, 2)
-    forwarded = _forwarded_registry_args(args)
-    assert flag(forwarded, "--registry") == ["consul://h:8500"]
-    assert flag(forwarded, "--consul-token") == ["t"]
-    static = build_parser().parse_args(["serve", "--model", "m"])
-    assert _forwarded_registry_args(static) == []
+    forwarded = MeshConfig.from_args(args).registry.to_argv()
+    assert forwarded == ["--registry", "consul://h:8500", "--consul-token", "t"]
+    # The static registry's entries are the launcher's --peer flags: it forwards nothing.
+    static = build_parser().parse_args(["serve", "--model", "m", "--advertise-host", "a"])
+    assert MeshConfig.from_args(static).registry.to_argv() == []
 
 
 def test_parsers_go_to_the_processor_and_reasoning_to_every_engine():

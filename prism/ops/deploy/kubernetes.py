@@ -33,6 +33,7 @@ from prism.config.stages import MeshConfig, ServeConfig
 from prism.ops.deploy import network_policy, security, tls
 from prism.ops.deploy.ports import ENGINES, HEALTH_PORT, KV_PORT, METRICS_PORT, UCX_PORTS, port
 from prism.ops.plan import plan
+from prism.registry.config import RegistryConfig
 
 # The image this checkout builds, by its fixed version.
 IMAGE = f"prism:{version('prism-mesh')}"
@@ -317,13 +318,13 @@ def _discovery_access(settings: KubernetesConfig) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def _registry(settings: KubernetesConfig) -> list[str]:
+def _registry(settings: KubernetesConfig) -> RegistryConfig:
     if settings.discovery == "kubernetes":
-        return ["--registry", f"kubernetes:///{settings.name}"]
+        return RegistryConfig(f"kubernetes:///{settings.name}")
     if settings.discovery == "consul":
-        return ["--registry", f"consul://{settings.consul}"]
+        return RegistryConfig(f"consul://{settings.consul}")
     if settings.discovery == "connect":
-        return []  # the static registry: each role at its sidecar upstream
+        return RegistryConfig()  # the static registry: each role at its sidecar upstream
     raise ValueError(f"discovery is consul, connect or kubernetes, not {settings.discovery!r}")
 
 
@@ -333,7 +334,7 @@ def stages(settings: KubernetesConfig) -> dict[str, list[str]]:
         ModelConfig(settings.model),
         ServeConfig(settings.mode),
         routing=settings.routing,
-        registry_args=_registry(settings),
+        registry=_registry(settings),
     )
     out: dict[str, list[str]] = {}
     for stage in plan(config):

@@ -4,9 +4,9 @@ a task that frees what readers have read."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
 from prism import telemetry
 from prism.cache import ByteLru
@@ -18,6 +18,9 @@ from prism.runtime.stage import Stage
 from prism.services.encoder.servicer import EncoderServicer
 from prism.services.encoder.vision import Embedding, VisionEncoder
 from prism.transfer import Transfer, open_transfer
+
+if TYPE_CHECKING:
+    from prism.config.stages import EncoderStageConfig
 
 log = logging.getLogger(__name__)
 
@@ -37,25 +40,26 @@ async def _release_read_embeddings(
             await asyncio.sleep(idle_period)
 
 
-async def serve(args: argparse.Namespace) -> None:
-    stage = Stage(args, "encoder")
-    videos = VideoDecoder.for_model(args.model, args.video_frames, args.video_fps)
-    vision = await asyncio.to_thread(
-        VisionEncoder, args.model, args.device, args.dtype, videos=videos
-    )
+async def serve(config: EncoderStageConfig) -> None:
+    own, model, media = config.encoder, config.model.model, config.media
+    stage = Stage(config, "encoder")
+    videos = VideoDecoder.for_model(model, media.video_frames, media.video_fps)
+    vision = await asyncio.to_thread(VisionEncoder, model, own.device, own.dtype, videos=videos)
     log.info("vision path on %s in %s", vision.device, vision.dtype)
-    agent = open_transfer(args.transfer, args.pool_mib * 2**20, args.lease_s, device=vision.device)
-    loader = MediaLoader(media_policy(args))
-    cache: ByteLru[Embedding] = ByteLru(args.cache_mib * 2**20, size=lambda e: e.nbytes)
+    agent = open_transfer(
+        config.transfer.transfer, own.pool_mib * 2**20, own.lease_s, device=vision.device
+    )
+    loader = MediaLoader(media_policy(media, config.fetch))
+    cache: ByteLru[Embedding] = ByteLru(own.cache_mib * 2**20, size=lambda e: e.nbytes)
     servicer = EncoderServicer(
         vision,
         agent,
         loader,
         cache,
-        args.lease_s,
-        args.max_in_flight,
-        batch_size=args.batch_size,
-        batch_wait_s=args.batch_wait_ms / 1000,
+        own.lease_s,
+        config.limit.max_in_flight,
+        batch_size=own.batch_size,
+        batch_wait_s=own.batch_wait_ms / 1000,
     )
     collectors = [
         telemetry.transfer_collector(agent),

@@ -4,7 +4,6 @@ the processor calls can take a request."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 from typing import TYPE_CHECKING
 
@@ -21,6 +20,7 @@ from prism.services.processor.inputs import ModelInputs
 from prism.services.processor.pipeline import Pipeline
 
 if TYPE_CHECKING:
+    from prism.config.stages import ProcessorStageConfig
     from prism.services.processor.servicer import InferenceServicer
 
 SERVICE = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
@@ -35,7 +35,7 @@ def context_length(model: str) -> int:
     return int(text.max_position_embeddings)
 
 
-async def serve(args: argparse.Namespace) -> None:
+async def serve(config: ProcessorStageConfig) -> None:
     # Here, not at the top: they load vLLM and torch, which only serving needs, not the
     # readiness tracking below.
     from transformers import AutoTokenizer
@@ -43,20 +43,22 @@ async def serve(args: argparse.Namespace) -> None:
     from prism.engine.parsing import Parsers
     from prism.services.processor.servicer import InferenceServicer
 
-    deployed = mode(args.mode)
-    stage = Stage(args, MeshRole.PROCESSOR)
-    served_model = args.served_model_name or args.model
+    own, model, routing, tools = config.processor, config.model, config.routing, config.tools
+    deployed = mode(own.mode)
+    stage = Stage(config, MeshRole.PROCESSOR, config.peers.peer)
+    served_model = model.served_model_name or model.model
     for role in deployed.roles:
         await stage.registry.watch(role, discovery_tags(served_model, deployed.name))
     # `kv` routing keys the blocks of a prompt's images, which needs their token counts.
-    inputs = ModelInputs.of(args.model, args.enable_mm_embeds, count_tokens=args.routing == "kv")
-    router = Router(stage.registry, args.routing, overlap_weight=args.kv_overlap_weight)
+    inputs = ModelInputs.of(model.model, own.enable_mm_embeds,
+                            count_tokens=routing.routing == "kv")  # fmt: skip
+    router = Router(stage.registry, routing.routing, overlap_weight=routing.kv_overlap_weight)
     pipeline = Pipeline(deployed, router, inputs)
-    loader = MediaLoader(media_policy(args))
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    loader = MediaLoader(media_policy(config.media, config.fetch))
+    tokenizer = AutoTokenizer.from_pretrained(model.model)
     try:
-        parsers = Parsers.of(tokenizer, args.tool_call_parser, args.reasoning_parser,
-                             args.enable_auto_tool_choice)  # fmt: skip
+        parsers = Parsers.of(tokenizer, tools.tool_call_parser, config.reasoning.reasoning_parser,
+                             tools.enable_auto_tool_choice)  # fmt: skip
     except ValueError as exc:
         raise SystemExit(f"prism processor: {exc}") from None
     servicer = InferenceServicer(
@@ -64,9 +66,9 @@ async def serve(args: argparse.Namespace) -> None:
         served_model,
         pipeline,
         loader,
-        args.max_model_len or context_length(args.model),
-        args.max_in_flight,
-        args.migration_limit,
+        model.max_model_len or context_length(model.model),
+        config.limit.max_in_flight,
+        own.migration_limit,
         inputs,
         parsers,
     )
@@ -74,7 +76,7 @@ async def serve(args: argparse.Namespace) -> None:
     try:
         await stage.serve(
             [servicer.service],
-            [args.mode],
+            [own.mode],
             [
                 telemetry.cache_collector(
                     "prism_image_cache", "Image and video URL", loader.url_cache.stats

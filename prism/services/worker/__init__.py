@@ -5,12 +5,15 @@ the simulated worker starts without loading vLLM or torch."""
 
 from __future__ import annotations
 
-import argparse
+from typing import TYPE_CHECKING
 
 from prism.proto.stage.v1 import engine_pb2, engine_pb2_grpc
 from prism.rpc.errors import invalid
 from prism.rpc.server import InFlightLimit
 from prism.runtime.service import Service, StreamHandler, UnaryHandler
+
+if TYPE_CHECKING:
+    from prism.config.stages import WorkerStageConfig
 
 
 def check_request(request: engine_pb2.GenerateRequest) -> None:
@@ -34,12 +37,12 @@ def engine_service(generate: StreamHandler, abort: UnaryHandler, max_in_flight: 
     return service
 
 
-async def serve(args: argparse.Namespace) -> None:
-    if args.engine == "sim":
+async def serve(config: WorkerStageConfig) -> None:
+    if config.engine.engine == "sim":
         from prism.services.worker import sim
 
-        await sim.serve(args)
+        await sim.serve(config)
     else:
         from prism.services.worker import servicer
 
-        await servicer.serve(args)
+        await servicer.serve(config)

@@ -9,14 +9,13 @@ between roles (aggregated, prefill, encode-prefill, decode) is the role's
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
 import grpc
@@ -50,6 +49,9 @@ from prism.services.worker import check_request, engine_service
 from prism.services.worker.roles import Role, embeddings_input, make_role
 from prism.tracing import tracer
 from prism.transfer import Transfer, TransferError, open_transfer
+
+if TYPE_CHECKING:
+    from prism.config.stages import WorkerStageConfig
 
 log = logging.getLogger(__name__)
 
@@ -386,25 +388,28 @@ class EngineServicer:
         return engine_pb2.EngineServiceAbortResponse(aborted=running or released)
 
 
-async def serve(args: argparse.Namespace) -> None:
+async def serve(config: WorkerStageConfig) -> None:
     with tempfile.TemporaryDirectory(prefix="prism-worker-") as directory:
-        await _serve(args, Path(directory))
+        await _serve(config, Path(directory))
 
 
-async def _serve(args: argparse.Namespace, directory: Path) -> None:
-    stage = Stage(args, EngineRole(args.role).mesh_role)
+async def _serve(config: WorkerStageConfig, directory: Path) -> None:
+    worker, media = config.worker, config.media
+    stage = Stage(config, EngineRole(worker.role).mesh_role)
     # Roles that prefill tell what their prefix cache holds; decode is routed by load.
-    kv_events = KvEvents(directory) if args.role != EngineRole.DECODE else None
-    engine = start_engine(args, directory, kv_events.config() if kv_events else None)
-    role = make_role(args.role, engine, args.kv_lease_s)
-    reads_embeddings = args.enable_mm_embeds or role.reads_embeddings
+    kv_events = KvEvents(directory) if worker.role != EngineRole.DECODE else None
+    engine = start_engine(config, directory, kv_events.config() if kv_events else None)
+    role = make_role(worker.role, engine, worker.kv_lease_s)
+    reads_embeddings = worker.enable_mm_embeds or role.reads_embeddings
     transfer = (
-        open_transfer(args.transfer, args.pool_mib * 2**20, device=embeddings_device(engine))
+        open_transfer(
+            config.transfer.transfer, worker.pool_mib * 2**20, device=embeddings_device(engine)
+        )
         if reads_embeddings
         else None
     )
-    videos = VideoDecoder.for_model(args.model, args.video_frames, args.video_fps)
-    servicer = EngineServicer(engine, role, transfer, args.max_in_flight, videos)
+    videos = VideoDecoder.for_model(config.model.model, media.video_frames, media.video_fps)
+    servicer = EngineServicer(engine, role, transfer, config.limit.max_in_flight, videos)
     collectors = [telemetry.transfer_collector(transfer)] if transfer else []
     collectors.append(
         telemetry.gauge(
@@ -412,8 +417,6 @@ async def _serve(args: argparse.Namespace, directory: Path) -> None:
         )
     )
     telemetry.info("prism_engine_config", "The running engine's settings", config_info(engine))
-    if args.role != EngineRole.AGGREGATED:
-        log.info("worker (%s) KV side channel on %s:%d", args.role, args.kv_host, args.kv_port)
     services, tasks = [servicer.service], [servicer.watch]
     if kv_events is not None:
         kv_events.engine = engine
@@ -422,7 +425,7 @@ async def _serve(args: argparse.Namespace, directory: Path) -> None:
     try:
         await stage.serve(
             services,
-            modes_served(args.role, args.enable_mm_embeds),
+            modes_served(worker.role, worker.enable_mm_embeds),
             collectors,
             in_flight=servicer.in_flight,
             tasks=tasks,

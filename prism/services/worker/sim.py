@@ -12,12 +12,12 @@ embeddings are not read: the mesh in front of the engine is what a simulation me
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -34,21 +34,25 @@ from prism.services.worker import check_request, engine_service
 from prism.services.worker.kv_publisher import KvPublisher
 from prism.services.worker.sim_engine import Seq, SimConfig, SimEngine
 
+if TYPE_CHECKING:
+    from prism.config.common import ModelConfig
+    from prism.config.stages import SimEngineConfig, WorkerStageConfig
+
 log = logging.getLogger(__name__)
 
 _PREFILLS = (EngineRole.PREFILL, EngineRole.ENCODE_PREFILL)
 _FINISH = {"length": common_pb2.FINISH_REASON_LENGTH, "abort": common_pb2.FINISH_REASON_ABORT}
 
 
-def sim_config(args: argparse.Namespace) -> SimConfig:
+def sim_config(sim: SimEngineConfig, model: ModelConfig) -> SimConfig:
     return SimConfig(
-        prefill_tokens_per_s=args.sim_prefill_tokens_per_s,
-        decode_step_s=args.sim_decode_step_ms / 1000,
-        block_size=args.sim_block_size,
-        num_blocks=args.sim_kv_blocks,
-        max_num_seqs=args.sim_max_num_seqs,
-        max_num_batched_tokens=args.sim_max_num_batched_tokens,
-        max_model_len=args.max_model_len or _model_len(args.model),
+        prefill_tokens_per_s=sim.sim_prefill_tokens_per_s,
+        decode_step_s=sim.sim_decode_step_ms / 1000,
+        block_size=sim.sim_block_size,
+        num_blocks=sim.sim_kv_blocks,
+        max_num_seqs=sim.sim_max_num_seqs,
+        max_num_batched_tokens=sim.sim_max_num_batched_tokens,
+        max_model_len=model.max_model_len or _model_len(model.model),
     )
 
 
@@ -256,10 +260,11 @@ class SimServicer:
         return len(self._running)
 
 
-async def serve(args: argparse.Namespace) -> None:
-    role = EngineRole(args.role)
-    stage = Stage(args, role.mesh_role)
-    config = sim_config(args)
+async def serve(settings: WorkerStageConfig) -> None:
+    worker, sim = settings.worker, settings.sim
+    role = EngineRole(worker.role)
+    stage = Stage(settings, role.mesh_role)
+    config = sim_config(sim, settings.model)
     publisher: KvPublisher | None = None
 
     def changed(stored: list[int], removed: list[int]) -> None:
@@ -270,10 +275,10 @@ async def serve(args: argparse.Namespace) -> None:
     engine = SimEngine(config, changed)
     if role != EngineRole.DECODE:
         publisher = KvPublisher(engine.pool.keys, lambda: config.block_size)
-    host = args.kv_host or args.host
+    address = (worker.kv_host or settings.address.host, settings.address.port)
     servicer = SimServicer(
-        engine, role, placeholders(args.model), args.sim_media_tokens,
-        args.sim_kv_tokens_per_s, (host, args.port), args.kv_lease_s, args.max_in_flight,
+        engine, role, placeholders(settings.model.model), sim.sim_media_tokens,
+        sim.sim_kv_tokens_per_s, address, worker.kv_lease_s, settings.limit.max_in_flight,
     )  # fmt: skip
     services = [servicer.service] + ([publisher.service] if publisher else [])
     collectors = [
@@ -294,7 +299,7 @@ async def serve(args: argparse.Namespace) -> None:
     try:
         await stage.serve(
             services,
-            modes_served(role, args.enable_mm_embeds),
+            modes_served(role, worker.enable_mm_embeds),
             collectors,
             in_flight=servicer.in_flight,
             tasks=[learn_port],
