@@ -110,6 +110,10 @@ def _run_oracle(model: str, n: int, max_tokens: int) -> None:
     from vllm.platforms import current_platform
 
     cpu = current_platform.is_cpu()
+    if cpu:
+        # The model in this process, as Prism's CPU workers run it (prism.engine.launch):
+        # no engine core and model process to start and spin between; the same answers.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     # As Prism's workers run their engines (prism.engine.launch): float32 and eager
     # on the CPU backend; the checkpoint's dtype and CUDA graphs on a GPU.
     llm = LLM(

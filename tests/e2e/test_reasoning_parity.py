@@ -1,7 +1,9 @@
 """End to end through real processes: reasoning split from content by vLLM's reasoning
 parser, streamed and whole, alone and before a forced tool call, as `vllm serve` started
-with the same parsers answers it (tests/support/parity.py). Aggregated, and with prefill and
-decode apart, where both engines start the call's grammar only after the reasoning."""
+with the same parsers answers it (tests/support/parity.py). In E/P/D: prefill and decode
+apart, where both engines start the call's grammar only after the reasoning (one engine that
+does, as in EPD, is the simpler case), and the processor parses the answer that two engines
+streamed as it parses every mode's."""
 
 from __future__ import annotations
 
@@ -23,10 +25,10 @@ def expected(models, tmp_path_factory) -> dict[str, dict]:
     return parity.reference(model, log, parity.REASONING_FLAGS, parity.reasoning_cases)
 
 
-@pytest.fixture(scope="module", params=["epd", "e/p/d"], ids=["epd", "e-p-d"])
-def reasoning_mesh(request, models, expected, tmp_path_factory):
+@pytest.fixture(scope="module")
+def reasoning_mesh(models, expected, tmp_path_factory):
     running = start_mesh(
-        FAMILY, request.param, models[FAMILY], tmp_path_factory.mktemp("logs"),
+        FAMILY, "e/p/d", models[FAMILY], tmp_path_factory.mktemp("logs"),
         tool_call_parser="hermes", enable_auto_tool_choice=True, reasoning_parser="deepseek_r1",
     )  # fmt: skip
     yield running

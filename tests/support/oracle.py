@@ -1,7 +1,7 @@
 """Runs cases through one plain offline vLLM engine and prints the results as JSON.
 
 The correctness oracle: every mode of the mesh must give exactly these token ids and this
-text with greedy sampling. Run as a subprocess (vLLM's engine wants its own process):
+text with greedy sampling. Run as a subprocess (vLLM's engine wants a process of its own):
     python tests/support/oracle.py MODEL_DIR CASES.json
 Each case is {"kind": "chat", "messages": [...]} or {"kind": "completion", "prompt": "..."},
 plus "max_tokens", and optionally "temperature" and "seed" (a seeded sample, which every
@@ -14,6 +14,9 @@ import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# The engine in this process: no engine core and model process to start (each imports vLLM
+# again) and no spinning between them; the answers are the same.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
 def main() -> None:
