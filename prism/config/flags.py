@@ -102,6 +102,9 @@ def _group(parser: argparse.ArgumentParser, title: str | None) -> Any:
     first use (configs may share one), or the parser itself (None)."""
     if title is None:
         return parser
+    # argparse finds no group by title; `_action_groups` is where every parser keeps its
+    # groups (unchanged since Python 2.7), and no table of our own could see a group made
+    # by another caller of `add_argument_group`.
     for group in parser._action_groups:
         if group.title == title:
             return group
