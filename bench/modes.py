@@ -24,7 +24,7 @@ from openai import OpenAI
 
 from bench.lib.load import image_url
 from prism.config.common import LogConfig, ModelConfig
-from prism.config.stages import MeshConfig, ServeConfig
+from prism.config.stages import HttpConfig, MeshConfig, ServeConfig
 from prism.modes import MODES
 from prism.ops.launcher import Mesh
 from prism.ops.plan import plan
@@ -56,7 +56,10 @@ def one_request(client: OpenAI, model: str, url: str, max_tokens: int) -> tuple[
 def bench_mode(mode: str, model: str, reps: int, max_tokens: int, log_dir: Path) -> dict:
     port = free_port()
     config = MeshConfig(
-        ModelConfig(model), ServeConfig(mode, http_port=port, grpc_port=0), log=LogConfig("warning")
+        ModelConfig(model),
+        ServeConfig(mode, grpc_port=0),
+        HttpConfig(http_port=port),
+        log=LogConfig("warning"),
     )
     mesh = Mesh(plan(config))
     with open(log_dir / f"{mode.replace('/', '')}.log", "w") as log:

@@ -38,7 +38,7 @@ from bench.lib.shapes import ANSWER_WORDS, QUESTION_WORDS, SYSTEM_WORDS
 from bench.lib.stats import percentile
 from bench.lib.text import words
 from prism.config.common import LimitConfig, LogConfig, ModelConfig
-from prism.config.stages import MeshConfig, ServeConfig
+from prism.config.stages import HttpConfig, MeshConfig, ServeConfig
 from prism.ops.launcher import Mesh
 from prism.ops.plan import plan
 from prism.runtime.ports import free_port
@@ -146,8 +146,9 @@ def bench_mode(
     rows = []
     for workers, policies in ((2, args.policies.split(",")), (1, [IDEAL])):
         port = free_port()
-        serve = ServeConfig(mode, workers=workers, http_port=port, grpc_port=0)
-        config = MeshConfig(ModelConfig(args.model), serve, limit=LimitConfig(0),
+        serve = ServeConfig(mode, workers=workers, grpc_port=0)
+        config = MeshConfig(ModelConfig(args.model), serve, HttpConfig(http_port=port),
+                            limit=LimitConfig(0),
                             log=LogConfig("warning"))  # fmt: skip
         mesh = Mesh(plan(config))
         base_url = f"http://127.0.0.1:{port}"

@@ -46,7 +46,7 @@ from bench.lib.servers import (
 )
 from bench.lib.stats import percentile
 from prism.config.common import LimitConfig, LogConfig, ModelConfig
-from prism.config.stages import EngineConfig, MeshConfig, ServeConfig, SimEngineConfig
+from prism.config.stages import EngineConfig, HttpConfig, MeshConfig, ServeConfig, SimEngineConfig
 from prism.ops.launcher import Mesh
 from prism.ops.plan import plan
 from prism.runtime.ports import free_port
@@ -108,8 +108,8 @@ class Front:
 
 def start_prism(model: str, workers: int, timing: Timing, log: Path) -> Front:
     port = free_port()
-    serve = ServeConfig("epd", workers=workers, http_port=port, grpc_port=0)
-    config = MeshConfig(ModelConfig(model), serve,
+    serve = ServeConfig("epd", workers=workers, grpc_port=0)
+    config = MeshConfig(ModelConfig(model), serve, HttpConfig(http_port=port),
                         engine=EngineConfig(engine="sim"), sim=timing.sim(),
                         limit=LimitConfig(0), log=LogConfig("warning"))  # fmt: skip
     mesh = Mesh(plan(config))

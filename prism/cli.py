@@ -21,6 +21,7 @@ from prism.config.deploy import KubernetesConfig
 from prism.config.flags import Flags
 from prism.config.stages import (
     EncoderStageConfig,
+    FrontStageConfig,
     GatewayStageConfig,
     MeshConfig,
     ProcessorStageConfig,
@@ -92,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     _stage(sub, "encoder", "EncoderService: vision tower + projector", 50052, EncoderStageConfig)
     _stage(sub, "processor", "the public InferenceService", 50050, ProcessorStageConfig)
     _stage(sub, "gateway", "OpenAI REST API in front of a processor", 8000, GatewayStageConfig)
+    _stage(sub, "front", "a processor serving the OpenAI REST API too, in one process", 50050,
+           FrontStageConfig)  # fmt: skip
     _model_parser(sub)
     _health_parser(sub)
     _deploy_parser(sub)
@@ -198,6 +201,10 @@ def main(argv: list[str] | None = None) -> int:
         from prism.services.processor import serving
 
         return _run_stage(serving.serve(ProcessorStageConfig.from_args(args)))
+    if args.command == "front":
+        from prism.services import front
+
+        return _run_stage(front.serve(FrontStageConfig.from_args(args)))
     if args.command == "gateway":
         from prism.gateway import app
 

@@ -23,7 +23,7 @@ import psutil
 
 from bench.lib.shapes import ANCHOR, DYNAMO_AGG, DYNAMO_E_PD, DYNAMO_PD, SAME_ENGINE
 from prism.config.common import LimitConfig, LogConfig, ModelConfig
-from prism.config.stages import MeshConfig, ServeConfig
+from prism.config.stages import HttpConfig, MeshConfig, ServeConfig
 from prism.ops import gpus
 from prism.ops.launcher import Mesh
 from prism.ops.plan import plan
@@ -240,7 +240,8 @@ def start_prism(mode: str, model: str, log: Path, **serve: Any) -> Server:
     """A mesh of `mode`; `serve`, fields of its ServeConfig (prefill_workers=2)."""
     port, grpc_port = free_port(), free_port()
     config = MeshConfig(ModelConfig(model),
-                        ServeConfig(mode, http_port=port, grpc_port=grpc_port, **serve),
+                        ServeConfig(mode, grpc_port=grpc_port, **serve),
+                        HttpConfig(http_port=port),
                         limit=LimitConfig(0), log=LogConfig("warning"))  # fmt: skip
     mesh = Mesh(plan(config))
     with open(log, "w") as out:

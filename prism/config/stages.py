@@ -148,6 +148,14 @@ class GatewayConfig(Flags):
 
 
 @dataclass
+class HttpConfig(Flags):
+    """Where a front's OpenAI REST API answers."""
+
+    http_host: str = flag("", "address the OpenAI REST API binds (default: --host)")
+    http_port: int = flag(8000, always=True)
+
+
+@dataclass
 class ServeConfig(Flags):
     """`prism serve`'s own flags: which stages, how many, where."""
 
@@ -165,7 +173,12 @@ class ServeConfig(Flags):
     prefill_workers: int = flag(1, "prefill worker replicas (e/p/d, ep/d)", aliases=("--prefill",))
     decode_workers: int = flag(1, "decode worker replicas (e/p/d, ep/d)", aliases=("--decode",))
     host: str = flag("127.0.0.1")
-    http_port: int = flag(8000)
+    front: str = flag(
+        "combined",
+        "combined: the processor also serves the OpenAI REST API (and KServe) from its own "
+        "process, calling its handlers without a gRPC hop; split: a gateway process apart",
+        choices=("combined", "split"),
+    )
     # The public gRPC API (the processor's InferenceService).
     grpc_port: int = flag(
         50050, "port of the public gRPC API, prism.v1.InferenceService (0: a free one)"
@@ -187,6 +200,7 @@ class MeshConfig(Flags):
 
     model: ModelConfig = nested(ModelConfig)
     serve: ServeConfig = nested(ServeConfig)
+    http: HttpConfig = nested(HttpConfig)
     media: MediaConfig = nested(MediaConfig)
     engine: EngineConfig = nested(EngineConfig)
     sim: SimEngineConfig = nested(SimEngineConfig)
@@ -263,6 +277,15 @@ class ProcessorStageConfig(Flags):
     registry: RegistryConfig = nested(RegistryConfig)
     peers: PeersConfig = nested(PeersConfig)
     connect: ConnectConfig = nested(ConnectConfig)
+
+
+@dataclass
+class FrontStageConfig(ProcessorStageConfig):
+    """Everything `prism front` takes: a processor that serves the OpenAI REST API (and
+    KServe) too, from the same process."""
+
+    http: HttpConfig = nested(HttpConfig)
+    gateway: GatewayConfig = nested(GatewayConfig)
 
 
 @dataclass

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import uvicorn
 from fastapi import FastAPI
@@ -26,7 +26,9 @@ from prism.rpc.server import InFlightLimit
 from prism.runtime.stage import freeze_startup_heap
 
 if TYPE_CHECKING:
-    from prism.config.stages import GatewayStageConfig
+    from prism.config.common import LimitConfig
+    from prism.config.stages import GatewayConfig, GatewayStageConfig
+    from prism.registry.config import ConnectConfig, RegistryConfig
 
 log = logging.getLogger(__name__)
 
@@ -105,24 +107,47 @@ async def _lifespan(
         await processor.close()
 
 
-def serve(config: GatewayStageConfig) -> None:
-    tracing.setup("gateway")
-    address, gateway = config.address, config.gateway
-    host, kserve_port = address.host, gateway.kserve_grpc_port
-    app = create_app(
-        Router(open_registry(config.registry, config.peers.peer, config.connect)),
-        instance("gateway", advertise_host(config.registry, host), address.port, health="http"),
+class FrontSettings(Protocol):
+    """What a front's config (prism.config.stages) says of its doors and the registry."""
+
+    gateway: GatewayConfig
+    limit: LimitConfig
+    registry: RegistryConfig
+    connect: ConnectConfig
+
+
+def build(
+    config: FrontSettings,
+    host: str,
+    port: int,
+    shutdown_grace_s: float,
+    peers: Sequence[str] = (),
+    processor: ProcessorClient | None = None,
+) -> FastAPI:
+    """The app of a front answering HTTP at `host`:`port` (and KServe on its port), calling
+    `processor` if given, else the processors its registry (`peers`, if static) lists."""
+    gateway, kserve_port = config.gateway, config.gateway.kserve_grpc_port
+    return create_app(
+        Router(open_registry(config.registry, peers, config.connect)),
+        instance("gateway", advertise_host(config.registry, host), port, health="http"),
         api_key=gateway.api_key,
         max_in_flight=config.limit.max_in_flight,
         request_timeout=gateway.request_timeout,
         kserve_address=f"{host}:{kserve_port}" if kserve_port else "",
-        shutdown_grace_s=address.shutdown_grace_s,
+        shutdown_grace_s=shutdown_grace_s,
+        processor=processor,
     )
-    log.info("gateway listening on http://%s:%d", host, address.port)
+
+
+def serve(config: GatewayStageConfig) -> None:
+    tracing.setup("gateway")
+    address = config.address
+    app = build(config, address.host, address.port, address.shutdown_grace_s, config.peers.peer)
+    log.info("gateway listening on http://%s:%d", address.host, address.port)
     freeze_startup_heap()
     uvicorn.run(
         app,
-        host=host,
+        host=address.host,
         port=address.port,
         log_level="warning",
         access_log=False,

@@ -115,12 +115,13 @@ def _raise_stop(signum: int, frame: object) -> None:
 
 def endpoints(config: MeshConfig, mesh: Mesh) -> dict:
     """Where a running mesh answers: its public APIs, and each stage."""
-    host, kserve_port = config.serve.host, config.gateway.kserve_grpc_port
+    host, kserve_port = config.http.http_host or config.serve.host, config.gateway.kserve_grpc_port
+    front = "front" if config.serve.front == "combined" else "processor"
     return {
         "mode": config.serve.mode,
         "model": config.model.served_model_name or config.model.model,
-        "openai": f"http://{host}:{config.serve.http_port}/v1",
-        "grpc": mesh.address("processor"),
+        "openai": f"http://{host}:{config.http.http_port}/v1",
+        "grpc": mesh.address(front),
         "kserve_grpc": f"{host}:{kserve_port}" if kserve_port else None,
         "pid": os.getpid(),
         "stages": [

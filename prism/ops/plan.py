@@ -11,7 +11,7 @@ import os
 import sys
 
 from prism.config.common import AddressConfig, MetricsConfig
-from prism.config.stages import MeshConfig, ProcessorConfig, WorkerConfig
+from prism.config.stages import HttpConfig, MeshConfig, ProcessorConfig, WorkerConfig
 from prism.modes import EngineRole, MeshRole, mode
 from prism.ops import gpus
 from prism.ops.stage_process import StageProcess, core_slices, http_ok
@@ -133,8 +133,7 @@ def plan(config: MeshConfig) -> list[StageProcess]:
             stage.env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(cores)))
     by_role[MeshRole.ENCODER] = encoders
     _place_on_gpus(config, by_role)
-    processor = _processor(config, by_role)
-    stages = [*encoders, *engines, processor, _gateway(config, processor)]
+    stages = [*encoders, *engines, *_front(config, by_role)]
     for stage in stages:
         # vLLM has its own logger; keep it as quiet as the stages were asked to be.
         stage.env.setdefault(
@@ -153,35 +152,46 @@ def _peers(config: MeshConfig, by_role: dict[str, list[StageProcess]]) -> list[s
             for arg in ("--peer", f"{role}={s.address}")]  # fmt: skip
 
 
-def _processor(config: MeshConfig, by_role: dict[str, list[StageProcess]]) -> StageProcess:
+def _front(config: MeshConfig, by_role: dict[str, list[StageProcess]]) -> list[StageProcess]:
+    """The processor and the OpenAI REST API (and KServe): one process (`--front
+    combined`), or a processor and a gateway calling it over gRPC."""
     grpc_host = config.serve.grpc_host or config.serve.host
     own = ProcessorConfig(config.serve.mode, enable_mm_embeds=config.serve.enable_mm_embeds)
-    return _grpc_stage(
-        "processor",
-        grpc_host,
-        [*_prism(config), "processor", *_model(config), *config.fetch.to_argv(), *own.to_argv(),
-         *config.routing.to_argv(), *config.limit.to_argv(), *config.tools.to_argv(),
-         *config.reasoning.to_argv(), *_peers(config, by_role)],
-        port=config.serve.grpc_port,
-        reach=config.serve.host if _is_wildcard(grpc_host) else "",
-    )  # fmt: skip
-
-
-def _gateway(config: MeshConfig, processor: StageProcess) -> StageProcess:
-    host, kserve_port = config.serve.host, config.gateway.kserve_grpc_port
-    base_url = f"http://{host}:{config.serve.http_port}"
-    kserve_address = f"{host}:{kserve_port}" if kserve_port else ""
-    return StageProcess(
+    argv = [*_model(config), *config.fetch.to_argv(), *own.to_argv(), *config.routing.to_argv(),
+            *config.limit.to_argv(), *config.tools.to_argv(), *config.reasoning.to_argv(),
+            *_peers(config, by_role)]  # fmt: skip
+    reach = config.serve.host if _is_wildcard(grpc_host) else ""
+    http = HttpConfig(config.http.http_host or config.serve.host, config.http.http_port)
+    base_url, kserve_port = (
+        f"http://{http.http_host}:{http.http_port}",
+        config.gateway.kserve_grpc_port,
+    )
+    http_healthy = functools.partial(
+        _gateway_healthy, base_url, f"{http.http_host}:{kserve_port}" if kserve_port else ""
+    )
+    # In the environment rather than the command line, where `ps` would show it.
+    env = {"PRISM_API_KEY": config.gateway.api_key}
+    if config.serve.front == "combined":
+        front = _grpc_stage("front", grpc_host, [*_prism(config), "front", *argv,
+                                                 *http.to_argv(), *config.gateway.to_argv()],
+                            port=config.serve.grpc_port, reach=reach)  # fmt: skip
+        grpc_healthy = front.healthy
+        front.healthy = lambda: grpc_healthy() and http_healthy()
+        front.env.update(env)
+        return [front]
+    processor = _grpc_stage("processor", grpc_host, [*_prism(config), "processor", *argv],
+                            port=config.serve.grpc_port, reach=reach)  # fmt: skip
+    gateway = StageProcess(
         "gateway",
         base_url,
-        [*_prism(config), "gateway", *AddressConfig(host, config.serve.http_port).to_argv(),
+        [*_prism(config), "gateway", *AddressConfig(http.http_host, http.http_port).to_argv(),
          *config.gateway.to_argv(), *config.limit.to_argv(), *config.registry.to_argv(),
          *config.tls.to_argv(), *_peers(config, {"processor": [processor]})],
-        functools.partial(_gateway_healthy, base_url, kserve_address),
+        http_healthy,
         metrics_url=f"{base_url}/metrics",
-        # In the environment rather than the command line, where `ps` would show it.
-        env={"PRISM_API_KEY": config.gateway.api_key},
+        env=env,
     )  # fmt: skip
+    return [processor, gateway]
 
 
 def _is_wildcard(host: str) -> bool:

@@ -122,6 +122,11 @@ class Service:
 
         setattr(self._servicer, name, plain)
 
+    @property
+    def handlers(self) -> Any:
+        """The servicer a gRPC server calls: one method per RPC, by its proto name."""
+        return self._servicer
+
     def add_to_server(self, server: grpc.aio.Server) -> None:
         self._add_to_server(self._servicer, server)
 

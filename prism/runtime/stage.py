@@ -44,6 +44,17 @@ def freeze_startup_heap() -> None:
     gc.freeze()
 
 
+class Door(Protocol):
+    """A way into the stage besides its gRPC server (a front's OpenAI REST API): it
+    serves from the stage's start until the stage drains."""
+
+    async def serve(self, server: Server) -> None:
+        """Serves until `close` and its requests are done; raises if it cannot serve."""
+
+    def close(self) -> None:
+        """Takes no new requests; those in flight get the stage's grace period."""
+
+
 class StageFailed(Exception):
     """A stage stopped serving because it could not go on (its engine died)."""
 
@@ -76,9 +87,11 @@ class Stage:
         in_flight: Callable[[], int] | None = None,
         tasks: Iterable[Task] = (),
         serving: bool = True,
+        doors: Sequence[Door] = (),
     ) -> None:
-        """Serves `services` until SIGINT or SIGTERM, then drains. Health starts SERVING
-        unless `serving` is False (a task then reports it); `in_flight` adds LoadService."""
+        """Serves `services` (and `doors`) until SIGINT or SIGTERM, then drains. Health
+        starts SERVING unless `serving` is False (a task then reports it); `in_flight`
+        adds LoadService."""
         address, metrics = self.config.address, self.config.metrics
         names = [service.name for service in services]
 
@@ -96,23 +109,30 @@ class Stage:
         if serving:
             await server.set_serving(names)
         running = [asyncio.create_task(task(server)) for task in tasks]
+        opened = [asyncio.create_task(door.serve(server)) for door in doors]
         log.info("%s serving %s on %s:%d", self.role, self.config.model.model, host, server.port)
         try:
             await self.registry.register(self._instance(server.port, modes))
             freeze_startup_heap()
-            failure = await _terminated_or_failed(running)
+            failure = await _terminated_or_failed([*running, *opened])
             if failure is not None:
                 log.error("%s cannot serve (%s): draining, then exiting", self.role, failure)
             server.draining = True
             await server.set_serving(names, serving=False)
             for service in services:
                 service.drain()
+            for door in doors:
+                door.close()
             await self.registry.deregister()
-            await server.stop(address.shutdown_grace_s)
+            # The doors' requests call the services in this process: the stage ends
+            # once they are done too.
+            stopping = asyncio.create_task(server.stop(address.shutdown_grace_s))
+            await asyncio.wait([stopping, *opened])
+            await stopping
             if failure is not None:
                 raise StageFailed(f"{self.role}: {failure}") from failure
         finally:
-            for task in running:
+            for task in [*running, *opened]:
                 task.cancel()
             await self.registry.close()
 

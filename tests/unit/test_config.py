@@ -17,6 +17,7 @@ from prism.config.common import LogConfig, ModelConfig
 from prism.config.flags import Flags, flag
 from prism.config.stages import (
     EncoderStageConfig,
+    FrontStageConfig,
     GatewayStageConfig,
     MeshConfig,
     ProcessorStageConfig,
@@ -34,7 +35,7 @@ CONFIGS = [
 ]
 # A whole command's config: no default to compare with (most need --model); tested below.
 WHOLES = (MeshConfig, WorkerStageConfig, EncoderStageConfig, ProcessorStageConfig,
-          GatewayStageConfig)  # fmt: skip
+          FrontStageConfig, GatewayStageConfig)  # fmt: skip
 LEAVES = [cls for cls in CONFIGS if cls not in WHOLES]
 
 
@@ -119,7 +120,8 @@ def test_a_field_declares_its_flag_help_default_and_choices_once():
 @pytest.mark.parametrize(
     ("command", "cls", "port"),
     [("worker", WorkerStageConfig, 50051), ("encoder", EncoderStageConfig, 50052),
-     ("processor", ProcessorStageConfig, 50050), ("gateway", GatewayStageConfig, 8000)],
+     ("processor", ProcessorStageConfig, 50050), ("gateway", GatewayStageConfig, 8000),
+     ("front", FrontStageConfig, 50050)],
 )  # fmt: skip
 def test_a_stage_command_reads_its_whole_config_and_writes_it_back(command, cls, port):
     model = [] if command == "gateway" else ["--model", "m"]
@@ -142,10 +144,12 @@ def test_serve_reads_its_flags_into_each_stages_config():
     assert config.gateway.request_timeout == 5.0 and config.log == LogConfig()
 
 
-def test_every_flag_serve_hands_on_reaches_a_stage(monkeypatch):
+@pytest.mark.parametrize("front", ["split", "combined"])
+def test_every_flag_serve_hands_on_reaches_a_stage(monkeypatch, front):
     """Each flag `prism serve` takes for its stages, set to something other than its
     default, is what some stage reads from its command line (the API key from its
-    environment, where `ps` does not show it)."""
+    environment, where `ps` does not show it; a gateway apart takes the HTTP address as
+    its own)."""
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     hints = typing.get_type_hints(MeshConfig)
     parts = {f.name: changed(hints[f.name]) for f in dataclasses.fields(MeshConfig)
@@ -153,16 +157,20 @@ def test_every_flag_serve_hands_on_reaches_a_stage(monkeypatch):
     parts["engine"]["engine"] = "sim"  # the simulated engine's flags go to sim engines only
     config = MeshConfig(
         ModelConfig(**changed(ModelConfig)),
-        ServeConfig("e/p/d", enable_mm_embeds=True),
+        ServeConfig("e/p/d", enable_mm_embeds=True, front=front),
         **{name: hints[name](**values) for name, values in parts.items()},
         log=LogConfig(**changed(LogConfig)),
     )
     planned = plan(config)
     read = [build_parser().parse_args(stage.argv[3:]) for stage in planned]
-    gateway = next(stage for stage in planned if stage.name == "gateway")
-    assert gateway.env["PRISM_API_KEY"] == config.gateway.api_key
-    assert "--api-key" not in gateway.argv
+    http = next(stage for stage in planned if stage.name in ("gateway", "front"))
+    assert http.env["PRISM_API_KEY"] == config.gateway.api_key
+    assert "--api-key" not in http.argv
     del parts["gateway"]["api_key"]
+    if front == "split":
+        gateway = build_parser().parse_args(http.argv[3:])
+        assert (gateway.host, gateway.port) == (config.http.http_host, config.http.http_port)
+        del parts["http"]
     given = {**changed(ModelConfig), **changed(LogConfig), "enable_mm_embeds": True}
     for values in parts.values():
         given |= values

@@ -98,7 +98,7 @@ def test_serve_holds_each_stage_to_its_gpus_and_prints_the_plan(monkeypatch):
         assert stage.argv[-2:] == ["--gpu-memory-utilization", fraction]
         assert stage.argv[stage.argv.index("--max-num-seqs") + 1] == "8"
     assert "--gpu-memory-utilization" not in encoder.argv
-    assert "CUDA_VISIBLE_DEVICES" not in stages["processor"].env
+    assert "CUDA_VISIBLE_DEVICES" not in stages["front"].env
     assert gpus.describe("prefill-0", prefill.placement) == "prefill-0: GPU 0, 80% of its memory"
     # A fraction the user gives wins.
     config.vllm_flags = ["--gpu-memory-utilization", "0.3"]
@@ -119,4 +119,4 @@ def test_the_status_names_each_stages_gpus(monkeypatch):
     by_name = {stage["name"]: stage for stage in status["stages"]}
     assert by_name["worker-0"]["gpus"] == [7]
     assert by_name["worker-0"]["gpu_memory_fraction"] == 0.8
-    assert by_name["processor"]["gpus"] == []
+    assert by_name["front"]["gpus"] == []

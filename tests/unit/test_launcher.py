@@ -25,19 +25,19 @@ def test_disaggregated_modes_wire_prefill_and_decode(mode, prefill_role):
     stages = plan(mesh_config(mode, "m", prefill_workers=2, decode_workers=1))
     names = [stage.name for stage in stages]
     encoders = ["encoder-0"] if mode == "e/p/d" else []
-    assert names == [*encoders, "prefill-0", "prefill-1", "decode-0", "processor", "gateway"]
+    assert names == [*encoders, "prefill-0", "prefill-1", "decode-0", "front"]
     by_name = {stage.name: stage for stage in stages}
     assert flag(by_name["prefill-1"].argv, "--role") == [prefill_role]
     assert flag(by_name["decode-0"].argv, "--role") == ["decode"]
     engines = [by_name[n] for n in ("prefill-0", "prefill-1", "decode-0")]
     kv_ports = [flag(stage.argv, "--kv-port")[0] for stage in engines]
     assert len(set(kv_ports)) == 3
-    peers = flag(by_name["processor"].argv, "--peer")
+    peers = flag(by_name["front"].argv, "--peer")
     assert sorted(peer.split("=")[0] for peer in peers) == sorted(
         [*(["encoder"] if encoders else []), "prefill", "prefill", "decode"]
     )
     assert f"decode={by_name['decode-0'].address}" in peers
-    assert flag(by_name["processor"].argv, "--mode") == [mode]
+    assert flag(by_name["front"].argv, "--mode") == [mode]
 
 
 def test_engines_get_disjoint_cores():
@@ -70,8 +70,7 @@ def test_a_dynamic_registry_replaces_the_static_peers():
         "encoder-1",
         "worker-0",
         "worker-1",
-        "processor",
-        "gateway",
+        "front",
     ]
     for stage in stages:
         assert flag(stage.argv, "--registry") == ["consul://127.0.0.1:8500"]
@@ -79,7 +78,7 @@ def test_a_dynamic_registry_replaces_the_static_peers():
         assert flag(stage.argv, "--peer") == []
         # Each argv is one the stage's parser takes.
         build_parser().parse_args(stage.argv[stage.argv.index("prism.cli") + 1 :])
-    assert flag(stages[-2].argv, "--routing") == ["least-loaded"]
+    assert flag(stages[-1].argv, "--routing") == ["least-loaded"]
 
 
 def test_serve_forwards_its_registry_flags_and_replica_counts():
@@ -104,12 +103,12 @@ def test_parsers_go_to_the_processor_and_reasoning_to_every_engine():
                         enable_auto_tool_choice=args.enable_auto_tool_choice,
                         reasoning_parser=args.reasoning_parser)  # fmt: skip
     by_name = {stage.name: stage for stage in plan(config)}
-    processor = by_name["processor"].argv
-    assert flag(processor, "--tool-call-parser") == ["hermes"]
-    assert "--enable-auto-tool-choice" in processor
-    for name in ("processor", "prefill-0", "decode-0"):
+    front = by_name["front"].argv
+    assert flag(front, "--tool-call-parser") == ["hermes"]
+    assert "--enable-auto-tool-choice" in front
+    for name in ("front", "prefill-0", "decode-0"):
         assert flag(by_name[name].argv, "--reasoning-parser") == ["deepseek_r1"], name
-    for name in ("prefill-0", "decode-0", "encoder-0", "gateway"):
+    for name in ("prefill-0", "decode-0", "encoder-0"):
         assert not flag(by_name[name].argv, "--tool-call-parser"), name
     plain = plan(mesh_config("epd", "m"))
     assert not any("--reasoning-parser" in stage.argv for stage in plain)
@@ -118,24 +117,36 @@ def test_parsers_go_to_the_processor_and_reasoning_to_every_engine():
 def test_the_public_grpc_api_and_kserve_are_where_serve_is_told():
     args = build_parser().parse_args(["serve", "--model", "m"])
     assert (args.grpc_port, args.grpc_host, args.kserve_grpc_port) == (50050, "", 0)
+    assert (args.front, args.http_host, args.http_port) == ("combined", "", 8000)
     config = mesh_config("epd", "m", grpc_host="0.0.0.0", grpc_port=50050,
                         kserve_grpc_port=8001)  # fmt: skip
     by_name = {stage.name: stage for stage in plan(config)}
-    processor, gateway = by_name["processor"], by_name["gateway"]
-    # Bound on every address, reached at the mesh's own host.
-    assert flag(processor.argv, "--host") == ["0.0.0.0"]
-    assert flag(processor.argv, "--port") == ["50050"]
-    assert processor.address == "127.0.0.1:50050"
-    assert flag(gateway.argv, "--peer") == ["processor=127.0.0.1:50050"]
-    assert flag(gateway.argv, "--kserve-grpc-port") == ["8001"]
-    # The front door is bounded as the processor is.
-    assert flag(gateway.argv, "--max-in-flight") == flag(processor.argv, "--max-in-flight")
-    assert flag(gateway.argv, "--max-in-flight") == ["256"]
+    front = by_name["front"]
+    # Bound on every address, reached at the mesh's own host; HTTP at the mesh's host.
+    assert flag(front.argv, "--host") == ["0.0.0.0"]
+    assert flag(front.argv, "--port") == ["50050"]
+    assert front.address == "127.0.0.1:50050"
+    assert flag(front.argv, "--http-host") == ["127.0.0.1"]
+    assert flag(front.argv, "--kserve-grpc-port") == ["8001"]
+    assert flag(front.argv, "--max-in-flight") == ["256"]
     assert flag(by_name["worker-0"].argv, "--host") == ["127.0.0.1"]
     # Port 0: a free one; no KServe unless asked.
     default = {stage.name: stage for stage in plan(mesh_config("epd", "m"))}
-    assert int(flag(default["processor"].argv, "--port")[0]) > 0
-    assert not flag(default["gateway"].argv, "--kserve-grpc-port")
+    assert int(flag(default["front"].argv, "--port")[0]) > 0
+    assert not flag(default["front"].argv, "--kserve-grpc-port")
+
+
+def test_a_gateway_apart_calls_the_processor_and_is_bounded_as_it_is():
+    config = mesh_config("epd", "m", front="split", kserve_grpc_port=8001, http_port=8080)
+    by_name = {stage.name: stage for stage in plan(config)}
+    processor, gateway = by_name["processor"], by_name["gateway"]
+    assert gateway.address == "http://127.0.0.1:8080"
+    assert (flag(gateway.argv, "--host"), flag(gateway.argv, "--port")) == (["127.0.0.1"], ["8080"])
+    assert flag(gateway.argv, "--peer") == [f"processor={processor.address}"]
+    assert flag(gateway.argv, "--kserve-grpc-port") == ["8001"]
+    assert not flag(processor.argv, "--kserve-grpc-port")
+    assert flag(gateway.argv, "--max-in-flight") == flag(processor.argv, "--max-in-flight")
+    assert flag(processor.argv, "--http-port") == []
 
 
 def test_serve_describes_every_endpoint_and_writes_them_as_json(tmp_path):
@@ -143,11 +154,9 @@ def test_serve_describes_every_endpoint_and_writes_them_as_json(tmp_path):
     mesh = launcher.Mesh(plan(config))
     status = launcher.endpoints(config, mesh)
     assert status["model"] == "tiny" and status["openai"] == "http://127.0.0.1:8000/v1"
-    assert status["grpc"] == mesh.address("processor")
+    assert status["grpc"] == mesh.address("front")
     assert status["kserve_grpc"] == "127.0.0.1:8001"
-    assert [s["role"] for s in status["stages"]] == [
-        "encoder", "prefill", "decode", "processor", "gateway"
-    ]  # fmt: skip
+    assert [s["role"] for s in status["stages"]] == ["encoder", "prefill", "decode", "front"]
     text = launcher.describe(status).splitlines()
     assert text[0] == "prism (e/p/d) ready: http://127.0.0.1:8000/v1"
     assert any(status["grpc"] in line and "prism.v1.InferenceService" in line for line in text)

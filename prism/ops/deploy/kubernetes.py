@@ -332,7 +332,8 @@ def stages(settings: KubernetesConfig) -> dict[str, list[str]]:
     """Each stage of the mode, in start order, and its container's arguments."""
     config = MeshConfig(
         ModelConfig(settings.model),
-        ServeConfig(settings.mode),
+        # Gateway and processor apart, so that each scales on its own.
+        ServeConfig(settings.mode, front="split"),
         routing=settings.routing,
         registry=_registry(settings),
     )

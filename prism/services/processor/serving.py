@@ -5,6 +5,7 @@ the processor calls can take a request."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from prism import telemetry
@@ -15,7 +16,7 @@ from prism.proto.v1 import inference_pb2
 from prism.registry import discovery_tags
 from prism.routing import Router
 from prism.rpc.server import Server
-from prism.runtime.stage import Stage
+from prism.runtime.stage import Door, Stage
 from prism.services.processor.inputs import ModelInputs
 from prism.services.processor.pipeline import Pipeline
 
@@ -35,7 +36,11 @@ def context_length(model: str) -> int:
     return int(text.max_position_embeddings)
 
 
-async def serve(config: ProcessorStageConfig) -> None:
+async def serve(
+    config: ProcessorStageConfig,
+    doors: Callable[[InferenceServicer], Sequence[Door]] = lambda servicer: (),
+) -> None:
+    """Serves the processor of `config`, and the `doors` into its servicer."""
     # Here, not at the top: they load vLLM and torch, which only serving needs, not the
     # readiness tracking below.
     from transformers import AutoTokenizer
@@ -84,6 +89,7 @@ async def serve(config: ProcessorStageConfig) -> None:
             ],
             tasks=[lambda server: _track_readiness(server, pipeline, servicer)],
             serving=False,
+            doors=doors(servicer),
         )
     finally:
         await loader.close()

@@ -1,0 +1,68 @@
+"""The OpenAI REST API (and KServe) as a door of a stage that serves gRPC too: uvicorn
+in the stage's own event loop, opened and closed by the stage runtime
+(prism.runtime.stage), calling the processor in the same process."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+
+from prism.gateway import app as gateway
+from prism.gateway.client import InProcessClient
+
+if TYPE_CHECKING:
+    from prism.config.stages import FrontStageConfig
+    from prism.rpc.server import Server
+
+log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # The stage owns SIGINT and SIGTERM: it drains, then closes this door.
+        yield
+
+
+class HttpDoor:
+    """The front's HTTP door, calling the InferenceService whose RPC handlers are
+    `handlers` (`Service.handlers`) in this process."""
+
+    def __init__(self, config: FrontStageConfig, handlers: Any) -> None:
+        self.config = config
+        self.handlers = handlers
+        self._server: _Server | None = None
+        self._closed = False
+
+    async def serve(self, server: Server) -> None:
+        config = self.config
+        host = config.http.http_host or config.address.host
+        port, grace = config.http.http_port, config.address.shutdown_grace_s
+        processor = InProcessClient(self.handlers, server.health, config.gateway.request_timeout)
+        app = gateway.build(config, host, port, grace, processor=processor)
+        settings = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=grace,
+        )
+        self._server = _Server(settings)
+        self._server.should_exit = self._closed
+        log.info("OpenAI REST API on http://%s:%d", host, port)
+        try:
+            await self._server.serve()
+        except SystemExit:
+            # uvicorn's way to say it could not start (its port taken, its lifespan failed).
+            raise OSError(f"cannot serve HTTP on {host}:{port}") from None
+
+    def close(self) -> None:
+        """Takes no new connections; those open get the grace period to finish."""
+        self._closed = True
+        if self._server is not None:
+            self._server.should_exit = True
