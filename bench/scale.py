@@ -12,9 +12,10 @@ the token stream back. At each level of concurrent streams, a bounded count of s
 chat requests (one new image each, after a warm-up of one request per stream): requests/s;
 time to first token beyond the simulated prefill (TTFT minus one step with the request's
 prompt), p50 and p99; inter-token latency p99; CPU seconds per 1000 requests of each
-front process. With `--profile`, py-spy records each Prism front process at the highest
-level and writes a flame graph per process there. Not a test: results go to `--out`, and
-`--doc` is rendered again from the results files with them.
+front process; requests that failed, by reason. With `--profile`, py-spy records each
+Prism front process at the highest level and writes a flame graph per process there. Not
+a test: results go to `--out`, and `--doc` is rendered again from the results files with
+them.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import asyncio
 import json
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +34,15 @@ import aiohttp
 import numpy as np
 import psutil
 
-from bench.lib.load import Sample, ServerFailed, chat, image_url, one
+from bench.lib.load import (
+    Sample,
+    ServerFailed,
+    chat,
+    failure_reason,
+    image_url,
+    normalised,
+    one,
+)
 from bench.lib.profile import finish, record
 from bench.lib.report import publish
 from bench.lib.results import RECORDS, save, stamp
@@ -168,22 +178,22 @@ async def drive(front: Front, streams: int, warm_up: list[dict], load: list[dict
                                for body in warm_up))  # fmt: skip
         queue = [body | {"model": front.model} for body in load]
         samples: list[Sample] = []
-        failures = 0
+        failures: Counter[str] = Counter()
 
         async def stream() -> None:
-            nonlocal failures
             while queue:
                 try:
                     samples.append(await one(session, url, queue.pop()))
-                except (aiohttp.ClientError, ServerFailed):
-                    failures += 1
+                except (aiohttp.ClientError, ServerFailed, TimeoutError) as exc:
+                    failures[normalised(failure_reason(exc))] += 1
 
         before = cpu_seconds(front)
         started = time.perf_counter()
         await asyncio.gather(*(stream() for _ in range(streams)))
         elapsed = time.perf_counter() - started
         after = cpu_seconds(front)
-    return {"samples": samples, "seconds": elapsed, "failures": failures,
+    return {"samples": samples, "seconds": elapsed, "failures": failures.total(),
+            "failure_reasons": dict(failures.most_common()),
             "cpu": {name: after[name] - before[name] for name in after}}  # fmt: skip
 
 
@@ -198,6 +208,7 @@ def summarize(front: Front, streams: int, run: dict, timing: Timing) -> dict:
         "streams": streams,
         "requests": len(samples),
         "failures": run["failures"],
+        "failure_reasons": run["failure_reasons"],
         "seconds": run["seconds"],
         "requests_per_s": len(samples) / run["seconds"],
         "output_tokens_per_s": sum(s.tokens for s in samples) / run["seconds"],
@@ -244,9 +255,14 @@ def run_front(front: Front, levels: dict, timing: Timing, profile: Path | None) 
         print(f"{front.name:>7} streams={streams:<5} {row['requests_per_s']:7.1f} req/s  "
               f"TTFT+ p50 {row['ttft_added_ms_p50']:7.1f} p99 {row['ttft_added_ms_p99']:7.1f} ms  "
               f"ITL p99 {row['itl_ms_p99']:7.1f} ms  events {row['events_per_request']:4.1f}  "
-              f"CPU s/1000 req: {cpu}  "
-              f"failures {row['failures']}", flush=True)  # fmt: skip
+              f"CPU s/1000 req: {cpu}  {failures_text(row)}", flush=True)  # fmt: skip
     return rows
+
+
+def failures_text(row: dict) -> str:
+    """`failures N`, and each reason with its count when there are any."""
+    reasons = "; ".join(f"{reason} x{count}" for reason, count in row["failure_reasons"].items())
+    return f"failures {row['failures']}" + (f" ({reasons})" if reasons else "")
 
 
 def medians(rounds: list[list[dict]]) -> list[dict]:
@@ -254,9 +270,17 @@ def medians(rounds: list[list[dict]]) -> list[dict]:
     for first in rounds[0]:
         same = [r for rows in rounds for r in rows
                 if (r["front"], r["streams"]) == (first["front"], first["streams"])]  # fmt: skip
+        reasons: Counter[str] = Counter()
+        for r in same:
+            reasons.update(r["failure_reasons"])
+        # A failure in any round shows: failures are totals over the rounds, not medians.
+        totals = {"failures": sum(r["failures"] for r in same),
+                  "failure_reasons": dict(reasons.most_common())}  # fmt: skip
         row = {}
         for key, value in first.items():
-            if isinstance(value, float):
+            if key in totals:
+                row[key] = totals[key]
+            elif isinstance(value, float):
                 row[key] = float(np.median([r[key] for r in same]))
             elif isinstance(value, dict):
                 row[key] = {k: float(np.median([r[key][k] for r in same])) for k in value}

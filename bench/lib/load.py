@@ -7,6 +7,7 @@ import asyncio
 import base64
 import io
 import json
+import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -85,7 +86,80 @@ def repeats(model: str, seeds: range, max_tokens: int, load: str) -> list[list[d
 
 
 class ServerFailed(RuntimeError):
-    """A server answered a request with an error: its run stops, and the bench goes on."""
+    """A server answered a request with an error: its run stops, and the bench goes on.
+    `reason`: the error in short, for a tally of why requests failed."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        super().__init__(f"{url}: {reason}")
+        self.reason = reason
+
+
+# A reason's detail is a line of a progress report, or a table's cell.
+DETAIL_CHARS = 120
+
+
+def brief(kind: str, detail: str) -> str:
+    """`<kind>: <detail>`, the detail on one line and cut to DETAIL_CHARS at a word's end
+    (half an id would escape `normalised`)."""
+    detail = " ".join(detail.split())
+    if len(detail) > DETAIL_CHARS:
+        detail = detail[: DETAIL_CHARS - 3].rsplit(" ", 1)[0] + " ..."
+    return f"{kind}: {detail}" if detail else kind
+
+
+def openai_error(body: object) -> dict | None:
+    """The error object of an OpenAI error body, `{"error": {...}}` (a reply's or an SSE
+    event's), or of vLLM's older flat one, `{"object": "error", "message": ...}`; None for
+    any other body."""
+    if not isinstance(body, dict):
+        return None
+    error = body.get("error") or (body if body.get("object") == "error" else None)
+    if isinstance(error, str):
+        return {"message": error}
+    return error if isinstance(error, dict) else None
+
+
+def http_failure(status: int, text: str) -> str:
+    """`HTTP <status>: <message>`: the error body's message, or the body itself when it is
+    not an OpenAI error."""
+    try:
+        error = openai_error(json.loads(text))
+    except ValueError:
+        error = None
+    return brief(f"HTTP {status}", str(error.get("message") or error) if error else text)
+
+
+def stream_failure(event: dict) -> str | None:
+    """`stream error: <type>: <message>` for an SSE event that carries an error: a server
+    that fails after its 200 says so in the stream. None for any other event."""
+    error = openai_error(event)
+    if error is None:
+        return None
+    kind, message = error.get("type"), str(error.get("message") or error)
+    return brief("stream error", f"{kind}: {message}" if kind else message)
+
+
+def failure_reason(exc: BaseException) -> str:
+    """Why a request failed, in short: the server's error, a timeout or the client's."""
+    if isinstance(exc, ServerFailed):
+        return exc.reason
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    return brief(type(exc).__name__, str(exc))
+
+
+# An id (a request's, a uuid, a connection's): a word of 8 or more characters with both
+# letters and digits in it.
+_ID = re.compile(r"(?<![\w-])(?=[\w-]*\d)(?=[\w-]*[A-Za-z])[\w-]{8,}(?![\w-])")
+_NUMBER = re.compile(r"\d+")
+
+
+def normalised(reason: str) -> str:
+    """`reason` as a key of a tally: its kind (what precedes the first ": ", `HTTP 503` say)
+    as it is, the ids and numbers in the rest as `<id>` and `N`, so that failures that
+    differ only in them count as one."""
+    kind, colon, detail = reason.partition(": ")
+    return kind + colon + _NUMBER.sub("N", _ID.sub("<id>", detail))
 
 
 @dataclass
@@ -104,12 +178,14 @@ async def one(session: aiohttp.ClientSession, url: str, body: dict) -> Sample:
     tokens = prompt = 0
     async with session.post(url, json=body) as reply:
         if reply.status != 200:
-            raise ServerFailed(f"{url}: HTTP {reply.status}: {(await reply.text())[:500]}")
+            raise ServerFailed(url, http_failure(reply.status, await reply.text()))
         async for raw in reply.content:
             line = raw.decode().strip()
             if not line.startswith("data: {"):
                 continue
             event = json.loads(line[len("data: ") :])
+            if failed := stream_failure(event):
+                raise ServerFailed(url, failed)
             if usage := event.get("usage"):
                 tokens, prompt = usage["completion_tokens"], usage["prompt_tokens"]
             if event["choices"] and event["choices"][0]["delta"].get("content"):

@@ -157,7 +157,7 @@ def scale_section(result: dict) -> str:
             f"| {r['front']} | {r['streams']} | {r['requests_per_s']:.1f} | "
             f"{r['ttft_added_ms_p50']:.1f} | {r['ttft_added_ms_p99']:.1f} | "
             f"{r['ttft_ms_p99']:.1f} | {r['itl_ms_p99']:.1f} | "
-            f"{r.get('events_per_request', float('nan')):.1f} | {cpu} | {r['failures']} |"
+            f"{r.get('events_per_request', float('nan')):.1f} | {cpu} | {failures_cell(r)} |"
         )
     top = max(r["streams"] for r in result["rows"])
     rps = result.get(f"prism_vs_dynamo_rps_ratio_s{top}")
@@ -173,6 +173,18 @@ def scale_section(result: dict) -> str:
     lines += ["", (NOTES / "scale.md").read_text()]
     lines.append("")
     return "\n".join(lines)
+
+
+def failures_cell(row: dict, shown: int = 3) -> str:
+    """A row's failures, with their `shown` commonest reasons and counts when it has any
+    (records written before the reasons were kept have none)."""
+    reasons = sorted((row.get("failure_reasons") or {}).items(), key=lambda rc: -rc[1])
+    if not reasons:
+        return str(row["failures"])
+    text = "; ".join(f"{reason} x{count}" for reason, count in reasons[:shown])
+    more = f"; {len(reasons) - shown} more" if len(reasons) > shown else ""
+    # A reason is a server's words: a `|` in it would end the cell.
+    return f"{row['failures']} ({text}{more})".replace("|", "\\|")
 
 
 def routing_section(result: dict) -> str:

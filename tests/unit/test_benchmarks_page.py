@@ -49,3 +49,12 @@ def test_check_mode_reports_a_stale_page(tmp_path):
     assert render.main(["--check", "--out", str(stale)]) == 1
     assert render.main(["--out", str(stale)]) == 0
     assert render.main(["--check", "--out", str(stale)]) == 0
+
+
+def test_a_scale_row_with_failures_shows_its_commonest_reasons():
+    shown = records(ROOT)
+    first, *rest = shown["scale"]["rows"]
+    reasons = {"timeout": 5, "HTTP 503: a | b": 3, "stream error: x": 2, "HTTP 500: y": 1}
+    failing = first | {"failures": 11, "failure_reasons": reasons}
+    shown["scale"] = shown["scale"] | {"rows": [failing, *rest]}
+    assert "| 11 (timeout x5; HTTP 503: a \\| b x3; stream error: x x2; 1 more) |" in page(shown)
