@@ -158,8 +158,8 @@ def bench_mode(
                 for round_ in range(args.rounds if workers == 2 else 1):
                     for concurrency, policy in itertools.product(levels, policies):
                         if policy != IDEAL:
-                            argv = with_policy(mesh.stage("processor").argv, policy)
-                            mesh.restart("processor", argv, log=log)
+                            argv = with_policy(mesh.stage("front").argv, policy)
+                            mesh.restart("front", argv, log=log)
                         first_run += 1
                         row = run(mesh, base_url, args, concurrency, first_run)
                         row |= {"mode": mode, "policy": policy, "round": round_,

@@ -116,18 +116,22 @@ class Front:
     stop: list[Callable[[], None]] = field(default_factory=list)
 
 
-def start_prism(model: str, workers: int, timing: Timing, log: Path) -> Front:
+def start_prism(
+    model: str, workers: int, timing: Timing, log: Path, front: str = "combined"
+) -> Front:
     port = free_port()
-    serve = ServeConfig("epd", workers=workers, grpc_port=0)
+    serve = ServeConfig("epd", workers=workers, grpc_port=0, front=front)
     config = MeshConfig(ModelConfig(model), serve, HttpConfig(http_port=port),
                         engine=EngineConfig(engine="sim"), sim=timing.sim(),
                         limit=LimitConfig(0), log=LogConfig("warning"))  # fmt: skip
     mesh = Mesh(plan(config))
     with open(log, "w") as out:
         mesh.start(timeout=300, log=out)
-    pids = {s.name: s.process.pid for s in mesh.stages if s.name in ("gateway", "processor")}
+    fronts = ("front", "gateway", "processor")
+    pids = {s.name: s.process.pid for s in mesh.stages if s.name in fronts}
     engines = [s.process.pid for s in mesh.stages if s.name.startswith("worker")]
-    return Front("prism", f"http://127.0.0.1:{port}", model, pids, engines, [mesh.stop])
+    name = "prism" if front == "combined" else f"prism-{front}"
+    return Front(name, f"http://127.0.0.1:{port}", model, pids, engines, [mesh.stop])
 
 
 def start_dynamo(model: str, workers: int, timing: Timing, logs: Path) -> Front:
@@ -316,7 +320,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2048, help="per level")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--fronts", default="prism,dynamo")
+    parser.add_argument(
+        "--fronts", default="prism,dynamo", help="of prism, prism-split (gateway apart), dynamo"
+    )
     parser.add_argument("--out", type=Path, default=RECORDS["scale"])
     parser.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))
     parser.add_argument("--profile", type=Path, help="write py-spy flame graphs here")
@@ -326,6 +332,9 @@ def main() -> None:
     logs = Path(tempfile.mkdtemp(prefix="prism-scale-"))
     starters = {
         "prism": lambda: start_prism(args.model, args.workers, timing, logs / "prism.log"),
+        "prism-split": lambda: start_prism(
+            args.model, args.workers, timing, logs / "prism-split.log", front="split"
+        ),
         "dynamo": lambda: start_dynamo(args.model, args.workers, timing, logs),
     }
     rounds = []

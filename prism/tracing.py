@@ -18,6 +18,10 @@ from opentelemetry import trace
 
 tracer = trace.get_tracer("prism")
 _enabled = False
+# The service this process's provider names, and the providers of the other stages it
+# serves as well (`face`).
+_service = ""
+_faces: dict[str, trace.TracerProvider] = {}
 
 
 def _wanted() -> bool:
@@ -62,9 +66,15 @@ def _exporters() -> list:
 def setup(service: str) -> bool:
     """Installs the tracer provider of this process, as `prism-<service>`, if tracing is
     asked for. Returns whether it is on."""
-    global _enabled
+    global _enabled, _service
     if _enabled or not _wanted():
         return _enabled
+    trace.set_tracer_provider(_provider(service))
+    _enabled, _service = True, service
+    return True
+
+
+def _provider(service: str) -> trace.TracerProvider:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -73,9 +83,18 @@ def setup(service: str) -> bool:
     provider = TracerProvider(resource=resource)
     for exporter in _exporters():
         provider.add_span_processor(BatchSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    _enabled = True
-    return True
+    return provider
+
+
+def face(service: str) -> trace.TracerProvider | None:
+    """The provider for the spans of `service` where this process serves it too (a front
+    opens the gateway's doors): a provider of its own, so that its spans are named as
+    they are where it runs apart. None: the process's own (or tracing is off)."""
+    if not _enabled or service == _service:
+        return None
+    if service not in _faces:
+        _faces[service] = _provider(service)
+    return _faces[service]
 
 
 def enabled() -> bool:
@@ -104,19 +123,21 @@ def client_interceptors() -> list:
     return list(aio_client_interceptors(filter_=_traced_calls()))
 
 
-def server_interceptors() -> list:
-    """Server spans for a front door's gRPC calls, parented by the caller's context (the
-    stages make their own, in prism.runtime.service)."""
+def server_interceptors(service: str) -> list:
+    """Server spans for a front door's gRPC calls, as `service`'s, parented by the
+    caller's context (the stages make their own, in prism.runtime.service)."""
     if not _enabled:
         return []
     from opentelemetry.instrumentation.grpc import aio_server_interceptor
 
-    return [aio_server_interceptor(filter_=_traced_calls())]
+    return [aio_server_interceptor(tracer_provider=face(service), filter_=_traced_calls())]
 
 
-def instrument_app(app: object) -> None:
-    """Spans for the gateway's HTTP requests, parented by an incoming `traceparent`."""
+def instrument_app(app: object, service: str) -> None:
+    """Spans for HTTP requests, as `service`'s, parented by an incoming `traceparent`."""
     if _enabled:
         from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
 
-        FastAPIInstrumentor.instrument_app(app, excluded_urls="health,metrics")
+        FastAPIInstrumentor.instrument_app(
+            app, excluded_urls="health,metrics", tracer_provider=face(service)
+        )

@@ -307,11 +307,12 @@ class RunningMesh:
 
     @property
     def base_url(self) -> str:
-        return self.mesh.address("gateway") + "/v1"
+        return next(stage.url for stage in self.mesh.stages if stage.url) + "/v1"
 
     @property
     def processor(self) -> str:
-        return self.mesh.address("processor")
+        """The public gRPC API: the front's, or the processor's where the gateway is apart."""
+        return next(s.address for s in self.mesh.stages if s.name in ("front", "processor"))
 
     @property
     def worker(self) -> str:

@@ -62,7 +62,7 @@ def create_app(
     )
     app = FastAPI(title="Prism", lifespan=lifespan)
     app.state.processor = processor
-    tracing.instrument_app(app)
+    tracing.instrument_app(app, "gateway")
     # Outermost, so that the id is set before the request's span and every log line.
     app.add_middleware(middleware.FrontDoor, api_key=api_key, limit=limit)
     app.add_exception_handler(PrismError, middleware.prism_error)

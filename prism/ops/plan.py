@@ -177,6 +177,7 @@ def _front(config: MeshConfig, by_role: dict[str, list[StageProcess]]) -> list[S
                             port=config.serve.grpc_port, reach=reach)  # fmt: skip
         grpc_healthy = front.healthy
         front.healthy = lambda: grpc_healthy() and http_healthy()
+        front.url = base_url
         front.env.update(env)
         return [front]
     processor = _grpc_stage("processor", grpc_host, [*_prism(config), "processor", *argv],
@@ -189,6 +190,7 @@ def _front(config: MeshConfig, by_role: dict[str, list[StageProcess]]) -> list[S
          *config.tls.to_argv(), *_peers(config, {"processor": [processor]})],
         http_healthy,
         metrics_url=f"{base_url}/metrics",
+        url=base_url,
         env=env,
     )  # fmt: skip
     return [processor, gateway]

@@ -57,6 +57,8 @@ class StageProcess:
     argv: list[str]
     healthy: Callable[[], bool]
     metrics_url: str = ""
+    # Where its OpenAI REST API answers, if it serves one (a gateway, or a front).
+    url: str = ""
     env: dict[str, str] = field(default_factory=dict)
     # CPU cores the stage's processes may run on (all when empty).
     cpus: set[int] = field(default_factory=set)

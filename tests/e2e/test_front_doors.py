@@ -101,7 +101,7 @@ def served(models, tmp_path_factory):
         first = _first_listed_chat(f"http://127.0.0.1:{http_port}/v1", model, serve)
         # The stages log to the same output; the endpoints block is printed at once.
         lines: list[str] = []
-        while not lines or not lines[-1].strip().startswith("gateway"):
+        while not lines or not lines[-1].strip().startswith("front"):
             line = printed.get(timeout=300)
             assert line is not None, (tmp / "serve.log").read_text()[-3000:]
             if line.startswith(f"prism ({mode}) ready: ") or (lines and line.startswith("  ")):
@@ -131,7 +131,8 @@ def test_serve_prints_every_endpoint_and_lists_the_model_only_once_it_can_serve(
     )
     assert status["kserve_grpc"] in served.line("KServe v2")
     roles = {stage["role"] for stage in status["stages"]}
-    assert roles == {"encoder", "prefill", "decode", "processor", "gateway"}
+    # The processor serves the OpenAI API and KServe too, from one process (`--front`).
+    assert roles == {"encoder", "prefill", "decode", "front"}
     for stage in status["stages"]:
         assert any(stage["address"] in line and stage["metrics"] in line
                    for line in served.printed), stage  # fmt: skip

@@ -108,7 +108,7 @@ def test_e_pd_across_hosts_equals_offline_vllm_and_survives_losing_an_encoder_mi
     read fails, the image is encoded again on the other encoder and the request completes;
     once healed, the lease frees the slice nobody read and the encoder serves again."""
     with hosts.Hosts(["front", "encode0", "encode1", "work"]) as net:
-        placement = {"gateway": net["front"], "processor": net["front"],
+        placement = {"front": net["front"],
                      "encoder-0": net["encode0"], "encoder-1": net["encode1"],
                      "worker-0": net["work"]}  # fmt: skip
         mesh = start_mesh("llava", "e/pd", models["llava"], tmp_path, encoders=2,
@@ -175,7 +175,7 @@ def test_e_p_d_across_hosts_equals_offline_vllm_under_latency_and_loss_and_survi
     serves again."""
     names = ["front", "encode", "prefill", "decode0", "decode1"]
     with hosts.Hosts(names, impairable=("front",)) as net:
-        placement = {"gateway": net["front"], "processor": net["front"],
+        placement = {"front": net["front"],
                      "encoder-0": net["encode"], "prefill-0": net["prefill"],
                      "decode-0": net["decode0"], "decode-1": net["decode1"]}  # fmt: skip
         mesh = start_mesh("llava", "e/p/d", models["llava"], tmp_path, decode_workers=2,

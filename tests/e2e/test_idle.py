@@ -84,7 +84,7 @@ def test_an_idle_e_p_d_mesh_takes_no_cpu_and_keeps_its_checks_passing_idle_and_i
                 body = {"model": mesh.model, "max_tokens": 8, "messages": messages}
                 reply = httpx.post(f"{mesh.base_url}/chat/completions", json=body, timeout=60)
                 assert reply.status_code == 200, reply.text
-            assert wait_for(lambda: not mesh.metric("processor", "prism_requests_in_flight"))
+            assert wait_for(lambda: not mesh.metric("front", "prism_requests_in_flight"))
 
             processes = {}
             for stage in mesh.mesh.stages:

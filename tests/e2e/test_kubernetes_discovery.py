@@ -63,7 +63,8 @@ def kube_mesh(models, tmp_path_factory):
             f"kubernetes+http://127.0.0.1:{split(api.url)[1]}/mesh?namespace=mesh"
         )
         mesh = start_mesh("llava", "epd", models["llava"], tmp_path_factory.mktemp("kube"),
-                          place=place, workers=2, engine="sim", registry=registry)  # fmt: skip
+                          place=place, workers=2, engine="sim", registry=registry,
+                          front="split")  # fmt: skip
         try:
             yield api, mesh, planned
         finally:
@@ -72,7 +73,8 @@ def kube_mesh(models, tmp_path_factory):
 
 def test_stages_find_each_other_and_follow_the_slices(kube_mesh):
     api, mesh, stages = kube_mesh
-    # Gateway → processor → both workers, all found through the API server.
+    # Gateway → processor → both workers, all found through the API server (apart, as
+    # the manifests deploy them).
     assert not cached_again(mesh.base_url, mesh.model, 0)
     # worker-1 drains: its readiness fails, and the slice says so.
     publish(api, stages, {"worker-1": False})

@@ -36,7 +36,7 @@ def kv_mesh(models, tmp_path_factory):
         # caches and routes to both (a prompt shorter than a block is routed by load alone).
         client = openai.OpenAI(base_url=mesh.base_url, api_key="unused", max_retries=0)
         assert wait_for(lambda: all(
-            mesh.metric("processor", "prism_kv_snapshots_total", replica=mesh.address(w))
+            mesh.metric("front", "prism_kv_snapshots_total", replica=mesh.address(w))
             for w in WORKERS
         ))  # fmt: skip
         assert wait_for(lambda: client.completions.create(
@@ -63,7 +63,7 @@ def block_size(mesh) -> int:
 
 def index_blocks(mesh, worker: str) -> float:
     address = mesh.address(worker)
-    return mesh.metric("processor", "prism_kv_index_blocks", replica=address)
+    return mesh.metric("front", "prism_kv_index_blocks", replica=address)
 
 
 def test_each_next_turn_finds_its_start_in_the_cache_it_was_sent_to(kv_mesh):
@@ -84,7 +84,7 @@ def test_each_next_turn_finds_its_start_in_the_cache_it_was_sent_to(kv_mesh):
         )
     # The conversations spread over both workers (each new one goes where load is least).
     assert all(index_blocks(kv_mesh, w) >= 3 for w in WORKERS)
-    assert kv_mesh.metric("processor", "prism_routing_decisions_total", policy="kv") >= 15
+    assert kv_mesh.metric("front", "prism_routing_decisions_total", policy="kv") >= 15
 
 
 # A system prompt shared by every conversation, shorter than a block: a conversation's
@@ -155,7 +155,7 @@ def test_a_processor_restarted_mid_traffic_learns_both_caches_from_their_snapsho
     try:
         assert wait_for(lambda: len(answered) >= 2)
         with open(kv_mesh.log_path, "a") as log:
-            kv_mesh.mesh.restart("processor", log=log)
+            kv_mesh.mesh.restart("front", log=log)
         restarted = len(answered)
         assert wait_for(lambda: len(answered) >= restarted + 4)
     finally:

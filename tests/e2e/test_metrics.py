@@ -13,7 +13,7 @@ CHAT = "/v1/chat/completions"
 
 
 def test_metrics_follow_the_requests(mesh):
-    stages = ["gateway", "processor"]
+    stages = ["front"]
     roles = MODES[mesh.mode].roles
     reader = {"e/pd": "worker", "e/p/d": "prefill"}.get(mesh.mode)
     if "encoder" in roles:
@@ -39,7 +39,8 @@ def test_metrics_follow_the_requests(mesh):
     def grown(stage: str, name: str) -> float:
         return mesh.metrics(stage).get(name, 0.0) - before[stage].get(name, 0.0)
 
-    for stage, endpoint, ok in (("gateway", CHAT, "200"), ("processor", "Chat", "OK")):
+    # The front serves both: the REST endpoint and the processor's RPC, each its own labels.
+    for stage, endpoint, ok in (("front", CHAT, "200"), ("front", "Chat", "OK")):
         labels = f'{{endpoint="{endpoint}"}}'
         assert grown(stage, f'prism_requests_total{{endpoint="{endpoint}",status="{ok}"}}') == 2
         assert grown(stage, f"prism_completion_tokens_total{labels}") == completion

@@ -68,4 +68,4 @@ def test_sampled_requests_with_chunked_prompts_keep_the_engines_alive(chunking_m
         assert list(pool.map(ask, range(1, 25))) == [8] * 24
     assert "EngineDeadError" not in chunking_mesh.log_path.read_text()
     # Prefill and decode, seeded alike, drew every first token alike.
-    assert chunking_mesh.metrics("processor")["prism_first_token_divergences_total"] == 0
+    assert chunking_mesh.metrics("front")["prism_first_token_divergences_total"] == 0

@@ -1,8 +1,9 @@
 """`prism serve` heals itself: each kind of stage SIGKILLed under load is started again at
 its address, /health drops while a stage the mode needs is down and returns when it is
 back, the mesh answers again without a hand, nothing hangs, and every gauge returns to
-zero. E/P/D on vLLM (a decode engine restarts for real); E/PD on simulated workers for
-the rest of the stages, the gateway included."""
+zero. E/P/D on vLLM (a decode engine restarts for real, and the front: processor and
+REST API in one process); E/PD on simulated workers for the rest of the stages, with the
+gateway apart (`--front split`)."""
 
 from __future__ import annotations
 
@@ -156,9 +157,9 @@ def kill_and_recover(served: Served, name: str, must_drop: bool) -> float:
 
 CASES = {
     # mode, its flags, the stages killed one at a time, those /health must be seen down for
-    "e-p-d-vllm": ("e/p/d", [], ["encoder-0", "processor", "decode-0"], {"processor", "decode-0"}),
-    "e-pd-sim": ("e/pd", ["--engine", "sim"], ["encoder-0", "processor", "worker-0", "gateway"],
-                 {"processor", "gateway"}),
+    "e-p-d-vllm": ("e/p/d", [], ["encoder-0", "front", "decode-0"], {"front", "decode-0"}),
+    "e-pd-sim": ("e/pd", ["--engine", "sim", "--front", "split"],
+                 ["encoder-0", "processor", "worker-0", "gateway"], {"processor", "gateway"}),
 }  # fmt: skip
 
 
@@ -181,13 +182,12 @@ def test_each_stage_killed_under_load_is_restarted_and_the_mesh_serves_again(
         # connection), never a hang or a broken stream.
         assert not [o for o in outcomes if o not in ("completed", "refused")
                     and not o.startswith("error ")], outcomes  # fmt: skip
-        engines = [s["name"] for s in served.status["stages"] if s["role"] in
-                   ("worker", "prefill", "decode")]  # fmt: skip
+        roles = {s["name"]: s["role"] for s in served.status["stages"]}
         gauges = [
-            ("gateway", "prism_requests_in_flight"),
-            ("processor", "prism_requests_in_flight"),
-            *((engine, "prism_engine_requests_in_flight") for engine in engines),
-        ]
+            (name, "prism_engine_requests_in_flight" if role in ("worker", "prefill", "decode")
+             else "prism_requests_in_flight")
+            for name, role in roles.items() if role != "encoder"
+        ]  # fmt: skip
         # Unread embeddings wait out their 30 s lease at most.
         assert wait_for(lambda: not any(served.gauge(*g) for g in gauges), timeout=45), [
             (g, served.gauge(*g)) for g in gauges

@@ -65,8 +65,8 @@ def test_serve_leaves_no_orphans(models, target, sig, tmp_path):
             assert time.monotonic() < deadline, "prism serve did not become ready"
             time.sleep(0.5)
         descendants = psutil.Process(serve.pid).children(recursive=True)
-        # worker, its vLLM engine core, processor and gateway at least.
-        assert len(descendants) >= 4
+        # worker, its vLLM engine core and the front at least.
+        assert len(descendants) >= 3
         if target == "worker":
             # A stage that dies abruptly is started again; its engine process goes with it.
             worker = next(p for p in descendants if " worker " in " ".join(p.cmdline()))

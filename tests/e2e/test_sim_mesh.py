@@ -23,7 +23,7 @@ def sim_mesh(models, tmp_path_factory):
     try:
         # Until the processor follows both workers' caches.
         assert wait_for(lambda: all(
-            mesh.metric("processor", "prism_kv_snapshots_total", replica=mesh.address(w))
+            mesh.metric("front", "prism_kv_snapshots_total", replica=mesh.address(w))
             for w in WORKERS
         ))  # fmt: skip
         yield mesh

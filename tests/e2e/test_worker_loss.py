@@ -173,8 +173,7 @@ def test_chaos_in_e_p_d_leaves_nothing_hung_or_held(models, tmp_path):
                     for e in ("prefill", "decode-0")
                 ),
                 *(mesh.metric(e, "vllm:kv_cache_usage_perc") for e in ("prefill", "decode-0")),
-                mesh.metric("processor", "prism_requests_in_flight"),
-                mesh.metric("gateway", "prism_requests_in_flight"),
+                mesh.metric("front", "prism_requests_in_flight"),
             ]
             return not any(held)
 

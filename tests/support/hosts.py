@@ -10,6 +10,7 @@ and cross a real network stack.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -132,6 +133,12 @@ class Hosts:
         netem.stdin.flush()
 
 
+def _healthy(address: str, url: str) -> bool:
+    """Its gRPC health (a gateway has none), and its REST API's, where it serves one."""
+    grpc_ok = address.startswith("http") or check_health(address)
+    return grpc_ok and (not url or http_ok(f"{url}/health"))
+
+
 def place(stages: list[StageProcess], placement: dict[str, Host]) -> None:
     """Moves every stage of a loopback plan onto its host in `placement` (by stage name):
     its command runs in the host's namespace, its addresses and its peers' are the
@@ -150,16 +157,13 @@ def place(stages: list[StageProcess], placement: dict[str, Host]) -> None:
         host = placement[stage.name]
         argv = [moved(arg) for arg in stage.argv]
         for i, arg in enumerate(argv[:-1]):
-            if arg == "--host":
+            if arg in ("--host", "--http-host"):
                 argv[i + 1] = host.address
         stage.argv = host.command(argv)
         stage.address = moved(stage.address)
         stage.metrics_url = stage.metrics_url.replace(LOOPBACK, host.address)
-        address = stage.address
-        if address.startswith("http"):
-            stage.healthy = lambda address=address: http_ok(f"{address}/health")
-        else:
-            stage.healthy = lambda address=address: check_health(address)
+        stage.url = stage.url.replace(LOOPBACK, host.address)
+        stage.healthy = functools.partial(_healthy, stage.address, stage.url)
         # The namespaces share one kernel, where UCX would take shared memory and
         # cross-memory attach between them as on one host: TCP, as between machines.
         stage.env["UCX_TLS"] = "tcp,self"

@@ -275,5 +275,5 @@ async def start(
         address,
         lambda server: kserve_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server),
         [SERVICE],
-        interceptors=tracing.server_interceptors(),
+        interceptors=tracing.server_interceptors("gateway"),
     )
