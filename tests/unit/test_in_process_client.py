@@ -41,7 +41,7 @@ class Processor:
         self.service.stream("Complete", self.replies, timed=True)
         self.service.unary("ListModels", self.models)
         # The handlers by their proto names, as its gRPC server gets them.
-        self.servicer = self.service._servicer
+        self.servicer = self.service.handlers
 
     async def replies(self, request):
         self.request_ids.append(logs.REQUEST_ID.get())
