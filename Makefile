@@ -59,13 +59,14 @@ bench-anchors:
 	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
 	$(PY) -m bench.serve --model models/tiny-llava --anchors --rounds 3 --requests 128
 
-# Not a test: the front (gateway + processor) before 16 simulated workers at 64, 256 and 1024
-# streams, beside Dynamo's frontend before its mocker with the same timing (needs
-# `make bench-anchors` once); bench/results/scale.json and docs/benchmarks.md.
+# Not a test: the front (gateway and processor in one process, and apart) before 16
+# simulated workers at 64, 256 and 1024 streams, beside Dynamo's frontend before its mocker
+# with the same timing (needs `make bench-anchors` once); bench/results/scale.json and
+# docs/benchmarks.md.
 bench-scale:
 	scripts/bench_anchors.sh
 	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
-	$(PY) -m bench.scale --model models/tiny-llava --rounds 3
+	$(PY) -m bench.scale --model models/tiny-llava --rounds 3 --fronts prism,prism-split,dynamo
 
 # Not a test: the encoder's images/s at 32 concurrent one-image requests, with and without
 # batching across requests (bench/results/encoder.json; docs/gpu.md).
