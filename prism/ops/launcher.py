@@ -117,10 +117,12 @@ def endpoints(config: MeshConfig, mesh: Mesh) -> dict:
     """Where a running mesh answers: its public APIs, and each stage."""
     host, kserve_port = config.http.http_host or config.serve.host, config.gateway.kserve_grpc_port
     front = "front" if config.serve.front == "combined" else "processor"
+    # The plan says where the REST API answers (the front's, or the gateway's).
+    url = next(stage.url for stage in mesh.stages if stage.url)
     return {
         "mode": config.serve.mode,
         "model": config.model.served_model_name or config.model.model,
-        "openai": f"http://{host}:{config.http.http_port}/v1",
+        "openai": f"{url}/v1",
         "grpc": mesh.address(front),
         "kserve_grpc": f"{host}:{kserve_port}" if kserve_port else None,
         "pid": os.getpid(),

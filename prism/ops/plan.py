@@ -162,10 +162,8 @@ def _front(config: MeshConfig, by_role: dict[str, list[StageProcess]]) -> list[S
             *_peers(config, by_role)]  # fmt: skip
     reach = config.serve.host if _is_wildcard(grpc_host) else ""
     http = HttpConfig(config.http.http_host or config.serve.host, config.http.http_port)
-    base_url, kserve_port = (
-        f"http://{http.http_host}:{http.http_port}",
-        config.gateway.kserve_grpc_port,
-    )
+    base_url = f"http://{http.http_host}:{http.http_port}"
+    kserve_port = config.gateway.kserve_grpc_port
     http_healthy = functools.partial(
         _gateway_healthy, base_url, f"{http.http_host}:{kserve_port}" if kserve_port else ""
     )
