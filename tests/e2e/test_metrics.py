@@ -42,7 +42,11 @@ def test_metrics_follow_the_requests(mesh):
     # The front serves both: the REST endpoint and the processor's RPC, each its own labels.
     for stage, endpoint, ok in (("front", CHAT, "200"), ("front", "Chat", "OK")):
         labels = f'{{endpoint="{endpoint}"}}'
-        assert grown(stage, f'prism_requests_total{{endpoint="{endpoint}",status="{ok}"}}') == 2
+        # A request is counted once its handler has ended, which may be a moment after the
+        # client has read the stream's last event.
+        counted = f'prism_requests_total{{endpoint="{endpoint}",status="{ok}"}}'
+        assert wait_for(lambda: grown(stage, counted) >= 2)  # noqa: B023
+        assert grown(stage, counted) == 2
         assert grown(stage, f"prism_completion_tokens_total{labels}") == completion
         assert grown(stage, f"prism_prompt_tokens_total{labels}") == prompt
         assert grown(stage, f"prism_time_to_first_token_seconds_count{labels}") == 2
