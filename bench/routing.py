@@ -146,7 +146,8 @@ def bench_mode(
     rows = []
     for workers, policies in ((2, args.policies.split(",")), (1, [IDEAL])):
         port = free_port()
-        serve = ServeConfig(mode, workers=workers, grpc_port=0)
+        # One front: each policy restarts it.
+        serve = ServeConfig(mode, workers=workers, grpc_port=0, front_workers=1)
         config = MeshConfig(ModelConfig(args.model), serve, HttpConfig(http_port=port),
                             limit=LimitConfig(0),
                             log=LogConfig("warning"))  # fmt: skip

@@ -117,20 +117,22 @@ class Front:
 
 
 def start_prism(
-    model: str, workers: int, timing: Timing, log: Path, front: str = "combined"
+    model: str, workers: int, timing: Timing, log: Path, front: str = "combined", fronts: int = 1
 ) -> Front:
     port = free_port()
-    serve = ServeConfig("epd", workers=workers, grpc_port=0, front=front)
+    serve = ServeConfig("epd", workers=workers, grpc_port=0, front=front, front_workers=fronts)
     config = MeshConfig(ModelConfig(model), serve, HttpConfig(http_port=port),
                         engine=EngineConfig(engine="sim"), sim=timing.sim(),
                         limit=LimitConfig(0), log=LogConfig("warning"))  # fmt: skip
     mesh = Mesh(plan(config))
     with open(log, "w") as out:
         mesh.start(timeout=300, log=out)
-    fronts = ("front", "gateway", "processor")
-    pids = {s.name: s.process.pid for s in mesh.stages if s.name in fronts}
+    pids = {s.name: s.process.pid for s in mesh.stages
+            if s.name.startswith(("front", "gateway", "processor"))}  # fmt: skip
     engines = [s.process.pid for s in mesh.stages if s.name.startswith("worker")]
-    name = "prism" if front == "combined" else f"prism-{front}"
+    name = f"prism-{front}" if front != "combined" else "prism"
+    if fronts > 1:
+        name = f"prism-x{fronts}"
     return Front(name, f"http://127.0.0.1:{port}", model, pids, engines, [mesh.stop])
 
 
@@ -321,7 +323,10 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument(
-        "--fronts", default="prism,dynamo", help="of prism, prism-split (gateway apart), dynamo"
+        "--fronts",
+        default="prism,dynamo",
+        help="of prism (one front), prism-x2 (two fronts on one port), prism-split (gateway "
+        "apart), dynamo",
     )
     parser.add_argument("--out", type=Path, default=RECORDS["scale"])
     parser.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))
@@ -332,6 +337,9 @@ def main() -> None:
     logs = Path(tempfile.mkdtemp(prefix="prism-scale-"))
     starters = {
         "prism": lambda: start_prism(args.model, args.workers, timing, logs / "prism.log"),
+        "prism-x2": lambda: start_prism(
+            args.model, args.workers, timing, logs / "prism-x2.log", fronts=2
+        ),
         "prism-split": lambda: start_prism(
             args.model, args.workers, timing, logs / "prism-split.log", front="split"
         ),

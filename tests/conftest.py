@@ -358,7 +358,8 @@ def mesh_config(mode: str, model: str, **fields: Any) -> MeshConfig:
     config's, routing="kv": its routing config's; vllm_flags: its own), or a whole config
     in its place (registry=RegistryConfig(...))."""
     # The public gRPC API on a free port (the CLI's default, 50050, would be every mesh's).
-    config = MeshConfig(ModelConfig(model), ServeConfig(mode, grpc_port=0))
+    # One front, whatever the cores: tests read its metrics by its name.
+    config = MeshConfig(ModelConfig(model), ServeConfig(mode, grpc_port=0, front_workers=1))
     parts = [part for part in vars(config).values() if dataclasses.is_dataclass(part)]
     for name, value in fields.items():
         if dataclasses.is_dataclass(value):

@@ -179,6 +179,13 @@ class ServeConfig(Flags):
         "process, calling its handlers without a gRPC hop; split: a gateway process apart",
         choices=("combined", "split"),
     )
+    front_workers: int = flag(
+        0,
+        "front processes (--front combined), sharing the HTTP, gRPC and KServe ports "
+        "(SO_REUSEPORT) and the --max-in-flight bound, each routing to every engine "
+        "(0: one per core the encoders and engines leave, at most 8)",
+        metavar="N",
+    )
     # The public gRPC API (the processor's InferenceService).
     grpc_port: int = flag(
         50050, "port of the public gRPC API, prism.v1.InferenceService (0: a free one)"
@@ -286,6 +293,11 @@ class FrontStageConfig(ProcessorStageConfig):
 
     http: HttpConfig = nested(HttpConfig)
     gateway: GatewayConfig = nested(GatewayConfig)
+    reuse_port: bool = flag(
+        False,
+        "share the HTTP port with other fronts (SO_REUSEPORT), as the gRPC ports are: the "
+        "kernel hands each new connection to one of them (prism serve --front-workers)",
+    )
 
 
 @dataclass

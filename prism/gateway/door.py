@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -54,9 +55,12 @@ class HttpDoor:
         )
         self._server = _Server(settings)
         self._server.should_exit = self._closed
+        # Bound here rather than by uvicorn, which can neither share a port nor say why
+        # it could not bind one but by exiting.
+        sockets = _bind(host, port, self.config.reuse_port)
         log.info("OpenAI REST API on http://%s:%d", host, port)
         try:
-            await self._server.serve()
+            await self._server.serve(sockets)
         except SystemExit:
             # uvicorn's way to say it could not start (its port taken, its lifespan failed).
             raise OSError(f"cannot serve HTTP on {host}:{port}") from None
@@ -66,3 +70,26 @@ class HttpDoor:
         self._closed = True
         if self._server is not None:
             self._server.should_exit = True
+
+
+def _bind(host: str, port: int, reuse_port: bool) -> list[socket.socket]:
+    """Listening sockets at every address `host` names, as asyncio's create_server binds
+    them; with `reuse_port`, shared with other processes that ask the same."""
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        ):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_port:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        raise OSError(f"cannot serve HTTP on {host}:{port}: {exc.strerror}") from None
+    return sockets

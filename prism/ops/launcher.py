@@ -119,11 +119,13 @@ def endpoints(config: MeshConfig, mesh: Mesh) -> dict:
     front = "front" if config.serve.front == "combined" else "processor"
     # The plan says where the REST API answers (the front's, or the gateway's).
     url = next(stage.url for stage in mesh.stages if stage.url)
+    # Fronts that share their ports (front-0, front-1, …) share the public gRPC API's too.
+    grpc = next(stage.address for stage in mesh.stages if stage.name.startswith(front))
     return {
         "mode": config.serve.mode,
         "model": config.model.served_model_name or config.model.model,
         "openai": f"{url}/v1",
-        "grpc": mesh.address(front),
+        "grpc": grpc,
         "kserve_grpc": f"{host}:{kserve_port}" if kserve_port else None,
         "pid": os.getpid(),
         "stages": [
@@ -173,7 +175,11 @@ def run(config: MeshConfig) -> int:
 
     signal.signal(signal.SIGINT, _raise_stop)
     signal.signal(signal.SIGTERM, _raise_stop)
-    mesh = Mesh(plan(config))
+    try:
+        mesh = Mesh(plan(config))
+    except ValueError as exc:
+        _say(str(exc))
+        return 2
     placed = [stage for stage in mesh.stages if stage.placement.gpus]
     if placed:
         print("prism: GPU plan", flush=True)

@@ -15,7 +15,10 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from prism.config.common import AddressConfig, MetricsConfig
 from prism.ops import gpus
+from prism.rpc.channel import check_health
+from prism.runtime.ports import free_port
 
 _PR_SET_PDEATHSIG = 1
 
@@ -46,6 +49,24 @@ def core_slices(engines: int) -> list[set[int]]:
         return [{cores[min(i, len(cores) - 1)]} for i in range(engines)]
     size = len(cores) // engines
     return [set(cores[i * size : (i + 1) * size]) for i in range(engines)]
+
+
+def grpc_stage(
+    name: str, host: str, argv: list[str], port: int = 0, reach: str = ""
+) -> StageProcess:
+    """A gRPC stage bound to `host` at `port` (0: a free one); `reach`: the host to reach
+    it at where `host` is a wildcard."""
+    port = port or free_port(host)
+    address = f"{reach or host}:{port}"
+    metrics_port = free_port(host)
+    return StageProcess(
+        name,
+        address,
+        [*argv, *AddressConfig(host, port).to_argv(),
+         *MetricsConfig(metrics_port=metrics_port).to_argv()],
+        lambda: check_health(address),
+        metrics_url=f"http://{reach or host}:{metrics_port}/metrics",
+    )  # fmt: skip
 
 
 @dataclass

@@ -145,6 +145,7 @@ def open_registry(
         check_interval=config.consul_check_interval,
         check_timeout=config.consul_check_timeout,
         deregister_after=config.consul_deregister_after,
+        id_suffix=config.consul_id_suffix,
         connect=connect.consul_connect,
         upstreams=upstreams,
     )

@@ -34,6 +34,12 @@ class RegistryConfig(Flags):
     consul_deregister_after: str = flag(
         "1m", "Consul removes an instance whose check stayed critical this long", group=_CONSUL
     )
+    consul_id_suffix: str = flag(
+        "",
+        "added to this instance's service ID, where processes share an address (the fronts "
+        "of prism serve --front-workers)",
+        group=_CONSUL,
+    )
 
     def to_argv(self) -> list[str]:
         # The static registry's entries come as --peer: its own flags would say nothing.

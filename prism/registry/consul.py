@@ -56,6 +56,7 @@ class ConsulRegistry:
         connect: bool = False,
         upstreams: dict[str, int] | None = None,
         wait: str = _WAIT,
+        id_suffix: str = "",
     ):
         self.host, self.port = host, port
         self.token = token
@@ -65,6 +66,7 @@ class ConsulRegistry:
         self.connect = connect
         self.upstreams = dict(upstreams or {})
         self.wait = wait
+        self.id_suffix = id_suffix
         self._consul: Consul | None = None
         self._endpoints: dict[str, list[str]] = {}
         self._watches: dict[str, asyncio.Task] = {}
@@ -135,7 +137,8 @@ class ConsulRegistry:
     async def register(self, instance: Instance) -> None:
         host, port = _split(instance.address)
         name = service_name(instance.role)
-        service_id = re.sub(r"[^A-Za-z0-9-]+", "-", f"{name}-{host}-{port}")
+        suffix = f"-{self.id_suffix}" if self.id_suffix else ""
+        service_id = re.sub(r"[^A-Za-z0-9-]+", "-", f"{name}-{host}-{port}{suffix}")
         connect = None
         if self.connect:
             upstreams = [
