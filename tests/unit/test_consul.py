@@ -122,6 +122,26 @@ def test_a_plaintext_health_port_is_checked_instead_of_the_service_port():
         asyncio.run(main())
 
 
+def test_processes_sharing_an_address_register_apart():
+    """The fronts of `prism serve --front-workers`: one leaving takes only its own entry."""
+
+    async def main() -> None:
+        server = await health_server()
+        address = f"127.0.0.1:{server.port}"
+        shared = [registry(double, id_suffix=f"front-{i}") for i in range(2)]
+        for reg in shared:
+            await reg.register(Instance("processor", address))
+        plain = f"prism-processor-127-0-0-1-{server.port}"
+        assert sorted(double.services) == [f"{plain}-front-0", f"{plain}-front-1"]
+        await shared[0].close()
+        assert list(double.services) == [f"{plain}-front-1"]
+        await shared[1].close()
+        await server.server.stop(None)
+
+    with ConsulDouble(token=TOKEN) as double:
+        asyncio.run(main())
+
+
 def test_a_missing_token_is_refused():
     async def main() -> None:
         reg = registry(double, token=None)
