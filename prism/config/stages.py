@@ -42,6 +42,12 @@ class EngineConfig(Flags):
         choices=("vllm", "sim"),
         always=True,
     )
+    stream_interval: int = flag(
+        1,
+        "tokens per streamed reply after the first, as vLLM's --stream-interval: fewer "
+        "messages on every hop to the client, each token held back at most N-1 engine steps",
+        metavar="N",
+    )
 
 
 @dataclass

@@ -144,6 +144,7 @@ def engine_args(
         enable_log_requests=False,
         disable_log_stats=False,
         seed=worker.seed,
+        stream_interval=config.engine.stream_interval,
         # Structured output (a forced tool call) then starts where reasoning ends.
         reasoning_parser=config.reasoning.reasoning_parser,
     )

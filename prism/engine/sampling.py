@@ -28,6 +28,7 @@ _OPTIONAL = (
     "logprobs",
     "prompt_logprobs",
     "skip_special_tokens",
+    "stream_interval",
 )
 # What vLLM's structured-output check reads of the model's config.
 _NOT_DIFFUSION = SimpleNamespace(is_diffusion=False)

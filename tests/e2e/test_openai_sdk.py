@@ -159,3 +159,18 @@ def test_sse_ends_with_done(mesh):
         assert reply.headers["content-type"].startswith("text/event-stream")
         events = [line for line in reply.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
+
+
+def test_a_stream_interval_sends_fewer_chunks_and_the_same_answer(mesh, oracle):
+    """vLLM's per-request `stream_interval` through every hop: the first token alone, then
+    that many a chunk (a decode engine's own first alone too); the text is offline vLLM's."""
+    _, messages, max_tokens = CASES["one_image"]
+    expected = oracle(mesh.family)["one_image"]
+    chunks = list(openai_client(mesh).chat.completions.create(
+        model=mesh.model, messages=messages, temperature=0, max_tokens=max_tokens,
+        stream=True, extra_body={"stream_interval": 4},
+    ))  # fmt: skip
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == expected["text"]
+    tokens = len(expected["token_ids"])
+    carrying = [ch for ch in chunks if ch.choices[0].delta.content]
+    assert len(carrying) <= 2 + -(-(tokens - 2) // 4), (tokens, len(carrying))

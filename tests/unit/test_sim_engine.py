@@ -43,14 +43,33 @@ def with_engine(config: SimConfig, test) -> tuple[SimEngine, list[tuple[list[int
 def test_a_sequence_streams_its_tokens_then_its_end_and_gives_its_blocks_back():
     async def test(engine: SimEngine) -> None:
         (outputs,) = await run(engine, seq("a", 10, tokens=5))
-        assert [len(o.token_ids) for o in outputs] == [1] * 5 + [0]
+        # The last token and the end are ready together: they leave together, as vLLM's.
+        assert [len(o.token_ids) for o in outputs] == [1] * 5
         assert outputs[0].first and outputs[0].prompt_tokens == 10
-        assert outputs[-1].finish == "length"
+        assert outputs[-1].finish == "length" and not any(o.finish for o in outputs[:-1])
         # One step computes the prompt and draws the first token; each other, one token.
         assert engine.steps == 5
         assert engine.pool.used() == 0 and not engine.running and not engine.waiting
 
     with_engine(FAST, test)
+
+
+@pytest.mark.parametrize("requested,engine_wide", [(3, 1), (0, 3), (2, 3)])
+def test_a_stream_interval_sends_the_first_token_alone_then_that_many_a_reply(
+    requested, engine_wide
+):
+    config = SimConfig(prefill_tokens_per_s=1e6, decode_step_s=0.0005, block_size=BLOCK,
+                       stream_interval=engine_wide)  # fmt: skip
+
+    async def test(engine: SimEngine) -> None:
+        (outputs,) = await run(engine, seq("a", 10, tokens=8, stream_interval=requested))
+        # The larger of the two applies, as in vLLM.
+        assert [len(o.token_ids) for o in outputs] == [1, 3, 3, 1]
+        assert outputs[0].first and outputs[-1].finish == "length"
+        tokens = [t for o in outputs for t in o.token_ids]
+        assert tokens == [seq("a", 10).token(i) for i in range(8)]
+
+    with_engine(config, test)
 
 
 def test_tokens_follow_the_seed_so_a_decode_draws_what_its_prefill_drew():
@@ -108,7 +127,7 @@ def test_no_more_sequences_run_at_once_than_the_limit():
         watcher = asyncio.create_task(watch())
         outputs = await run(engine, *(seq(f"s{i}", 5, tokens=4) for i in range(5)))
         watcher.cancel()
-        assert all(len(o) == 5 for o in outputs)
+        assert all(sum(len(x.token_ids) for x in o) == 4 and o[-1].finish for o in outputs)
 
     with_engine(config, test)
     assert most == 2

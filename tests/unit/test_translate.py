@@ -74,12 +74,13 @@ def test_image_embeds_parts_take_base64_safetensors_and_a_grid():
 def test_sampling_fields_are_carried():
     params = protocol.sampling(
         chat(temperature=0, top_p=0.5, top_k=3, max_tokens=7, seed=11, stop="x",
-             stop_token_ids=[2], ignore_eos=True, min_tokens=1)
+             stop_token_ids=[2], ignore_eos=True, min_tokens=1, stream_interval=4)
     )  # fmt: skip
     assert params.HasField("temperature") and params.temperature == 0
     assert params.top_p == 0.5 and params.top_k == 3 and params.max_tokens == 7
     assert params.seed == 11 and list(params.stop) == ["x"] and list(params.stop_token_ids) == [2]
     assert params.ignore_eos and params.min_tokens == 1 and params.n == 1
+    assert params.stream_interval == 4
 
 
 def test_unset_sampling_fields_stay_unset():
@@ -99,6 +100,7 @@ def test_max_completion_tokens_wins_over_max_tokens():
         ({"top_p": 1.5}, "top_p"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": True}, "max_tokens"),
+        ({"stream_interval": 0}, "stream_interval"),
         ({"stop": [1]}, "stop"),
         ({"stop_token_ids": ["a"]}, "stop_token_ids"),
         ({"ignore_eos": "yes"}, "ignore_eos"),

@@ -47,6 +47,7 @@ SAMPLING_KEYS = {
     "response_format",
     "structured_outputs",
     "skip_special_tokens",
+    "stream_interval",
 }
 # Most top logprobs a request may ask for (vLLM's default --max-logprobs).
 MAX_LOGPROBS = 20
@@ -114,6 +115,9 @@ def sampling(body: dict) -> common_pb2.SamplingParams:
     if body.get("skip_special_tokens") is not None:
         params.skip_special_tokens = bool_field(body, "skip_special_tokens")
     params.n = int_field(body, "n", 1, 128) or 1
+    interval = int_field(body, "stream_interval", 1)
+    if interval is not None:
+        params.stream_interval = interval
     bias = body.get("logit_bias")
     if bias is not None:
         params.logit_bias.update(_logit_bias(bias))

@@ -44,7 +44,7 @@ _PREFILLS = (EngineRole.PREFILL, EngineRole.ENCODE_PREFILL)
 _FINISH = {"length": common_pb2.FINISH_REASON_LENGTH, "abort": common_pb2.FINISH_REASON_ABORT}
 
 
-def sim_config(sim: SimEngineConfig, model: ModelConfig) -> SimConfig:
+def sim_config(sim: SimEngineConfig, model: ModelConfig, stream_interval: int = 1) -> SimConfig:
     return SimConfig(
         prefill_tokens_per_s=sim.sim_prefill_tokens_per_s,
         decode_step_s=sim.sim_decode_step_ms / 1000,
@@ -53,6 +53,7 @@ def sim_config(sim: SimEngineConfig, model: ModelConfig) -> SimConfig:
         max_num_seqs=sim.sim_max_num_seqs,
         max_num_batched_tokens=sim.sim_max_num_batched_tokens,
         max_model_len=model.max_model_len or _model_len(model.model),
+        stream_interval=stream_interval,
     )
 
 
@@ -180,6 +181,7 @@ class SimServicer:
             seed,
             prefilled=self.role == EngineRole.DECODE,
             hold=self.role in _PREFILLS,
+            stream_interval=sampling.stream_interval,
         )
 
     async def generate(
@@ -202,6 +204,10 @@ class SimServicer:
                 if output.first:
                     reply.first.prompt_tokens = output.prompt_tokens
                     reply.first.cached_tokens = output.cached_tokens
+                    if output.finish:
+                        # The first message is not the last: that one follows, tokenless.
+                        yield reply
+                        reply = engine_pb2.GenerateResponse()
                 if output.finish:
                     log.info("%s %s: %d prompt tokens, %d generated, %s", self.role,
                              seq.request_id, length, seq.generated, output.finish)  # fmt: skip
@@ -264,7 +270,7 @@ async def serve(settings: WorkerStageConfig) -> None:
     worker, sim = settings.worker, settings.sim
     role = EngineRole(worker.role)
     stage = Stage(settings, role.mesh_role)
-    config = sim_config(sim, settings.model)
+    config = sim_config(sim, settings.model, settings.engine.stream_interval)
     publisher: KvPublisher | None = None
 
     def changed(stored: list[int], removed: list[int]) -> None:

@@ -36,6 +36,7 @@ class SimConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int = 2048
+    stream_interval: int = 1
 
 
 class BlockPool:
@@ -135,6 +136,12 @@ class Output:
     first: bool = False
     finish: str = ""
 
+    def then(self, later: Output) -> Output:
+        """This output and the `later` one, as one."""
+        self.token_ids += later.token_ids
+        self.finish = later.finish
+        return self
+
 
 @dataclass(eq=False)
 class Seq:
@@ -147,6 +154,8 @@ class Seq:
     prefilled: bool = False
     # Prefill roles: keep the prompt's blocks after the end, until released.
     hold: bool = False
+    # Tokens a reply holds after the first (the request's; the engine's if larger).
+    stream_interval: int = 1
     computed: int = 0
     generated: int = 0
     cached_tokens: int = 0
@@ -208,9 +217,17 @@ class SimEngine:
         if not seq.finished:
             self.waiting.append(seq)
             self._wake.set()
+        interval = max(seq.stream_interval, self.config.stream_interval)
         try:
             while True:
                 output = await seq.outputs.get()
+                # What is ready leaves together; after the first token, a reply waits for
+                # `interval` tokens or the end, as vLLM's --stream-interval.
+                while not output.finish and (
+                    not seq.outputs.empty()
+                    or (not output.first and len(output.token_ids) < interval)
+                ):
+                    output = output.then(await seq.outputs.get())
                 yield output
                 if output.finish:
                     return
