@@ -116,23 +116,30 @@ class Front:
     stop: list[Callable[[], None]] = field(default_factory=list)
 
 
-def start_prism(
-    model: str, workers: int, timing: Timing, log: Path, front: str = "combined", fronts: int = 1
-) -> Front:
+def start_prism(name: str, model: str, workers: int, timing: Timing, log: Path) -> Front:
+    """Prism's front named `name`: prism, then any of -split (a gateway apart), -xN (N
+    fronts on one port), -iN (--stream-interval N)."""
+    serve = ServeConfig("epd", workers=workers, grpc_port=0, front_workers=1)
+    engine = EngineConfig(engine="sim")
+    for part in name.split("-")[1:]:
+        if part == "split":
+            serve.front = "split"
+        elif part[0] == "x":
+            serve.front_workers = int(part[1:])
+        elif part[0] == "i":
+            engine.stream_interval = int(part[1:])
+        else:
+            raise ValueError(f"unknown front {name!r}")
     port = free_port()
-    serve = ServeConfig("epd", workers=workers, grpc_port=0, front=front, front_workers=fronts)
-    config = MeshConfig(ModelConfig(model), serve, HttpConfig(http_port=port),
-                        engine=EngineConfig(engine="sim"), sim=timing.sim(),
-                        limit=LimitConfig(0), log=LogConfig("warning"))  # fmt: skip
+    config = MeshConfig(ModelConfig(model), serve, HttpConfig(http_port=port), engine=engine,
+                        sim=timing.sim(), limit=LimitConfig(0),
+                        log=LogConfig("warning"))  # fmt: skip
     mesh = Mesh(plan(config))
     with open(log, "w") as out:
         mesh.start(timeout=300, log=out)
     pids = {s.name: s.process.pid for s in mesh.stages
             if s.name.startswith(("front", "gateway", "processor"))}  # fmt: skip
     engines = [s.process.pid for s in mesh.stages if s.name.startswith("worker")]
-    name = f"prism-{front}" if front != "combined" else "prism"
-    if fronts > 1:
-        name = f"prism-x{fronts}"
     return Front(name, f"http://127.0.0.1:{port}", model, pids, engines, [mesh.stop])
 
 
@@ -298,17 +305,17 @@ def medians(rounds: list[list[dict]]) -> list[dict]:
 
 
 def comparisons(rows: list[dict]) -> dict[str, float]:
-    """Prism's front against Dynamo's at each level: req/s ratio, TTFT p99 ratio."""
+    """Each of Prism's fronts against Dynamo's at each level: req/s ratio, TTFT p99 ratio."""
     out = {}
     by = {(r["front"], r["streams"]): r for r in rows}
     for (front, streams), row in by.items():
         other = by.get(("dynamo", streams))
-        if front != "prism" or other is None:
+        if not front.startswith("prism") or other is None:
             continue
-        out[f"prism_vs_dynamo_rps_ratio_s{streams}"] = (
+        out[f"{front}_vs_dynamo_rps_ratio_s{streams}"] = (
             row["requests_per_s"] / other["requests_per_s"]
         )
-        out[f"prism_vs_dynamo_ttft_p99_ratio_s{streams}"] = (
+        out[f"{front}_vs_dynamo_ttft_p99_ratio_s{streams}"] = (
             row["ttft_ms_p99"] / other["ttft_ms_p99"]
         )
     return out
@@ -325,8 +332,8 @@ def main() -> None:
     parser.add_argument(
         "--fronts",
         default="prism,dynamo",
-        help="of prism (one front), prism-x2 (two fronts on one port), prism-split (gateway "
-        "apart), dynamo",
+        help="dynamo, and prism with any of -split (a gateway apart), -xN (N fronts on one "
+        "port), -iN (--stream-interval N): prism,prism-x2,prism-x2-i2,dynamo",
     )
     parser.add_argument("--out", type=Path, default=RECORDS["scale"])
     parser.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))
@@ -335,22 +342,18 @@ def main() -> None:
     levels = [int(s) for s in args.streams.split(",")]
     timing = Timing()
     logs = Path(tempfile.mkdtemp(prefix="prism-scale-"))
-    starters = {
-        "prism": lambda: start_prism(args.model, args.workers, timing, logs / "prism.log"),
-        "prism-x2": lambda: start_prism(
-            args.model, args.workers, timing, logs / "prism-x2.log", fronts=2
-        ),
-        "prism-split": lambda: start_prism(
-            args.model, args.workers, timing, logs / "prism-split.log", front="split"
-        ),
-        "dynamo": lambda: start_dynamo(args.model, args.workers, timing, logs),
-    }
+
+    def start(name: str) -> Front:
+        if name == "dynamo":
+            return start_dynamo(args.model, args.workers, timing, logs)
+        return start_prism(name, args.model, args.workers, timing, logs / f"{name}.log")
+
     rounds = []
     for round_ in range(args.rounds):
         rows: list[dict] = []
         level_loads = loads(args.model, levels, args.requests, args.max_tokens, round_)
         for name in args.fronts.split(","):
-            front = starters[name]()
+            front = start(name)
             try:
                 profile = args.profile if round_ == args.rounds - 1 and name == "prism" else None
                 rows += run_front(front, level_loads, timing, profile)
