@@ -66,7 +66,7 @@ bench-anchors:
 bench-scale:
 	scripts/bench_anchors.sh
 	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
-	$(PY) -m bench.scale --model models/tiny-llava --rounds 3 --fronts prism,prism-x2,prism-split,dynamo
+	$(PY) -m bench.scale --model models/tiny-llava --rounds 3 --fronts prism,prism-x2,prism-x2-i2,dynamo
 
 # Not a test: the encoder's images/s at 32 concurrent one-image requests, with and without
 # batching across requests (bench/results/encoder.json; docs/gpu.md).
