@@ -136,7 +136,8 @@ def scale_section(result: dict) -> str:
         "## The front at scale: simulated engines", "",
         f"Written by `make bench-scale` on {result['when']} ({result['machine']}). "
         f"{result['workers']} simulated engines behind each front (Prism: `prism front`, "
-        "gateway and processor in one process, or apart as prism-split, "
+        "gateway and processor in one process: prism one, prism-xN N sharing the ports "
+        "(`--front-workers N`), -iN with `--stream-interval N`, -split a gateway apart; "
         f"+ `prism worker --engine sim`; Dynamo 1.6.1: `dynamo.frontend` + `dynamo.mocker "
         f"--num-workers {result['workers']}` with the same timing as its profile): a step "
         f"takes {timing['decode_step_ms']} ms plus its prompt tokens at "
