@@ -146,6 +146,13 @@ class GatewayConfig(Flags):
     request_timeout: float = flag(
         0, "seconds a generation may take before it ends with 504 (0: no limit)", always=True
     )
+    http_keep_alive_s: float = flag(
+        75.0,
+        "seconds an idle HTTP connection stays open: longer than the idle timeouts of "
+        "clients and load balancers (aiohttp 15 s, AWS ALB 60 s), so that they close first "
+        "and no request is sent on a connection the server is closing",
+        metavar="S",
+    )
     kserve_grpc_port: int = flag(
         0,
         "also serve KServe v2 gRPC (inference.GRPCInferenceService, as Triton with its "

@@ -151,5 +151,6 @@ def serve(config: GatewayStageConfig) -> None:
         port=address.port,
         log_level="warning",
         access_log=False,
+        timeout_keep_alive=config.gateway.http_keep_alive_s,
         timeout_graceful_shutdown=address.shutdown_grace_s,
     )

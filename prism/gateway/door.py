@@ -51,6 +51,7 @@ class HttpDoor:
             port=port,
             log_level="warning",
             access_log=False,
+            timeout_keep_alive=config.gateway.http_keep_alive_s,
             timeout_graceful_shutdown=grace,
         )
         self._server = _Server(settings)

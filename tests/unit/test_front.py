@@ -10,7 +10,7 @@ from grpc_health.v1 import health, health_pb2
 from test_in_process_client import CHAT, Processor
 
 from prism.config.common import ModelConfig
-from prism.config.stages import FrontStageConfig, HttpConfig
+from prism.config.stages import FrontStageConfig, GatewayConfig, HttpConfig
 from prism.gateway.door import HttpDoor
 from prism.runtime.ports import free_port
 from prism.runtime.stage import Stage, StageFailed
@@ -53,6 +53,30 @@ def test_the_http_door_calls_the_processor_in_its_loop_and_closes_when_told(monk
         # The port is taken: a second door says so rather than exiting the process.
         with pytest.raises(OSError, match=f"cannot serve HTTP on 127.0.0.1:{port}"):
             await HttpDoor(config, processor.service.handlers).serve(server)  # type: ignore[arg-type]
+        door.close()
+        await asyncio.wait_for(serving, 15)
+
+    asyncio.run(main())
+
+
+def test_the_door_closes_an_idle_connection_after_its_keep_alive(monkeypatch):
+    monkeypatch.delenv("PRISM_API_KEY", raising=False)
+    port = free_port()
+    config = FrontStageConfig(model=ModelConfig("m"), http=HttpConfig(http_port=port),
+                              gateway=GatewayConfig(http_keep_alive_s=0.3))  # fmt: skip
+
+    async def main() -> None:
+        checks = health.aio.HealthServicer()
+        await checks.set("", health_pb2.HealthCheckResponse.SERVING)
+        door = HttpDoor(config, Processor().service.handlers)
+        serving = asyncio.create_task(door.serve(types.SimpleNamespace(health=checks)))  # type: ignore[arg-type]
+        await _ready(f"http://127.0.0.1:{port}")
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /health HTTP/1.1\r\nHost: front\r\n\r\n")
+        # The answer, then the end of the stream once the connection has idled 0.3 s.
+        answer = await asyncio.wait_for(reader.read(), 10)
+        assert answer.startswith(b"HTTP/1.1 200")
+        writer.close()
         door.close()
         await asyncio.wait_for(serving, 15)
 
