@@ -5,9 +5,10 @@ NVIDIA Dynamo's frontend before `dynamo.mocker` with the same timing.
         [--streams 64,256,1024] [--requests 2048] [--max-tokens 32] [--rounds 1]
         [--out bench/results/scale.json] [--doc docs/benchmarks.md] [--profile DIR]
 
-Every engine is simulated (Prism: `prism worker --engine sim`; Dynamo: its mocker, given
-the same step times as a profile), so that what is measured is the front: HTTP, chat
-templating and tokenization, each request's image loaded and validated, routing, and
+Every engine is simulated, all of a side's in one process, each its own replica to routing
+(Prism: `prism worker --engine sim --sim-engines N`; Dynamo: its mocker with
+`--num-workers N`), with the same step times, so that what is measured is the front: HTTP,
+chat templating and tokenization, each request's image loaded and validated, routing, and
 the token stream back. At each level of concurrent streams, a bounded count of streaming
 chat requests (one new image each, after a warm-up of one request per stream): requests/s;
 time to first token beyond the simulated prefill (TTFT minus one step with the request's
@@ -77,8 +78,10 @@ class Timing:
         """One step with the prompt: what its first token takes in an idle engine."""
         return self.decode_step_ms + 1000 * prompt_tokens / self.prefill_tokens_per_s
 
-    def sim(self) -> SimEngineConfig:
+    def sim(self, engines: int) -> SimEngineConfig:
+        """Prism's simulated engines: `engines` of them in one process."""
         return SimEngineConfig(
+            sim_engines=engines,
             sim_prefill_tokens_per_s=self.prefill_tokens_per_s,
             sim_decode_step_ms=self.decode_step_ms,
             sim_block_size=self.block_size,
@@ -132,7 +135,7 @@ def start_prism(name: str, model: str, workers: int, timing: Timing, log: Path) 
             raise ValueError(f"unknown front {name!r}")
     port = free_port()
     config = MeshConfig(ModelConfig(model), serve, HttpConfig(http_port=port), engine=engine,
-                        sim=timing.sim(), limit=LimitConfig(0),
+                        sim=timing.sim(workers), limit=LimitConfig(0),
                         log=LogConfig("warning"))  # fmt: skip
     mesh = Mesh(plan(config))
     with open(log, "w") as out:

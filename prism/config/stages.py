@@ -69,6 +69,11 @@ class SimEngineConfig(Flags):
     sim_kv_tokens_per_s: float = flag(
         1_000_000.0, "decode: prompt tokens of KV read from prefill a second"
     )
+    sim_engines: int = flag(
+        1,
+        "simulated engines one worker process runs, as Dynamo's mocker does: each its "
+        "own replica (own gRPC server at --port + i, KV events, registration)",
+    )
 
 
 @dataclass

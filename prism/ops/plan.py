@@ -5,6 +5,7 @@ cores and GPUs, from one MeshConfig. `prism serve` runs the plan (prism.ops.laun
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import sys
@@ -56,20 +57,27 @@ def _engines(config: MeshConfig) -> dict[str, list[StageProcess]]:
     """The engines of the mode, by role: aggregated workers, or prefills and decodes."""
     deployed = mode(config.serve.mode)
     host = config.serve.host
-    sim = config.sim.to_argv() if config.engine.engine == "sim" else []
-    engine = [*_prism(config), "worker", *_model(config), *config.engine.to_argv(), *sim,
+    simulated = config.engine.engine == "sim"
+    engine = [*_prism(config), "worker", *_model(config), *config.engine.to_argv(),
               *config.vllm_flags, *config.reasoning.to_argv(),
               *config.transfer.to_argv()]  # fmt: skip
+    # Simulated engines go --sim-engines to a process, each its own replica.
+    per_process = config.sim.sim_engines if simulated else 1
+    if per_process < 1:
+        raise ValueError(f"--sim-engines must be at least 1, got {per_process}")
 
     def workers(name: str, count: int, role: EngineRole, embeds: bool) -> list[StageProcess]:
         # Each disaggregated engine has its own KV side channel.
         kv = deployed.prefill is not None
-        return [
-            grpc_stage(f"{name}-{i}", host, [*engine, *WorkerConfig(
+        stages = []
+        for i, first in enumerate(range(0, count, per_process)):
+            servers = min(per_process, count - first)
+            sim = dataclasses.replace(config.sim, sim_engines=servers) if simulated else None
+            argv = [*engine, *(sim.to_argv() if sim else []), *WorkerConfig(
                 role, enable_mm_embeds=embeds, kv_port=free_port(host) if kv else 0
-            ).to_argv()])
-            for i in range(count)
-        ]  # fmt: skip
+            ).to_argv()]  # fmt: skip
+            stages.append(grpc_stage(f"{name}-{i}", host, argv, servers=servers))
+        return stages
 
     embeds = config.serve.enable_mm_embeds
     if deployed.prefill is None:
@@ -122,4 +130,4 @@ def _peers(config: MeshConfig, by_role: dict[str, list[StageProcess]]) -> list[s
     if config.registry.registry != STATIC:
         return []
     return [arg for role, stages in by_role.items() for s in stages
-            for arg in ("--peer", f"{role}={s.address}")]  # fmt: skip
+            for address in s.replicas for arg in ("--peer", f"{role}={address}")]  # fmt: skip

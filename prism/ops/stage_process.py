@@ -52,20 +52,22 @@ def core_slices(engines: int) -> list[set[int]]:
 
 
 def grpc_stage(
-    name: str, host: str, argv: list[str], port: int = 0, reach: str = ""
+    name: str, host: str, argv: list[str], port: int = 0, reach: str = "", servers: int = 1
 ) -> StageProcess:
-    """A gRPC stage bound to `host` at `port` (0: a free one); `reach`: the host to reach
-    it at where `host` is a wildcard."""
-    port = port or free_port(host)
-    address = f"{reach or host}:{port}"
+    """A gRPC stage bound to `host` at `port` (0: a free one), or with several `servers`,
+    at that port and the next ones; `reach`: the host to reach it at where `host` is a
+    wildcard."""
+    port = port or free_port(host, servers)
+    addresses = [f"{reach or host}:{port + i}" for i in range(servers)]
     metrics_port = free_port(host)
     return StageProcess(
         name,
-        address,
+        addresses[0],
         [*argv, *AddressConfig(host, port).to_argv(),
          *MetricsConfig(metrics_port=metrics_port).to_argv()],
-        lambda: check_health(address),
+        lambda: all(check_health(address) for address in addresses),
         metrics_url=f"http://{reach or host}:{metrics_port}/metrics",
+        replicas=addresses,
     )  # fmt: skip
 
 
@@ -77,6 +79,9 @@ class StageProcess:
     address: str
     argv: list[str]
     healthy: Callable[[], bool]
+    # The addresses of its gRPC servers, each its own replica to its peers (a process of
+    # several simulated engines); `address` is the first.
+    replicas: list[str] = field(default_factory=list)
     metrics_url: str = ""
     # Where its OpenAI REST API answers, if it serves one (a gateway, or a front).
     url: str = ""

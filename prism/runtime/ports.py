@@ -21,8 +21,10 @@ def _ephemeral_ports() -> range:
 _issued: set[int] = set()
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free now, outside the kernel's ephemeral range, not handed out before.
+def free_port(host: str = "127.0.0.1", count: int = 1) -> int:
+    """A port free now, outside the kernel's ephemeral range, not handed out before; with
+    `count`, the first of that many such ports in a row (a process of several servers at
+    --port + i).
 
     The port is bound later, by a stage that may take a minute to start; meanwhile the
     engines open many outgoing and listening sockets on kernel-chosen ephemeral ports,
@@ -30,14 +32,20 @@ def free_port(host: str = "127.0.0.1") -> int:
     """
     ephemeral = _ephemeral_ports()
     for _ in range(1000):
-        port = random.randrange(10000, 65536)
-        if port in ephemeral or port in _issued:
+        first = random.randrange(10000, 65536 - count + 1)
+        ports = range(first, first + count)
+        if any(port in ephemeral or port in _issued for port in ports):
             continue
-        with socket.socket() as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
-        _issued.add(port)
-        return port
+        if all(_bindable(host, port) for port in ports):
+            _issued.update(ports)
+            return first
     raise OSError("no free port")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True

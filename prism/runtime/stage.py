@@ -10,10 +10,12 @@ finish; a stage whose task failed then exits with an error (StageFailed).
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import signal
 from collections.abc import Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client.registry import Collector
@@ -55,6 +57,20 @@ class Door(Protocol):
         """Takes no new requests; those in flight get the stage's grace period."""
 
 
+@dataclass
+class Replica:
+    """One gRPC server of a stage: its services, the count of requests it has in flight
+    (for LoadService), and its background tasks."""
+
+    services: Sequence[Service]
+    in_flight: Callable[[], int] | None = None
+    tasks: Iterable[Task] = ()
+
+    @property
+    def names(self) -> list[str]:
+        return [service.name for service in self.services]
+
+
 class StageFailed(Exception):
     """A stage stopped serving because it could not go on (its engine died)."""
 
@@ -92,49 +108,81 @@ class Stage:
         """Serves `services` (and `doors`) until SIGINT or SIGTERM, then drains. Health
         starts SERVING unless `serving` is False (a task then reports it); `in_flight`
         adds LoadService."""
+        await self.serve_replicas(
+            [Replica(services, in_flight, tasks)], modes, collectors, serving, doors
+        )
+
+    async def serve_replicas(
+        self,
+        replicas: Sequence[Replica],
+        modes: Iterable[str],
+        collectors: Iterable[Collector] = (),
+        serving: bool = True,
+        doors: Sequence[Door] = (),
+    ) -> None:
+        """Serves each of `replicas` on its own gRPC server, registered apart: the i-th at
+        --port + i, or each at a free port where --port is 0. The process's metrics, its
+        plaintext health port (the first server's health) and its doors are one."""
         address, metrics = self.config.address, self.config.metrics
-        names = [service.name for service in services]
-
-        def register(server: Any) -> None:
-            for service in services:
-                service.stage = self.role
-                service.add_to_server(server)
-
         host = address.host
         health = f"{host}:{metrics.health_port}" if metrics.health_port else ""
-        server = await start_server(
-            f"{host}:{address.port}", register, names, in_flight, health_address=health
-        )
+        servers = []
+        for i, replica in enumerate(replicas):
+            port = address.port + i if address.port else 0
+            servers.append(await start_server(
+                f"{host}:{port}", functools.partial(self._register, replica.services),
+                replica.names, replica.in_flight, health_address="" if i else health,
+            ))  # fmt: skip
+        registries = [self.registry] + [
+            open_registry(self.config.registry, (), self.config.connect) for _ in replicas[1:]
+        ]
         telemetry.serve_metrics(metrics.metrics_port, host, collectors)
         if serving:
-            await server.set_serving(names)
-        running = [asyncio.create_task(task(server)) for task in tasks]
-        opened = [asyncio.create_task(door.serve(server)) for door in doors]
-        log.info("%s serving %s on %s:%d", self.role, self.config.model.model, host, server.port)
+            for server, replica in zip(servers, replicas, strict=True):
+                await server.set_serving(replica.names)
+        running = [
+            asyncio.create_task(task(server))
+            for server, replica in zip(servers, replicas, strict=True)
+            for task in replica.tasks
+        ]
+        opened = [asyncio.create_task(door.serve(servers[0])) for door in doors]
+        ports = ", ".join(str(server.port) for server in servers)
+        log.info("%s serving %s on %s:%s", self.role, self.config.model.model, host, ports)
         try:
-            await self.registry.register(self._instance(server.port, modes))
+            for registry, server in zip(registries, servers, strict=True):
+                await registry.register(self._instance(server.port, modes))
             freeze_startup_heap()
             failure = await _terminated_or_failed([*running, *opened])
             if failure is not None:
                 log.error("%s cannot serve (%s): draining, then exiting", self.role, failure)
-            server.draining = True
-            await server.set_serving(names, serving=False)
-            for service in services:
-                service.drain()
+            for server, replica in zip(servers, replicas, strict=True):
+                server.draining = True
+                await server.set_serving(replica.names, serving=False)
+                for service in replica.services:
+                    service.drain()
             for door in doors:
                 door.close()
-            await self.registry.deregister()
+            for registry in registries:
+                await registry.deregister()
             # The doors' requests call the services in this process: the stage ends
             # once they are done too.
-            stopping = asyncio.create_task(server.stop(address.shutdown_grace_s))
-            await asyncio.wait([stopping, *opened])
-            await stopping
+            stopping = [
+                asyncio.create_task(server.stop(address.shutdown_grace_s)) for server in servers
+            ]
+            await asyncio.wait([*stopping, *opened])
+            await asyncio.gather(*stopping)
             if failure is not None:
                 raise StageFailed(f"{self.role}: {failure}") from failure
         finally:
             for task in [*running, *opened]:
                 task.cancel()
-            await self.registry.close()
+            for registry in registries:
+                await registry.close()
+
+    def _register(self, services: Sequence[Service], server: Any) -> None:
+        for service in services:
+            service.stage = self.role
+            service.add_to_server(server)
 
     def _instance(self, port: int, modes: Iterable[str]) -> Instance:
         """This stage as the registry lists it, serving at `port`."""

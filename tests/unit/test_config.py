@@ -155,9 +155,11 @@ def test_every_flag_serve_hands_on_reaches_a_stage(monkeypatch, front):
     parts = {f.name: changed(hints[f.name]) for f in dataclasses.fields(MeshConfig)
              if f.metadata.get("nested") and f.name not in ("model", "serve")}  # fmt: skip
     parts["engine"]["engine"] = "sim"  # the simulated engine's flags go to sim engines only
+    # Decodes enough to fill a process of --sim-engines.
+    decodes = parts["sim"]["sim_engines"]
     config = MeshConfig(
         ModelConfig(**changed(ModelConfig)),
-        ServeConfig("e/p/d", enable_mm_embeds=True, front=front),
+        ServeConfig("e/p/d", enable_mm_embeds=True, front=front, decode_workers=decodes),
         **{name: hints[name](**values) for name, values in parts.items()},
         log=LogConfig(**changed(LogConfig)),
     )

@@ -184,3 +184,25 @@ def test_simulated_engines_get_their_flags_and_no_cores_of_their_own(monkeypatch
         assert not stage.cpus and "VLLM_CPU_OMP_THREADS_BIND" not in stage.env
         worker = build_parser().parse_args(stage.argv[stage.argv.index("worker") :])
         assert (worker.engine, worker.sim_decode_step_ms) == ("sim", 2.5)
+
+
+def test_several_simulated_engines_share_a_process_each_its_own_peer():
+    args = build_parser().parse_args(
+        ["serve", "--model", "m", "--engine", "sim", "--workers", "5", "--sim-engines", "2"]
+    )
+    stages = plan(MeshConfig.from_args(args))
+    workers = [stage for stage in stages if stage.name.startswith("worker")]
+    assert [flag(s.argv, "--sim-engines") for s in workers] == [["2"], ["2"], []]
+    for stage in workers:
+        port = int(flag(stage.argv, "--port")[0])
+        assert stage.replicas == [f"127.0.0.1:{port + i}" for i in range(len(stage.replicas))]
+    (front,) = (stage for stage in stages if stage.name == "front")
+    peers = [a.removeprefix("worker=") for a in flag(front.argv, "--peer")]
+    assert peers == [a for s in workers for a in s.replicas] and len(set(peers)) == 5
+
+
+def test_free_ports_in_a_row_are_each_free_and_handed_out_once():
+    first = free_port(count=4)
+    ephemeral = _ephemeral_ports()
+    assert all(first + i not in ephemeral for i in range(4))
+    assert all(not first <= free_port() < first + 4 for _ in range(50))

@@ -29,7 +29,7 @@ from prism.proto.stage.v1 import engine_pb2, engine_pb2_grpc
 from prism.proto.v1 import common_pb2, errors_pb2
 from prism.rpc.errors import PrismError, invalid
 from prism.rpc.server import Server
-from prism.runtime.stage import Stage
+from prism.runtime.stage import Replica, Stage
 from prism.services.worker import check_request, engine_service
 from prism.services.worker.kv_publisher import KvPublisher
 from prism.services.worker.sim_engine import Seq, SimConfig, SimEngine
@@ -86,8 +86,11 @@ class SimServicer:
         address: tuple[str, int],
         kv_lease_s: float = 30.0,
         max_in_flight: int = 0,
+        publisher: KvPublisher | None = None,
     ) -> None:
         self.engine = engine
+        # Its KV events, for a role whose cache routing scores.
+        self.publisher = publisher
         self.role = role
         self.placeholders = placeholders
         self.media_tokens = media_tokens
@@ -268,13 +271,45 @@ class SimServicer:
 
 async def serve(settings: WorkerStageConfig) -> None:
     worker, sim = settings.worker, settings.sim
+    if sim.sim_engines < 1:
+        raise ValueError(f"--sim-engines must be at least 1, got {sim.sim_engines}")
     role = EngineRole(worker.role)
     stage = Stage(settings, role.mesh_role)
     config = sim_config(sim, settings.model, settings.engine.stream_interval)
+    servicers = [_servicer(settings, role, config) for _ in range(sim.sim_engines)]
+    engines = [servicer.engine for servicer in servicers]
+
+    def in_flight() -> int:
+        return sum(servicer.in_flight() for servicer in servicers)
+
+    collectors = [
+        telemetry.gauge("prism_engine_requests_in_flight", "Requests this worker runs", in_flight),
+        telemetry.gauge(
+            "prism_sim_kv_blocks_used", "KV blocks the simulated engines use",
+            lambda: sum(engine.pool.used() for engine in engines),
+        ),
+    ]  # fmt: skip
+    for engine in engines:
+        engine.start()
+    try:
+        await stage.serve_replicas(
+            [_replica(servicer, role) for servicer in servicers],
+            modes_served(role, worker.enable_mm_embeds),
+            collectors,
+        )
+    finally:
+        for engine in engines:
+            await engine.stop()
+
+
+def _servicer(settings: WorkerStageConfig, role: EngineRole, config: SimConfig) -> SimServicer:
+    """One simulated engine, and its service."""
+    worker, sim = settings.worker, settings.sim
     publisher: KvPublisher | None = None
 
     def changed(stored: list[int], removed: list[int]) -> None:
-        telemetry.KV_BLOCKS_HELD.set(len(engine.pool.keys()))
+        # Exact: a key is stored when first cached and removed when last evicted.
+        telemetry.KV_BLOCKS_HELD.inc(len(stored) - len(removed))
         if publisher is not None:
             publisher.publish(stored, removed)
 
@@ -282,33 +317,19 @@ async def serve(settings: WorkerStageConfig) -> None:
     if role != EngineRole.DECODE:
         publisher = KvPublisher(engine.pool.keys, lambda: config.block_size)
     address = (worker.kv_host or settings.address.host, settings.address.port)
-    servicer = SimServicer(
+    return SimServicer(
         engine, role, placeholders(settings.model.model), sim.sim_media_tokens,
         sim.sim_kv_tokens_per_s, address, worker.kv_lease_s, settings.limit.max_in_flight,
+        publisher,
     )  # fmt: skip
-    services = [servicer.service] + ([publisher.service] if publisher else [])
-    collectors = [
-        telemetry.gauge(
-            "prism_engine_requests_in_flight", "Requests this worker runs", servicer.in_flight
-        ),
-        telemetry.gauge(
-            "prism_sim_kv_blocks_used", "KV blocks the simulated engine uses",
-            engine.pool.used,
-        ),
-    ]  # fmt: skip
-    engine.start()
+
+
+def _replica(servicer: SimServicer, role: EngineRole) -> Replica:
+    """One simulated engine as its own replica: its server, its KV events."""
 
     async def learn_port(server: Server) -> None:
         # A prefill names itself to decode by its server's port, known once it binds.
         servicer.address = (servicer.address[0], server.port)
 
-    try:
-        await stage.serve(
-            services,
-            modes_served(role, worker.enable_mm_embeds),
-            collectors,
-            in_flight=servicer.in_flight,
-            tasks=[learn_port],
-        )
-    finally:
-        await engine.stop()
+    publisher = [servicer.publisher.service] if servicer.publisher else []
+    return Replica([servicer.service, *publisher], servicer.in_flight, [learn_port])
