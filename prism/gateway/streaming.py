@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
+from json.encoder import encode_basestring_ascii
 from typing import Any, Protocol
 
 import grpc
@@ -25,14 +26,33 @@ from prism.gateway.openai.protocol import (
 )
 from prism.rpc.errors import PrismError
 
-# The SSE event of a message (the first of its choice or not).
-Chunk = Callable[[Any, bool], dict]
-# The whole body, from each choice's messages and the last message.
-Final = Callable[[dict[int, list], Any], dict]
-
 
 def sse(payload: dict) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def json_bytes(value: str | None) -> bytes:
+    """A string or null as `sse`'s JSON writes it (json.dumps's own C encoder)."""
+    return b"null" if value is None else encode_basestring_ascii(value).encode()
+
+
+def chunk_head(request_id: str, kind: str, created: int, model: str) -> bytes:
+    """The opening of every SSE chunk of a request, as `sse` writes it, up to "choices"."""
+    return sse({"id": request_id, "object": kind, "created": created, "model": model})[6:-3] + b","
+
+
+class EndpointAnswer(Protocol):
+    """How an endpoint writes a call's messages: an SSE event each, or one whole body."""
+
+    def chunk(self, reply: Any, first: bool) -> dict:
+        """A message's SSE event (the first of its choice or not)."""
+
+    def plain(self, reply: Any, first: bool) -> bytes | None:
+        """The same event's JSON as bytes, without its closing brace, where the message is
+        plain text (the common case, built from bytes made once per request); else None."""
+
+    def final(self, choices: dict[int, list], last: Any) -> dict:
+        """The whole body, from each choice's messages and the last message."""
 
 
 async def open_stream(call: ReplyStream) -> tuple[Any, AsyncIterator]:
@@ -48,15 +68,10 @@ async def open_stream(call: ReplyStream) -> tuple[Any, AsyncIterator]:
 
 
 async def generate(
-    call: ReplyStream,
-    stream: bool,
-    options: StreamOptions,
-    chunk: Chunk,
-    final: Final,
-    endpoint: str,
+    call: ReplyStream, stream: bool, options: StreamOptions, answer: EndpointAnswer, endpoint: str
 ) -> Response:
-    """Runs a Chat or Complete call and answers as one JSON body (`final`'s) or as SSE
-    (an event of `chunk`'s per message)."""
+    """Runs a Chat or Complete call and answers as one JSON body (`answer.final`'s) or as
+    SSE (an event per message)."""
     timer = telemetry.RequestTimer(endpoint)
     try:
         first, rest = await open_stream(call)
@@ -66,16 +81,8 @@ async def generate(
         raise
     timer.reply(first)
     if not stream:
-        return await _whole(first, rest, timer, final)
-    return EventStream(_events(call, first, rest, timer, options, chunk))
-
-
-class EndpointAnswer(Protocol):
-    """How an endpoint writes a call's messages: an SSE event each, or one whole body."""
-
-    def chunk(self, reply: Any, first: bool) -> dict: ...
-
-    def final(self, choices: dict[int, list], last: Any) -> dict: ...
+        return await _whole(first, rest, timer, answer)
+    return EventStream(_events(call, first, rest, timer, options, answer))
 
 
 async def respond(
@@ -87,15 +94,13 @@ async def respond(
     options = stream_options(body)
     call = start()
     try:
-        return await generate(
-            call, wants_stream(body), options, answer.chunk, answer.final, request.url.path
-        )
+        return await generate(call, wants_stream(body), options, answer, request.url.path)
     except PrismError as error:
         raise as_sent(error, body) from None
 
 
 async def _whole(
-    first: Any, rest: AsyncIterator, timer: telemetry.RequestTimer, final: Final
+    first: Any, rest: AsyncIterator, timer: telemetry.RequestTimer, answer: EndpointAnswer
 ) -> JSONResponse:
     choices, last = {first.index: [first]}, first
     try:
@@ -107,7 +112,7 @@ async def _whole(
         raise PrismError.from_rpc_error(exc) from None
     finally:
         timer.finish(completed=bool(last.finish_reason))
-    return JSONResponse(final(dict(sorted(choices.items())), last))
+    return JSONResponse(answer.final(dict(sorted(choices.items())), last))
 
 
 async def _events(
@@ -116,20 +121,28 @@ async def _events(
     rest: AsyncIterator,
     timer: telemetry.RequestTimer,
     options: StreamOptions,
-    chunk: Chunk,
+    answer: EndpointAnswer,
 ) -> AsyncIterator[bytes]:
     """The stream's bytes: each write carries every message that was ready for it."""
     completed = False
     started: set[int] = set()
+    # vLLM's server reports usage so far only where both are asked.
+    continuous = options.include_usage and options.continuous_usage_stats
 
     def event(message: Any) -> bytes:
-        payload = chunk(message, message.index not in started)
+        first = message.index not in started
         started.add(message.index)
-        if options.include_usage:
-            # vLLM's server reports usage so far only where both are asked.
-            continuous = options.continuous_usage_stats
-            payload["usage"] = usage(message.usage) if continuous else None
-        return sse(payload)
+        plain = answer.plain(message, first)
+        if plain is None:
+            payload = answer.chunk(message, first)
+            if options.include_usage:
+                payload["usage"] = usage(message.usage) if continuous else None
+            return sse(payload)
+        if continuous:
+            plain += b',"usage":' + json.dumps(usage(message.usage), separators=(",", ":")).encode()
+        elif options.include_usage:
+            plain += b',"usage":null'
+        return b"data: " + plain + b"}\n\n"
 
     try:
         message: Any = first
@@ -148,7 +161,7 @@ async def _events(
             timer.reply(message)
         tail = b""
         if options.include_usage:
-            payload = chunk(last, False)
+            payload = answer.chunk(last, False)
             payload["choices"] = []
             payload["usage"] = usage(last.usage)
             tail = sse(payload)
