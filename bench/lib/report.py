@@ -138,7 +138,8 @@ def scale_section(result: dict) -> str:
         f"{result['workers']} simulated engines behind each front (Prism: `prism front`, "
         "gateway and processor in one process: prism one, prism-xN N sharing the ports "
         "(`--front-workers N`), -iN with `--stream-interval N`, -split a gateway apart; "
-        f"+ `prism worker --engine sim`; Dynamo 1.6.1: `dynamo.frontend` + `dynamo.mocker "
+        f"+ `prism worker --engine sim --sim-engines {result['workers']}`, all in one "
+        "process, each its own replica; Dynamo 1.6.1: `dynamo.frontend` + `dynamo.mocker "
         f"--num-workers {result['workers']}` with the same timing as its profile): a step "
         f"takes {timing['decode_step_ms']} ms plus its prompt tokens at "
         f"{timing['prefill_tokens_per_s']:.0f} tokens/s, blocks of {timing['block_size']} "
@@ -162,6 +163,7 @@ def scale_section(result: dict) -> str:
             f"{r.get('events_per_request', float('nan')):.1f} | {cpu} | {failures_cell(r)} |"
         )
     lines += scale_bars(result)
+    lines += scale_model(result)
     lines += ["", (NOTES / "scale.md").read_text()]
     lines.append("")
     return "\n".join(lines)
@@ -187,6 +189,26 @@ def scale_bars(result: dict) -> list[str]:
             f"{failed} failed (bar 0): {'met' if met else '**not met**'}."
         )
     return ["", "Bars against Dynamo:", "", *lines] if lines else []
+
+
+def scale_model(result: dict, cores: tuple[int, ...] = (8, 16, 32)) -> list[str]:
+    """What a front node of more cores would serve, from the CPU per request each front
+    took at the highest level: every core busy with fronts (Prism: a front process per
+    core, `--front-workers`; Dynamo: its frontend's threads), engines elsewhere."""
+    top = max(r["streams"] for r in result["rows"])
+    fronts = {r["front"]: sum(v for k, v in r["cpu_s_per_1000"].items() if k != "engines")
+              for r in result["rows"] if r["streams"] == top}  # fmt: skip
+    if not fronts:
+        return []
+    names = list(fronts)
+    lines = [
+        "", f"Scaling model: requests/s a front node of N cores serves at most, N x 1000 / "
+        f"(front CPU ms per request at {top} streams), the engines on other nodes:", "",
+        "| cores | " + " | ".join(names) + " |", "|---:|" + "---:|" * len(names),
+    ]  # fmt: skip
+    for n in cores:
+        lines.append(f"| {n} | " + " | ".join(f"{n * 1000 / fronts[f]:.0f}" for f in names) + " |")
+    return lines
 
 
 def failures_cell(row: dict, shown: int = 3) -> str:
