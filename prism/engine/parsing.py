@@ -5,6 +5,7 @@ by vLLM's own parsers (--tool-call-parser, --reasoning-parser), streamed and who
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +69,20 @@ class Parsers:
     @property
     def reasoning(self) -> bool:
         return self.parser_cls is not None and self.parser_cls.reasoning_parser_cls is not None
+
+
+def _validated(body: dict[str, Any]) -> ChatCompletionRequest:
+    try:
+        return ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        raise _validation_error(exc) from None
+    except VLLMValidationError as exc:
+        raise _refusal(exc) from None
+
+
+@functools.cache
+def _plain_request() -> ChatCompletionRequest:
+    return _validated({"messages": []})
 
 
 def _openai_tool(tool: inference_pb2.Tool, index: int) -> dict[str, Any]:
@@ -148,12 +163,9 @@ class ChatParsing:
         structured = _structured_outputs(chat.sampling.structured_output)
         if structured is not None:
             body["structured_outputs"] = structured
-        try:
-            request = ChatCompletionRequest.model_validate(body)
-        except ValidationError as exc:
-            raise _validation_error(exc) from None
-        except VLLMValidationError as exc:
-            raise _refusal(exc) from None
+        # A chat with nothing for the parsers takes vLLM's model validated once (the
+        # validation is most of this call's cost), copied: its parsers may set its fields.
+        request = _plain_request().model_copy() if len(body) == 1 else _validated(body)
         parsing = cls(parsers, tokenizer, request)
         parsing._check_parser()
         return parsing
