@@ -20,6 +20,7 @@ from prism.gateway.openai.protocol import (
     StreamOptions,
     as_sent,
     error_body,
+    finish_reason,
     stream_options,
     usage,
     wants_stream,
@@ -31,14 +32,34 @@ def sse(payload: dict) -> bytes:
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
-def json_bytes(value: str | None) -> bytes:
+def _json_bytes(value: str | None) -> bytes:
     """A string or null as `sse`'s JSON writes it (json.dumps's own C encoder)."""
     return b"null" if value is None else encode_basestring_ascii(value).encode()
 
 
-def chunk_head(request_id: str, kind: str, created: int, model: str) -> bytes:
-    """The opening of every SSE chunk of a request, as `sse` writes it, up to "choices"."""
-    return sse({"id": request_id, "object": kind, "created": created, "model": model})[6:-3] + b","
+class PlainChunks:
+    """A request's SSE chunks of plain text as `sse` writes them, without their closing
+    brace: the head (id, object, created, model) made once, then the choice, whose text
+    goes between `before` and `after` (`"delta":{"content":` for a chat)."""
+
+    def __init__(
+        self, request_id: str, kind: str, created: int, before: bytes, after: bytes
+    ) -> None:
+        self._head = {"id": request_id, "object": kind, "created": created}
+        self._before = b"," + before
+        self._after = after + b',"logprobs":null,"finish_reason":'
+        # By model name: a request's replies all carry the same one.
+        self._heads: dict[str, bytes] = {}
+
+    def of(self, reply: Any) -> bytes:
+        head = self._heads.get(reply.model)
+        if head is None:
+            head = sse({**self._head, "model": reply.model})[6:-3] + b',"choices":[{"index":'
+            self._heads[reply.model] = head
+        return b"".join((
+            head, str(reply.index).encode(), self._before, _json_bytes(reply.text), self._after,
+            _json_bytes(finish_reason(reply.finish_reason)), b"}]",
+        ))  # fmt: skip
 
 
 class EndpointAnswer(Protocol):

@@ -28,7 +28,7 @@ from prism.gateway.openai.protocol import (
     sampling,
     usage,
 )
-from prism.gateway.streaming import chunk_head, json_bytes, respond
+from prism.gateway.streaming import PlainChunks, respond
 from prism.media import embeds
 from prism.proto.v1 import common_pb2, inference_pb2
 from prism.rpc.errors import invalid
@@ -315,7 +315,8 @@ class ChatAnswer:
         self.created = int(time.time())
         # Top logprobs per position, where logprobs are asked for.
         self.top_logprobs = params.logprobs if params.HasField("logprobs") else None
-        self._heads: dict[str, bytes] = {}
+        self._plain = PlainChunks(request_id, "chat.completion.chunk", self.created,
+                                  b'"delta":{"content":', b"}")  # fmt: skip
 
     def _logprobs(self, positions: list) -> dict | None:
         if self.top_logprobs is None:
@@ -345,15 +346,7 @@ class ChatAnswer:
     def plain(self, reply: inference_pb2.ChatResponse, first: bool) -> bytes | None:
         if first or reply.reasoning or reply.tool_calls or self.top_logprobs is not None:
             return None
-        head = self._heads.get(reply.model)
-        if head is None:
-            head = chunk_head(self.request_id, "chat.completion.chunk", self.created, reply.model)
-            self._heads[reply.model] = head
-        return b"".join((
-            head, b'"choices":[{"index":', str(reply.index).encode(), b',"delta":{"content":',
-            json_bytes(reply.text), b'},"logprobs":null,"finish_reason":',
-            json_bytes(finish_reason(reply.finish_reason)), b"}]",
-        ))  # fmt: skip
+        return self._plain.of(reply)
 
     def _choice(self, index: int, replies: list[inference_pb2.ChatResponse]) -> dict:
         end = replies[-1]

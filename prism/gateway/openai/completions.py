@@ -26,7 +26,7 @@ from prism.gateway.openai.protocol import (
     usage,
     wants_stream,
 )
-from prism.gateway.streaming import chunk_head, json_bytes, respond
+from prism.gateway.streaming import PlainChunks, respond
 from prism.proto.v1 import common_pb2, inference_pb2
 from prism.rpc.errors import invalid
 
@@ -116,7 +116,7 @@ class CompletionAnswer:
         self.logprobs = params.logprobs if params.HasField("logprobs") else None
         # Each choice's next text offset, for logprobs streamed chunk by chunk.
         self.offsets: dict[int, int] = {}
-        self._heads: dict[str, bytes] = {}
+        self._plain = PlainChunks(request_id, "text_completion", self.created, b'"text":', b"")
 
     def _choice(self, index: int, replies: list[inference_pb2.CompleteResponse]) -> dict:
         body: dict[str, Any] = {
@@ -147,15 +147,7 @@ class CompletionAnswer:
     def plain(self, reply: inference_pb2.CompleteResponse, first: bool) -> bytes | None:
         if self.logprobs is not None or reply.prompt_logprobs:
             return None
-        head = self._heads.get(reply.model)
-        if head is None:
-            head = chunk_head(self.request_id, "text_completion", self.created, reply.model)
-            self._heads[reply.model] = head
-        return b"".join((
-            head, b'"choices":[{"index":', str(reply.index).encode(), b',"text":',
-            json_bytes(reply.text), b',"logprobs":null,"finish_reason":',
-            json_bytes(finish_reason(reply.finish_reason)), b"}]",
-        ))  # fmt: skip
+        return self._plain.of(reply)
 
     def final(self, choices: dict[int, list], last: inference_pb2.CompleteResponse) -> dict:
         return {
