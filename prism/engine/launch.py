@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 # Roles that take images as embeddings: `prefill` reads them from the encoder; `decode`
 # gets placeholders, since the images' KV comes from prefill.
 _EMBEDS_ROLES = (EngineRole.PREFILL, EngineRole.DECODE)
+_MULTIPROC_METHOD = "VLLM_WORKER_MULTIPROC_METHOD"
 
 # Engine arguments that the worker's role and its own flags decide; a vLLM flag that set
 # them would break the role's contract with the mesh.
@@ -153,6 +154,9 @@ def engine_args(
     if embeds and "mm_tensor_ipc" not in given and device_embeddings(engine):
         # Embeddings read into GPU memory reach the engine core as device tensors.
         engine.mm_tensor_ipc = "torch_shm"
+    if engine.mm_tensor_ipc == "torch_shm":
+        # vLLM refuses that IPC unless its worker processes are spawned, not forked.
+        os.environ.setdefault(_MULTIPROC_METHOD, "spawn")
     return engine
 
 
@@ -161,7 +165,9 @@ def device_embeddings(engine: AsyncEngineArgs) -> bool:
     process runs the model (vLLM's shared-memory tensor IPC, which carries device tensors,
     takes no more)."""
     ranks = engine.tensor_parallel_size * engine.pipeline_parallel_size * engine.data_parallel_size
-    return not current_platform.is_cpu() and ranks == 1
+    # A user's forked worker processes keep the host path: vLLM refuses the IPC with them.
+    spawned = os.environ.get(_MULTIPROC_METHOD, "spawn") == "spawn"
+    return not current_platform.is_cpu() and ranks == 1 and spawned
 
 
 def embeddings_device(engine: AsyncLLM) -> str:

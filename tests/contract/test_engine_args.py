@@ -4,12 +4,14 @@ except those a worker's role and Prism's own flags decide."""
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 from conftest import mesh_config
 
 from prism import cli
 from prism.config.stages import WorkerStageConfig
+from prism.engine import launch
 from prism.engine.launch import engine_args, vllm_flags
 from prism.modes import EngineRole
 from prism.ops.plan import plan
@@ -69,3 +71,17 @@ def test_serve_passes_vllm_engine_arguments_to_every_engine():
     for stage in engines:
         start = stage.argv.index("--max-num-seqs")
         assert stage.argv[start : start + 4] == unknown
+
+
+def test_a_gpu_engine_takes_device_embeddings_with_its_processes_spawned(models, monkeypatch):
+    # vLLM refuses the tensor IPC that carries device tensors with forked worker processes.
+    monkeypatch.setattr(launch.current_platform, "is_cpu", lambda: False)
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    args = cli.build_parser().parse_args(
+        ["worker", "--model", str(models["llava"]), "--role", "aggregated", "--enable-mm-embeds"]
+    )
+    config = WorkerStageConfig.from_args(args, vllm_flags=[])
+    assert engine_args(config).mm_tensor_ipc == "torch_shm"
+    assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    assert engine_args(config).mm_tensor_ipc == "direct_rpc"
