@@ -34,6 +34,8 @@ class Flag:
     secret: bool
     # The argument group it is listed under, where not its config's.
     group: str | None
+    # The least value it takes: refused below, on the command line and in code alike.
+    minimum: int | None = None
 
 
 def flag(
@@ -47,9 +49,10 @@ def flag(
     always: bool = False,
     secret: bool = False,
     group: str | None = None,
+    minimum: int | None = None,
 ) -> Any:
     """A field and its flag, `--NAME-OF-FIELD` (after `aliases`); no default: required."""
-    spec = Flag(help, aliases, choices, metavar, always, secret, group)
+    spec = Flag(help, aliases, choices, metavar, always, secret, group, minimum)
     return dataclasses.field(default=default, default_factory=factory, metadata={_FLAG: spec})
 
 
@@ -88,13 +91,28 @@ def _argument(field: dataclasses.Field, kind: Any, default: Any) -> dict[str, An
         base = next(arg for arg in typing.get_args(kind) if arg is not type(None))
     else:
         base = kind
-    if base is not str:
+    if spec.minimum is not None:
+        keywords["type"] = _at_least(base, spec.minimum)
+    elif base is not str:
         keywords["type"] = base
     if spec.choices is not None:
         keywords["choices"] = spec.choices
     elif isinstance(base, type) and issubclass(base, enum.Enum):
         keywords["choices"] = list(base)
     return keywords
+
+
+def _at_least(kind: Callable[[str], Any], minimum: int) -> Callable[[str], Any]:
+    """argparse's `type` for a value of `kind` no less than `minimum`."""
+
+    def parse(text: str) -> Any:
+        value = kind(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    parse.__name__ = getattr(kind, "__name__", "value")
+    return parse
 
 
 def _group(parser: argparse.ArgumentParser, title: str | None) -> Any:
@@ -126,6 +144,15 @@ class Flags:
 
     # The title of the argument group its flags are listed under (None: the parser's own).
     group: ClassVar[str | None] = None
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):  # type: ignore[arg-type]
+            spec = field.metadata.get(_FLAG)
+            value = getattr(self, field.name)
+            if spec is not None and spec.minimum is not None and value < spec.minimum:
+                raise ValueError(
+                    f"{option(field.name)} must be at least {spec.minimum}, got {value}"
+                )
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser, **defaults: Any) -> None:

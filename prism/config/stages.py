@@ -73,6 +73,7 @@ class SimEngineConfig(Flags):
         1,
         "simulated engines one worker process runs, as Dynamo's mocker does: each its "
         "own replica (own gRPC server at --port + i, KV events, registration)",
+        minimum=1,
     )
 
 

@@ -63,8 +63,6 @@ def _engines(config: MeshConfig) -> dict[str, list[StageProcess]]:
               *config.transfer.to_argv()]  # fmt: skip
     # Simulated engines go --sim-engines to a process, each its own replica.
     per_process = config.sim.sim_engines if simulated else 1
-    if per_process < 1:
-        raise ValueError(f"--sim-engines must be at least 1, got {per_process}")
 
     def workers(name: str, count: int, role: EngineRole, embeds: bool) -> list[StageProcess]:
         # Each disaggregated engine has its own KV side channel.

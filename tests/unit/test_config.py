@@ -117,6 +117,19 @@ def test_a_field_declares_its_flag_help_default_and_choices_once():
                                 "--on"]  # fmt: skip
 
 
+def test_a_flags_minimum_is_refused_on_the_command_line_and_in_code(capsys):
+    for command in ("serve", "worker"):
+        with pytest.raises(SystemExit) as exit:
+            build_parser().parse_args([command, "--model", "m", "--sim-engines", "0"])
+        assert exit.value.code == 2
+        assert "--sim-engines: must be at least 1, got 0" in capsys.readouterr().err
+    assert (
+        build_parser().parse_args(["worker", "--model", "m", "--sim-engines", "3"]).sim_engines == 3
+    )
+    with pytest.raises(ValueError, match="--sim-engines must be at least 1, got 0"):
+        stages.SimEngineConfig(sim_engines=0)
+
+
 @pytest.mark.parametrize(
     ("command", "cls", "port"),
     [("worker", WorkerStageConfig, 50051), ("encoder", EncoderStageConfig, 50052),

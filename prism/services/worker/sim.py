@@ -271,8 +271,6 @@ class SimServicer:
 
 async def serve(settings: WorkerStageConfig) -> None:
     worker, sim = settings.worker, settings.sim
-    if sim.sim_engines < 1:
-        raise ValueError(f"--sim-engines must be at least 1, got {sim.sim_engines}")
     role = EngineRole(worker.role)
     stage = Stage(settings, role.mesh_role)
     config = sim_config(sim, settings.model, settings.engine.stream_interval)
