@@ -86,6 +86,10 @@ class Router:
             candidates = [a for a in candidates if self.load(a) == lowest]
         return candidates[turn % len(candidates)]
 
+    def serving(self, role: str) -> bool:
+        """Whether a replica of `role` is registered and not believed down."""
+        return any(a not in self._down for a in self.registry.endpoints(role))
+
     def owner(self, role: str, content: str) -> str:
         """The replica of `role` that `kv` routing sends the media item `content` to."""
         return _owner(self._candidates(role), content)

@@ -124,6 +124,12 @@ KV_EVENT_RESYNCS = Counter(
 )
 
 
+ENCODE_FALLBACKS = Counter(
+    "prism_encode_fallbacks",
+    "Requests whose images and videos the worker encoded because no encoder could, by cause: "
+    "unavailable (none serving), full (all at their bound), failed (the encode failed)",
+    ["cause"],
+)
 ROUTING_DECISIONS = Counter(
     "prism_routing_decisions", "Replicas picked for calls, by policy and role", ["policy", "role"]
 )

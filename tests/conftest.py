@@ -432,6 +432,28 @@ def stream_outcome(base_url: str, body: dict, timeout: float = 120) -> str:
     return "completed" if tokens == body["max_tokens"] else f"short {tokens}"
 
 
+def answer(mesh, case: str) -> tuple[str, int]:
+    """Text and completion tokens of one parity case, greedy, as one JSON body."""
+    kind, body, max_tokens = CASES[case]
+    if kind == "chat":
+        path, request = "chat/completions", {"messages": body}
+    else:
+        path, request = "completions", {"prompt": body}
+    request |= {"model": mesh.model, "max_tokens": max_tokens, "temperature": 0}
+    reply = httpx.post(f"{mesh.base_url}/{path}", json=request, timeout=120)
+    assert reply.status_code == 200, reply.text
+    reply = reply.json()
+    choice = reply["choices"][0]
+    text = choice["message"]["content"] if kind == "chat" else choice["text"]
+    return text, reply["usage"]["completion_tokens"]
+
+
+def assert_equals_offline_vllm(mesh, expected: dict[str, dict]) -> None:
+    for case in CASES:
+        text, tokens = answer(mesh, case)
+        assert (text, tokens) == (expected[case]["text"], len(expected[case]["token_ids"])), case
+
+
 def first_requests(mesh: RunningMesh, count: int = 8) -> list[str]:
     """Sends `count` streamed chats at once, the moment the mesh reports ready (half with
     an image); returns how each ended."""

@@ -140,6 +140,11 @@ class ProcessorConfig(Flags):
     migration_limit: int = flag(
         1, "times a request moves to another worker replica when the one streaming it dies"
     )
+    no_encoder_fallback: bool = flag(
+        False,
+        "fail a request whose images or videos no encoder can take (none serving, all "
+        "full, the encode failed) rather than have the worker encode them from the pixels",
+    )
 
 
 @dataclass

@@ -14,9 +14,8 @@ import sys
 import threading
 import time
 
-import httpx
 import pytest
-from conftest import CASES, start_mesh, stream_outcome, unavailable
+from conftest import assert_equals_offline_vllm, start_mesh, stream_outcome, unavailable
 from support import hosts
 from support.content import data_url, image_part, png, user
 from support.waiting import wait_for
@@ -30,28 +29,6 @@ from prism.runtime import processes
 def simulated_hosts_available() -> None:
     if reason := hosts.available():
         unavailable(reason)
-
-
-def answer(mesh, case: str) -> tuple[str, int]:
-    """Text and completion tokens of one parity case, greedy, as one JSON body."""
-    kind, body, max_tokens = CASES[case]
-    if kind == "chat":
-        path, request = "chat/completions", {"messages": body}
-    else:
-        path, request = "completions", {"prompt": body}
-    request |= {"model": mesh.model, "max_tokens": max_tokens, "temperature": 0}
-    reply = httpx.post(f"{mesh.base_url}/{path}", json=request, timeout=120)
-    assert reply.status_code == 200, reply.text
-    reply = reply.json()
-    choice = reply["choices"][0]
-    text = choice["message"]["content"] if kind == "chat" else choice["text"]
-    return text, reply["usage"]["completion_tokens"]
-
-
-def assert_equals_offline_vllm(mesh, expected: dict[str, dict]) -> None:
-    for case in CASES:
-        text, tokens = answer(mesh, case)
-        assert (text, tokens) == (expected[case]["text"], len(expected[case]["token_ids"])), case
 
 
 ECHO = """

@@ -27,6 +27,7 @@ from prism.rpc.channel import call_metadata
 from prism.rpc.errors import PrismError
 from prism.runtime.clients import GENERATE, Peers
 from prism.services.processor.cache_watch import CacheWatch
+from prism.services.processor.encode_fallback import EncodeFallback
 from prism.services.processor.failover import Failover, StageCalls
 from prism.services.processor.inputs import ModelInputs
 
@@ -34,12 +35,19 @@ log = logging.getLogger(__name__)
 
 
 class Pipeline:
-    def __init__(self, mode: Mode, router: Router, inputs: ModelInputs | None = None) -> None:
+    def __init__(
+        self,
+        mode: Mode,
+        router: Router,
+        inputs: ModelInputs | None = None,
+        encoder_fallback: bool = True,
+    ) -> None:
         self.mode = mode
         self.router = router
         self.inputs = inputs or ModelInputs()
         self.peers = Peers(router)
         self.failover = Failover(self.peers)
+        self.fallback = EncodeFallback(router, encoder_fallback)
         # Releases of prefill KV still in flight (kept referenced until done).
         self._releases: set[asyncio.Task] = set()
         # `kv` routing: the prefix caches of the role that computes prompts.
@@ -51,13 +59,16 @@ class Pipeline:
     async def ready(self) -> bool:
         """Probes every replica of every role of the mode (health, and load when routing
         by it), and follows the prefix caches of those that compute prompts when routing
-        by them; True when each role has at least one serving replica."""
+        by them; True when each role has at least one serving replica, encoders aside
+        where the workers encode in their stead."""
         if self.cache_watch is not None:
             self.cache_watch.refresh()
         ready = True
         for role in self.mode.roles:
             probes = [self.peers.probe(a) for a in self.router.registry.endpoints(role)]
-            ready = any(await asyncio.gather(*probes)) and ready
+            serving = any(await asyncio.gather(*probes))
+            if role != MeshRole.ENCODER or not self.fallback.enabled:
+                ready = serving and ready
         return ready
 
     async def close(self) -> None:
@@ -97,15 +108,20 @@ class Pipeline:
         sampling: common_pb2.SamplingParams,
         call: StageCalls,
     ) -> AsyncIterator[engine_pb2.GenerateResponse]:
-        """Encodes the media if the mode has an encoder; then the worker replies."""
+        """Encodes the media if the mode has an encoder (the worker encodes them where no
+        encoder can: prism.services.processor.encode_fallback); then the worker replies."""
         request = engine_pb2.GenerateRequest(
             request_id=request_id, prompt_token_ids=prompt_ids, sampling=sampling
         )
         if media.image_embeddings:
             # The processor admits no pixels beside them, and no videos without an encoder.
             IMAGE_EMBEDS.items(request.embeddings).extend(media.image_embeddings)
+        embeddings = None
         if media.has_files and self.mode.has_encoder:
-            embeddings = await self._encode(request_id, media, call)
+            embeddings = await self.fallback.encoded(
+                lambda: self._encode(request_id, media, call), call
+            )
+        if embeddings is not None:
             for modality in MODALITIES:
                 modality.items(request.embeddings).extend(modality.items(embeddings))
         elif media.has_files:

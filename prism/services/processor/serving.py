@@ -58,7 +58,7 @@ async def serve(
     inputs = ModelInputs.of(model.model, own.enable_mm_embeds,
                             count_tokens=routing.routing == "kv")  # fmt: skip
     router = Router(stage.registry, routing.routing, overlap_weight=routing.kv_overlap_weight)
-    pipeline = Pipeline(deployed, router, inputs)
+    pipeline = Pipeline(deployed, router, inputs, not own.no_encoder_fallback)
     loader = MediaLoader(media_policy(config.media, config.fetch))
     tokenizer = AutoTokenizer.from_pretrained(model.model)
     try:
