@@ -43,9 +43,9 @@ from bench.lib.report import publish
 from bench.lib.results import RECORDS, save, stamp
 from bench.lib.servers import (
     DYNAMO_PYTHON,
-    AnchorFailed,
     Server,
-    anchor,
+    StartFailed,
+    may_fail,
     start_dynamo,
     start_prism,
     start_vllm,
@@ -120,17 +120,17 @@ def starters(args: argparse.Namespace, logs: Path) -> list[Callable[[], Server]]
         if not DYNAMO_PYTHON.exists():
             raise SystemExit("the anchors are not installed: run `make bench-anchors`")
         out += [
-            anchor(lambda: start_dynamo(DYNAMO_AGG, args.model, logs, limits), DYNAMO_AGG),
-            anchor(lambda: start_dynamo(DYNAMO_PD, args.model, logs, limits), DYNAMO_PD),
-            anchor(lambda: start_dynamo(DYNAMO_E_PD, args.model, logs, limits), DYNAMO_E_PD),
-            anchor(lambda: start_vllm_pd(args.model, logs, limits), "vllm_pd"),
+            may_fail(lambda: start_dynamo(DYNAMO_AGG, args.model, logs, limits), DYNAMO_AGG),
+            may_fail(lambda: start_dynamo(DYNAMO_PD, args.model, logs, limits), DYNAMO_PD),
+            may_fail(lambda: start_dynamo(DYNAMO_E_PD, args.model, logs, limits), DYNAMO_E_PD),
+            may_fail(lambda: start_vllm_pd(args.model, logs, limits), "vllm_pd"),
         ]
     elif args.load == "image" and args.same_engine:
         out.append(
             lambda: start_vllm(args.model, logs / "vllm-serve-uni.log", limits, same_engine=True)
         )
     out += [
-        lambda mode=mode: start_prism(mode, args.model, logs / f"{slug(mode)}.log")
+        may_fail(lambda mode=mode: start_prism(mode, args.model, logs / f"{slug(mode)}.log"), mode)
         for mode in args.modes.split(",")
     ]
     return out
@@ -236,7 +236,7 @@ def run_rounds(
                 continue
             try:
                 server = start()
-            except AnchorFailed as exc:
+            except StartFailed as exc:
                 tally.failed[index] = str(exc)
                 print(f"skipped: {exc}", flush=True)
                 continue

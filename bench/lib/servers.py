@@ -8,6 +8,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -222,18 +223,23 @@ def served_models(base_url: str) -> list[str]:
         return []
 
 
-class AnchorFailed(RuntimeError):
-    """An anchor that does not run on this machine: the bench goes on without it."""
+class StartFailed(RuntimeError):
+    """A server that did not start on this machine: the bench goes on without it and
+    records why."""
 
 
-def anchor(start: Callable[[], Server], name: str) -> Callable[[], Server]:
+def may_fail(start: Callable[[], Server], name: str) -> Callable[[], Server]:
     def started() -> Server:
         try:
             return start()
         except RuntimeError as exc:
-            raise AnchorFailed(f"{name}: {exc}") from exc
+            raise StartFailed(f"{name}: {exc}") from exc
 
     return started
+
+
+# A line that starts an exception's report: `package.module.NameError: message`.
+_EXCEPTION = re.compile(r"^\w[\w.]*(Error|Exception)\b")
 
 
 def start_prism(mode: str, model: str, log: Path, **serve: Any) -> Server:
@@ -245,7 +251,18 @@ def start_prism(mode: str, model: str, log: Path, **serve: Any) -> Server:
                         limit=LimitConfig(0), log=LogConfig("warning"))  # fmt: skip
     mesh = Mesh(plan(config))
     with open(log, "w") as out:
-        mesh.start(timeout=300, log=out)
+        try:
+            mesh.start(timeout=300, log=out)
+        except RuntimeError as exc:
+            # The stages that did start would hold the machine (a GPU's memory) for the next.
+            mesh.stop()
+            lines = log.read_text(errors="replace").splitlines()
+            print(f"{mode} did not start ({exc}); the end of {log}:", *lines[-15:], sep="\n")
+            # Why, for the record: the last exception as Python prints it (and the line after,
+            # where pydantic says what it refused).
+            raised = [i for i, line in enumerate(lines) if _EXCEPTION.match(line)]
+            why = " ".join(x.strip() for x in lines[raised[-1] : raised[-1] + 2]) if raised else ""
+            raise RuntimeError(f"{exc}: {why}" if why else str(exc)) from None
     reader = {"e/pd": "worker", "e/p/d": "prefill"}.get(mode, "")
     metrics = mesh.stage(reader).metrics_url if reader else ""
     pids = {stage.name: stage.process.pid for stage in mesh.stages if stage.process}
