@@ -16,7 +16,10 @@
 # PYTHONPATH, as the offline bundle installs it), MODEL (a checkpoint to use instead),
 # RESULTS (default bench/results/verify-FORM), DOC (default docs/gpu.md), STEPS (some of
 # smoke,serve,encoder,transfer: to spread the run over calls of a machine that allows only
-# so many minutes each; the report takes each step's latest run from RESULTS).
+# so many minutes each; the report takes each step's latest run from RESULTS), and MODES,
+# PARITY and REQUESTS (the Prism modes served, those of them checked against offline
+# vLLM, the requests per concurrency level: a short lease's serve step, e.g.
+# MODES=e/pd,e/p/d REQUESTS=16).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,7 +34,8 @@ if [ "$FORM" = auto ]; then
 fi
 if [ "$FORM" = gpu ]; then
   DEVICE=cuda BUILD=(--preset qwen2-vl-2b) MODEL=${MODEL:-models/qwen2-vl-2b}
-  REQUESTS=64 ENCODER_REQUESTS=256 ROUNDS=3 MODES=epd,e/pd,e/p/d PARITY=e/pd,e/p/d
+  REQUESTS=${REQUESTS:-64} ENCODER_REQUESTS=256 ROUNDS=3
+  MODES=${MODES:-epd,e/pd,e/p/d} PARITY=${PARITY:-e/pd,e/p/d}
 else
   # The CPU form proves each step runs, in the one mode that exercises every stage and
   # both transfers; the modes' parity on the CPU is the test suite's.
