@@ -130,6 +130,24 @@ ENCODE_FALLBACKS = Counter(
     "unavailable (none serving), full (all at their bound), failed (the encode failed)",
     ["cause"],
 )
+STAGE_FIRST_REPLY = Histogram(
+    "prism_stage_first_reply_seconds",
+    "From a stage call to its first reply (queueing included), by role: an encoder's "
+    "embeddings, a worker's or prefill's first token, a decode's first token after its KV "
+    "read; what the planner weighs each role's share of the time to first token by",
+    ["role"],
+    buckets=_SECONDS,
+)
+PLANNER_REPLICAS = Gauge(
+    "prism_planner_replicas",
+    "Replicas of each role: desired (the planner's) and actual",
+    ["role", "state"],
+)
+PLANNER_DECISIONS = Counter(
+    "prism_planner_decisions",
+    "Replica changes the planner made, by role and reason",
+    ["role", "reason"],
+)
 ROUTING_DECISIONS = Counter(
     "prism_routing_decisions", "Replicas picked for calls, by policy and role", ["policy", "role"]
 )

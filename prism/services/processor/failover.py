@@ -8,12 +8,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import grpc
 
+from prism import telemetry
 from prism.modes import MeshRole
 from prism.proto.stage.v1 import engine_pb2
 from prism.proto.v1 import common_pb2, errors_pb2
@@ -111,14 +113,20 @@ class Failover:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(channel.channel_ready(), _CONNECT_S)
             replied = False
+            first_reply = telemetry.STAGE_FIRST_REPLY.labels(role)
+            started = time.perf_counter()
             try:
                 with self.router.using(address, blocks, keys) as computed:
                     stage_call = call.track(start(address), address)
                     try:
                         if isinstance(stage_call, grpc.aio.UnaryUnaryCall):
-                            yield await stage_call
+                            reply = await stage_call
+                            first_reply.observe(time.perf_counter() - started)
+                            yield reply
                         else:
                             async for reply in stage_call:
+                                if not replied:
+                                    first_reply.observe(time.perf_counter() - started)
                                 replied = True
                                 computed()
                                 yield reply
