@@ -56,7 +56,7 @@ class PlannerConfig(Flags):
     )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PlannerStageConfig(Flags):
     """Everything `prism planner` takes: it plans a mesh another tool deployed."""
 
