@@ -1,4 +1,5 @@
-"""`prism serve | worker | processor | gateway | model build | health | deploy kubernetes`.
+"""`prism serve | worker | processor | gateway | planner | model build | health |
+deploy kubernetes`.
 
 Heavy imports (vLLM, torch) happen inside the subcommand that needs them, so the gateway
 and the launcher start in a fraction of a second.
@@ -19,6 +20,7 @@ from prism import logs
 from prism.config.common import LogConfig, TlsConfig
 from prism.config.deploy import KubernetesConfig
 from prism.config.flags import Flags
+from prism.config.planner import PlannerStageConfig
 from prism.config.stages import (
     EncoderStageConfig,
     FrontStageConfig,
@@ -95,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     _stage(sub, "gateway", "OpenAI REST API in front of a processor", 8000, GatewayStageConfig)
     _stage(sub, "front", "a processor serving the OpenAI REST API too, in one process", 50050,
            FrontStageConfig)  # fmt: skip
+    PlannerStageConfig.add_cli_args(sub.add_parser(
+        "planner", help="set the replicas of each role of a deployed mesh against latency goals"
+    ))  # fmt: skip
     _model_parser(sub)
     _health_parser(sub)
     _deploy_parser(sub)
@@ -161,6 +166,39 @@ def _run_stage(serve: Coroutine[Any, Any, None]) -> int:
     return 0
 
 
+def _deploy(args: argparse.Namespace) -> int:
+    """`prism deploy kubernetes`: the manifests, to --out."""
+    from prism.ops.deploy import kubernetes
+
+    try:
+        text = kubernetes.render(kubernetes.manifests(KubernetesConfig.from_args(args)))
+    except ValueError as exc:
+        raise SystemExit(f"prism deploy kubernetes: {exc}") from None
+    if args.out == "-":
+        sys.stdout.write(text)
+    else:
+        with open(args.out, "w") as out:
+            out.write(text)
+    return 0
+
+
+def _build_model(args: argparse.Namespace) -> int:
+    """`prism model build`: a random-weight checkpoint."""
+    from pathlib import Path
+
+    from prism.devtools.presets import build_preset
+    from prism.devtools.tiny_models import build
+
+    try:
+        if args.preset:
+            print(build_preset(args.preset, Path(args.out), seed=args.seed))
+        else:
+            print(build(args.family, Path(args.out), seed=args.seed, size=args.size))
+    except ValueError as exc:
+        raise SystemExit(f"prism model build: {exc}") from None
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
@@ -210,35 +248,19 @@ def main(argv: list[str] | None = None) -> int:
 
         app.serve(GatewayStageConfig.from_args(args))
         return 0
+    if args.command == "planner":
+        from prism.planner.loop import run
+
+        try:
+            return run(PlannerStageConfig.from_args(args))
+        except ValueError as exc:
+            raise SystemExit(f"prism planner: {exc}") from None
     if args.command == "health":
         return 0 if _healthy(args.target, args.timeout) else 1
     if args.command == "deploy":
-        from prism.ops.deploy import kubernetes
-
-        try:
-            text = kubernetes.render(kubernetes.manifests(KubernetesConfig.from_args(args)))
-        except ValueError as exc:
-            raise SystemExit(f"prism deploy kubernetes: {exc}") from None
-        if args.out == "-":
-            sys.stdout.write(text)
-        else:
-            with open(args.out, "w") as out:
-                out.write(text)
-        return 0
+        return _deploy(args)
     if args.command == "model":
-        from pathlib import Path
-
-        from prism.devtools.presets import build_preset
-        from prism.devtools.tiny_models import build
-
-        try:
-            if args.preset:
-                print(build_preset(args.preset, Path(args.out), seed=args.seed))
-            else:
-                print(build(args.family, Path(args.out), seed=args.seed, size=args.size))
-        except ValueError as exc:
-            raise SystemExit(f"prism model build: {exc}") from None
-        return 0
+        return _build_model(args)
     return 2
 
 

@@ -140,7 +140,7 @@ STAGE_FIRST_REPLY = Histogram(
 )
 PLANNER_REPLICAS = Gauge(
     "prism_planner_replicas",
-    "Replicas of each role: desired (the planner's) and actual",
+    "Replicas of each role: desired (the planner's) and running",
     ["role", "state"],
 )
 PLANNER_DECISIONS = Counter(

@@ -23,6 +23,7 @@ from prism.config.common import (
     TransferConfig,
 )
 from prism.config.flags import Flags, flag, nested
+from prism.config.planner import PlannerConfig
 from prism.modes import MODES, EngineRole
 from prism.registry.config import ConnectConfig, PeersConfig, RegistryConfig
 from prism.services.worker.sim_engine import SimConfig
@@ -242,6 +243,7 @@ class MeshConfig(Flags):
     limit: LimitConfig = nested(LimitConfig)
     tools: ToolsConfig = nested(ToolsConfig)
     reasoning: ReasoningConfig = nested(ReasoningConfig)
+    planner: PlannerConfig = nested(PlannerConfig)
     tls: TlsConfig = nested(TlsConfig)
     # Every stage takes it too (the static registry: the launcher's --peer entries).
     registry: RegistryConfig = nested(RegistryConfig)

@@ -24,6 +24,7 @@ from prism.ops import gpus
 from prism.ops.plan import plan
 from prism.ops.stage_process import StageProcess, prepare_child
 from prism.ops.supervisor import Supervisor
+from prism.planner import local as planning
 from prism.runtime import processes
 
 
@@ -40,11 +41,15 @@ class Mesh:
     def address(self, name: str) -> str:
         return self.stage(name).address
 
-    def start(self, timeout: float = 300.0, log: IO | None = None) -> None:
-        """Starts every stage (output to `log` if given) and waits until all are healthy."""
-        for stage in self.stages:
+    def start(
+        self, timeout: float = 300.0, log: IO | None = None,
+        stages: list[StageProcess] | None = None,
+    ) -> None:  # fmt: skip
+        """Starts every stage, or those of `stages` (output to `log` if given), and waits
+        until they are healthy."""
+        for stage in self.stages if stages is None else stages:
             self.spawn(stage, log)
-        self._wait_healthy(list(self.stages), timeout)
+        self._wait_healthy(list(self.stages if stages is None else stages), timeout)
 
     def restart(
         self, name: str, argv: list[str] | None = None, timeout: float = 300.0,
@@ -78,7 +83,7 @@ class Mesh:
     def _wait_healthy(self, pending: list[StageProcess], timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while pending:
-            self.check_alive()
+            self.check_alive(pending)
             pending = [stage for stage in pending if not stage.healthy()]
             if pending and time.monotonic() > deadline:
                 names = ", ".join(stage.name for stage in pending)
@@ -86,9 +91,9 @@ class Mesh:
             if pending:
                 time.sleep(0.5)
 
-    def check_alive(self) -> None:
-        """Raises if a stage has exited."""
-        for stage in self.stages:
+    def check_alive(self, stages: list[StageProcess] | None = None) -> None:
+        """Raises if a stage (of `stages`) has exited."""
+        for stage in self.stages if stages is None else stages:
             if stage.process is not None and (code := stage.process.poll()) is not None:
                 raise RuntimeError(f"{stage.name} exited ({processes.exit_reason(code)})")
 
@@ -175,11 +180,13 @@ def run(config: MeshConfig) -> int:
 
     signal.signal(signal.SIGINT, _raise_stop)
     signal.signal(signal.SIGTERM, _raise_stop)
+    planned = config.planner.planner != "none"
     try:
-        mesh = Mesh(plan(config))
+        stages, starting = planning.plan_mesh(config) if planned else (plan(config),) * 2
     except ValueError as exc:
         _say(str(exc))
         return 2
+    mesh = Mesh(stages)
     placed = [stage for stage in mesh.stages if stage.placement.gpus]
     if placed:
         print("prism: GPU plan", flush=True)
@@ -187,15 +194,20 @@ def run(config: MeshConfig) -> int:
             print(f"  {gpus.describe(stage.name, stage.placement)}", flush=True)
     written = False
     try:
-        mesh.start()
+        mesh.start(stages=starting)
+        supervisor = Supervisor(mesh, list(starting), report=_say)
+        planner = None
         status = endpoints(config, mesh)
+        if planned:
+            planner, status["planner_metrics"] = planning.start(config, mesh, supervisor)
         if config.serve.status_file:
             _write_status(config.serve.status_file, status)
             written = True
         print(describe(status), flush=True)
-        supervisor = Supervisor(mesh, mesh.stages, report=_say)
         while True:
             supervisor.poll()
+            if planner is not None:
+                planner.poll()
             time.sleep(0.5)
     except _StopRequested:
         return 0

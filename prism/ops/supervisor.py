@@ -73,6 +73,17 @@ class Supervisor:
         self._records = {stage.name: _Record() for stage in stages}
         self.restarts = 0
 
+    def watch(self, stage: StageProcess) -> None:
+        """Watches `stage` too (a replica the planner started), from a clean record."""
+        self._records[stage.name] = _Record()
+        if stage not in self.stages:
+            self.stages.append(stage)
+
+    def release(self, stage: StageProcess) -> None:
+        """Watches `stage` no more: it is to exit (a replica the planner stops)."""
+        self.stages.remove(stage)
+        del self._records[stage.name]
+
     def down(self) -> list[str]:
         """The stages not running, or started again and not yet healthy."""
         return [

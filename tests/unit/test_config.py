@@ -162,11 +162,12 @@ def test_every_flag_serve_hands_on_reaches_a_stage(monkeypatch, front):
     """Each flag `prism serve` takes for its stages, set to something other than its
     default, is what some stage reads from its command line (the API key from its
     environment, where `ps` does not show it; a gateway apart takes the HTTP address as
-    its own)."""
+    its own). The planner's flags are the launcher's own."""
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     hints = typing.get_type_hints(MeshConfig)
+    own = ("model", "serve", "planner")
     parts = {f.name: changed(hints[f.name]) for f in dataclasses.fields(MeshConfig)
-             if f.metadata.get("nested") and f.name not in ("model", "serve")}  # fmt: skip
+             if f.metadata.get("nested") and f.name not in own}  # fmt: skip
     parts["engine"]["engine"] = "sim"  # the simulated engine's flags go to sim engines only
     # Decodes enough to fill a process of --sim-engines.
     decodes = parts["sim"]["sim_engines"]

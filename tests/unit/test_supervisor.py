@@ -156,3 +156,16 @@ def test_a_process_that_never_goes_is_reported_and_left(monkeypatch, caplog):
 
 def test_describing_a_gone_process_says_so():
     assert processes.describe(2**22 + 1) == f"pid {2**22 + 1}: gone"
+
+
+def test_a_stage_released_may_exit_and_one_watched_later_is_restarted(supervised):
+    supervisor, stage, mesh, _, reports, _ = supervised
+    supervisor.release(stage)  # the planner stops it
+    stage.process.returncode = 0
+    supervisor.poll()
+    assert mesh.spawned == [] and reports == [] and supervisor.stages == []
+    mesh.spawn(stage)  # the planner starts it again
+    supervisor.watch(stage)
+    stage.process.returncode = -9
+    supervisor.poll()
+    assert reports[-1].startswith("encoder-0 exited (SIGKILL)")

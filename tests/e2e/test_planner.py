@@ -1,0 +1,57 @@
+"""`prism serve --planner slo` sets its replicas by itself: under a load that misses the
+goal for the time to first token it starts a second worker, and once the goals are met
+with room it stops one again by draining it, while requests keep coming: none is lost.
+Simulated engines, whose single sequence per step makes a queue that a second worker
+halves."""
+
+from __future__ import annotations
+
+from support import metrics
+from support.served import Load, Served
+from support.waiting import wait_for
+
+
+def replicas(served: Served, state: str) -> float:
+    return metrics.total(served.status["planner_metrics"], "prism_planner_replicas",
+                         role="worker", state=state)  # fmt: skip
+
+
+def decisions(served: Served, reason: str) -> float:
+    return metrics.total(served.status["planner_metrics"], "prism_planner_decisions_total",
+                         role="worker", reason=reason)  # fmt: skip
+
+
+def test_the_planner_adds_a_worker_for_a_queue_and_drains_it_away_after(models, tmp_path):
+    served = Served(
+        ["--mode", "epd", "--model", models["llava"], "--engine", "sim", "--front-workers", "1",
+         "--sim-max-num-seqs", "1", "--sim-decode-step-ms", "20",
+         "--planner", "slo", "--max-replicas", "worker=2", "--ttft-slo-ms", "300",
+         "--itl-slo-ms", "1000", "--planner-interval-s", "1", "--planner-cooldown-s", "2"],
+        tmp_path,
+    )  # fmt: skip
+    try:
+        assert [s["name"] for s in served.status["stages"]][:2] == ["worker-0", "worker-1"]
+        assert served.pid("worker-1") is None  # planned, not started
+        assert wait_for(lambda: replicas(served, "running") == 1, timeout=30), served.tail()
+        # Six streams on one sequence at a time: each waits for five others.
+        heavy = Load(served, clients=6)
+        try:
+            assert wait_for(lambda: replicas(served, "running") == 2, timeout=120), served.tail()
+            assert decisions(served, "ttft") == 1
+            assert wait_for(lambda: served.pid("worker-1") is not None, timeout=10)
+        finally:
+            heavy_outcomes = heavy.stop()
+        # One stream at a time: its first token comes at once, and one worker is enough.
+        light = Load(served, clients=1)
+        try:
+            assert wait_for(lambda: replicas(served, "running") == 1, timeout=120), served.tail()
+            assert decisions(served, "headroom") + decisions(served, "idle") == 1
+            # It drained and exited, while the light load went on.
+            assert wait_for(lambda: served.pid("worker-1") is None, timeout=60), served.tail()
+        finally:
+            light_outcomes = light.stop()
+        assert set(heavy_outcomes) == {"completed"}, heavy_outcomes
+        assert set(light_outcomes) == {"completed"}, light_outcomes
+        assert served.answers()
+    finally:
+        served.stop()

@@ -1,0 +1,204 @@
+"""The planner's rules, its reading of the fronts' metrics and its loop, with no mesh: a
+backend and metrics made up in the test."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from prism.cli import build_parser
+from prism.config.planner import PlannerConfig
+from prism.config.stages import MeshConfig
+from prism.modes import mode
+from prism.planner import decide as rules
+from prism.planner import local, observe
+from prism.planner.loop import Planner, bounds
+
+GOALS = rules.Goals(ttft_s=1.0, itl_s=0.1)
+EPD_D = rules.roles_of(mode("e/p/d"))
+WIDE = {role: rules.Bounds(1, 4) for role in EPD_D.all}
+
+
+def seen(ttft=None, itl=None, first_tokens=10, **first_reply) -> rules.Observation:
+    return rules.Observation(
+        seconds=10.0, first_tokens=first_tokens, ttft_s=ttft, itl_s=itl,
+        calls={role: 10 for role in first_reply}, first_reply_s=first_reply,
+    )  # fmt: skip
+
+
+def decide(observation, desired=None, budget=100, changed_at=None, running=None, now=100.0):
+    desired = desired or {role: 2 for role in EPD_D.all}
+    state = rules.State(dict(desired), dict(changed_at or {}))
+    return rules.decide(observation, GOALS, EPD_D, WIDE, budget, running or desired, state,
+                        now, cooldown_s=20.0)  # fmt: skip
+
+
+def test_the_roles_each_mode_plans():
+    assert rules.roles_of(mode("epd")) == rules.Roles(("worker",), "worker")
+    assert rules.roles_of(mode("e/pd")) == rules.Roles(("encoder", "worker"), "worker")
+    assert rules.roles_of(mode("e/p/d")) == rules.Roles(("encoder", "prefill"), "decode")
+    assert rules.roles_of(mode("ep/d")) == rules.Roles(("prefill",), "decode")
+    assert rules.roles_of(mode("e/pd")).all == ("encoder", "worker")
+
+
+def test_a_slow_first_token_grows_the_slowest_role_on_its_path():
+    images = seen(ttft=3.0, itl=0.01, encoder=2.5, prefill=0.3, decode=0.2)
+    assert decide(images) == [rules.Change("encoder", 3, "ttft")]
+    prompts = seen(ttft=3.0, itl=0.01, encoder=0.1, prefill=2.0)
+    assert decide(prompts) == [rules.Change("prefill", 3, "ttft")]
+
+
+def test_slow_tokens_grow_the_decodes():
+    assert decide(seen(ttft=0.2, itl=0.5, prefill=0.1)) == [rules.Change("decode", 3, "itl")]
+
+
+def test_a_role_at_its_most_or_still_settling_does_not_grow():
+    slow = seen(ttft=3.0, encoder=2.5, prefill=0.3)
+    assert decide(slow, desired={"encoder": 4, "prefill": 1, "decode": 1}) == []
+    assert decide(slow, changed_at={"encoder": 90.0}) == []  # within the cool-down
+    # Asked for 2, one still starting.
+    assert decide(slow, running={"encoder": 1, "prefill": 2, "decode": 2}) == []
+
+
+def test_at_the_budget_the_least_busy_role_gives_a_replica_up():
+    slow = seen(ttft=3.0, itl=0.01, encoder=2.5, prefill=0.3, decode=0.01)
+    assert decide(slow, budget=6) == [
+        rules.Change("decode", 1, "budget"), rules.Change("encoder", 3, "ttft")
+    ]  # fmt: skip
+    # No role above its least: nothing to give.
+    assert decide(slow, desired={"encoder": 2, "prefill": 1, "decode": 1}, budget=4) == []
+
+
+def test_goals_met_with_room_take_a_replica_from_the_least_busy_role():
+    roomy = seen(ttft=0.3, itl=0.02, encoder=0.05, prefill=0.2, decode=0.01)
+    assert decide(roomy) == [rules.Change("decode", 1, "headroom")]
+    # Met, but without room: nothing goes.
+    assert decide(seen(ttft=0.8, itl=0.02, encoder=0.05, prefill=0.2)) == []
+
+
+def test_without_requests_roles_shrink_to_their_least_one_at_a_time():
+    quiet = seen(first_tokens=0)
+    assert decide(quiet, desired={"encoder": 1, "prefill": 1, "decode": 3}) == [
+        rules.Change("decode", 2, "idle")
+    ]  # fmt: skip
+    assert decide(quiet, desired={"encoder": 1, "prefill": 1, "decode": 1}) == []
+
+
+def test_bounds_default_and_refuse_what_cannot_be():
+    config = PlannerConfig(min_replicas=["encoder=0"], max_replicas=["worker=2"])
+    assert bounds(config, ["encoder", "worker"], {"encoder": 6}) == {
+        "encoder": rules.Bounds(0, 6), "worker": rules.Bounds(1, 2)
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="no role 'decode'"):
+        bounds(PlannerConfig(max_replicas=["decode=2"]), ["worker"], {})
+    with pytest.raises(ValueError, match="above"):
+        bounds(PlannerConfig(min_replicas=["worker=3"], max_replicas=["worker=2"]), ["worker"], {})
+    with pytest.raises(ValueError, match="ROLE=N"):
+        bounds(PlannerConfig(min_replicas=["worker"]), ["worker"], {})
+
+
+def metrics_text(ttft=(), itl=(), first_reply=()) -> str:
+    """A front's /metrics with these observations."""
+    registry = CollectorRegistry()
+    buckets = (0.1, 0.5, 1.0, 2.0, 5.0)
+    names = (observe.TTFT, observe.ITL)
+    for name, values in zip(names, (ttft, itl), strict=True):
+        histogram = Histogram(name, "", ["endpoint"], buckets=buckets, registry=registry)
+        for value in values:
+            histogram.labels("Chat").observe(value)
+    stage = Histogram(observe.FIRST_REPLY, "", ["role"], buckets=buckets, registry=registry)
+    for role, value in first_reply:
+        stage.labels(role).observe(value)
+    return generate_latest(registry).decode()
+
+
+def test_quantiles_interpolate_within_their_bucket():
+    assert observe.quantile(0.9, []) is None
+    assert observe.quantile(0.5, [(1.0, 0.0), (float("inf"), 0.0)]) is None
+    # 10 below 1 s, 10 in (1, 2]: the 90th percentile is 80 % into the second bucket.
+    assert observe.quantile(0.9, [(1.0, 10), (2.0, 20), (float("inf"), 20)]) == pytest.approx(1.8)
+    # Beyond the last finite bucket: its bound.
+    assert observe.quantile(0.9, [(1.0, 1), (float("inf"), 10)]) == 1.0
+
+
+def test_an_interval_is_what_changed_between_two_reads_summed_over_fronts():
+    before = observe.parse(metrics_text(ttft=[0.05] * 10))
+    front_a = metrics_text(
+        ttft=[0.05] * 10 + [1.5] * 10,
+        itl=[0.01] * 5,
+        first_reply=[("encoder", 1.0), ("encoder", 2.0), ("prefill", 0.2)],
+    )
+    front_b = metrics_text(ttft=[0.05] * 5)  # another front, new since the first read
+    after = observe.parse(front_b, observe.parse(front_a))
+    seen = observe.observation(before, after, seconds=5.0)
+    assert seen.first_tokens == 15
+    # 15 new: 5 fast, 10 between 1 and 2 s.
+    assert 1.0 < seen.ttft_s <= 2.0
+    assert seen.itl_s == pytest.approx(0.09)
+    assert seen.calls == {"encoder": 2, "prefill": 1}
+    assert seen.first_reply_s == pytest.approx({"encoder": 1.5, "prefill": 0.2})
+    assert seen.busy("encoder") == pytest.approx(2 * 1.5 / 5.0)
+    # A front that restarted counts from zero: what it has now is all new.
+    restarted = observe.observation(after, before, seconds=5.0)
+    assert restarted.first_tokens == 10
+
+
+class Backend:
+    def __init__(self, **replicas):
+        self.counts = dict(replicas)
+        self.asked = []
+
+    def replicas(self, role):
+        return self.counts[role]
+
+    def scale(self, role, count):
+        self.asked.append((role, count))
+        self.counts[role] = count
+
+
+def test_the_loop_decides_from_two_reads_and_exports_what_it_did():
+    reads = iter([
+        metrics_text(),
+        metrics_text(ttft=[4.0] * 10, first_reply=[("worker", 3.0)] * 10),
+        metrics_text(ttft=[4.0] * 10, first_reply=[("worker", 3.0)] * 10),
+    ])  # fmt: skip
+    backend = Backend(worker=1)
+    config = PlannerConfig(planner="slo", ttft_slo_ms=1000, max_replicas=["worker=3"],
+                           planner_interval_s=5, planner_cooldown_s=0)  # fmt: skip
+    now = [0.0]
+    planner = Planner(config, mode("epd"), backend, lambda: ["http://front"],
+                      clock=lambda: now[0],
+                      scrape=lambda urls: observe.parse(next(reads)))  # fmt: skip
+    planner.poll()  # the first read: nothing to compare yet
+    now[0] = 1.0
+    planner.poll()  # not yet an interval
+    now[0] = 5.0
+    planner.poll()
+    assert backend.asked == [("worker", 2)]
+    now[0] = 10.0
+    planner.poll()  # nothing new in the last interval: no requests, so one goes again
+    assert backend.asked == [("worker", 2), ("worker", 1)]
+    assert planner.state.desired == {"worker": 1}
+
+
+def test_the_loop_puts_a_role_into_its_bounds_at_start():
+    backend = Backend(encoder=0, worker=6)
+    Planner(PlannerConfig(planner="slo", max_replicas=["worker=4"]), mode("e/pd"), backend,
+            lambda: [], scrape=lambda urls: {})  # fmt: skip
+    assert backend.asked == [("encoder", 1), ("worker", 4)]
+
+
+def test_prism_serve_plans_each_role_at_its_most_and_starts_what_was_asked():
+    config = MeshConfig.from_args(build_parser().parse_args([
+        "serve", "--model", "m", "--mode", "e/pd", "--encoders", "3", "--engine", "sim",
+        "--planner", "slo", "--max-replicas", "encoder=2", "--max-replicas", "worker=3",
+    ]))  # fmt: skip
+    stages, starting = local.plan_mesh(config)
+    names = [stage.name for stage in stages]
+    assert names[:5] == ["encoder-0", "encoder-1", "worker-0", "worker-1", "worker-2"]
+    # Three encoders asked for, two at most; a worker.
+    assert [s.name for s in starting][:3] == ["encoder-0", "encoder-1", "worker-0"]
+    assert {local.role_of(s) for s in starting[3:]} <= {"front", "processor", "gateway"}
+    # The fronts know every planned replica (the static registry), started or not.
+    front = stages[-1]
+    assert sum(arg.startswith("worker=") for arg in front.argv) == 3
