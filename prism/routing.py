@@ -7,8 +7,10 @@ most of the prompt (prism.kv_index, fed by the workers' KV events), at a cost of
 `overlap_weight` times the prompt blocks it would compute + the prompt blocks the calls
 open on it have yet to compute, in the spirit of Dynamo's KV router; decode goes by load,
 and an encoder by the media item it is to encode: each item's content hash has an owner
-among the encoders (rendezvous hashing), whose embedding cache then holds it. Replicas
-whose health probe or last call failed are skipped while any other is left.
+among the encoders (rendezvous hashing), whose embedding cache then holds it, unless the
+owner has more than `encoder_slack` calls in flight beyond the least busy encoder (a burst
+of one image, or of images one encoder owns, then spreads). Replicas whose health probe
+or last call failed (a draining one among them) are skipped while any other is left.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Router:
         policy: str = "round-robin",
         rng: random.Random | None = None,
         overlap_weight: float = 1.0,
+        encoder_slack: int = 4,
     ):
         if policy not in POLICIES:
             raise ValueError(
@@ -61,6 +64,7 @@ class Router:
         self.index = KvIndex()
         self.block_size = 0
         self.overlap_weight = overlap_weight
+        self.encoder_slack = encoder_slack
         self._blocks: collections.Counter[str] = collections.Counter()
 
     def pick(
@@ -75,7 +79,9 @@ class Router:
         candidates = self._candidates(role, exclude)
         telemetry.ROUTING_DECISIONS.labels(self.policy, role).inc()
         if self.policy == "kv" and content:
-            return _owner(candidates, content)
+            owner = _owner(candidates, content)
+            least = min(candidates, key=self.load)
+            return least if self.load(owner) > self.load(least) + self.encoder_slack else owner
         if self.policy == "random":
             return self._rng.choice(candidates)
         turn = next(self._turns[role])

@@ -129,6 +129,13 @@ class RoutingConfig(Flags):
         "of a call in flight on the replica costs 1",
         always=True,
     )
+    encoder_load_slack: int = flag(
+        4,
+        "--routing kv: an image or video goes to the encoder that owns its content hash "
+        "(whose cache may hold it) unless that encoder has more than this many calls in "
+        "flight beyond the least busy one's",
+        minimum=0,
+    )
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import random
 import time
 
@@ -97,6 +98,25 @@ def test_kv_gives_each_media_item_an_encoder_and_moves_only_a_lost_ones_items():
     moved = {item for item in items if r.owner("encoder", item) != owners[item]}
     assert moved == {item for item in items if owners[item] == "y:1"}
     assert {r.owner("encoder", item) for item in moved} == {"x:1", "z:1"}
+
+
+def test_kv_sends_an_item_past_its_owner_only_when_the_owner_is_busier_by_the_slack():
+    r = router("kv", encoder=["x:1", "y:1", "z:1"])
+    item = "hash7"
+    owner = r.owner("encoder", item)
+    others = sorted({"x:1", "y:1", "z:1"} - {owner})
+    r.report(owner, True, in_flight=r.encoder_slack)
+    assert r.pick("encoder", content=item) == owner  # busier, within the slack
+    r.report(owner, True, in_flight=r.encoder_slack + 1)
+    r.report(others[0], True, in_flight=1)
+    assert r.pick("encoder", content=item) == others[1]  # the least busy takes it
+    # Calls this processor has open count as load too.
+    r.report(owner, True, in_flight=0)
+    with contextlib.ExitStack() as calls:
+        for _ in range(r.encoder_slack + 1):
+            calls.enter_context(r.using(owner))
+        assert r.pick("encoder", content=item) != owner
+    assert r.pick("encoder", content=item) == owner
 
 
 def test_least_loaded_follows_reports_and_open_calls():

@@ -57,7 +57,12 @@ async def serve(
     # `kv` routing keys the blocks of a prompt's images, which needs their token counts.
     inputs = ModelInputs.of(model.model, own.enable_mm_embeds,
                             count_tokens=routing.routing == "kv")  # fmt: skip
-    router = Router(stage.registry, routing.routing, overlap_weight=routing.kv_overlap_weight)
+    router = Router(
+        stage.registry,
+        routing.routing,
+        overlap_weight=routing.kv_overlap_weight,
+        encoder_slack=routing.encoder_load_slack,
+    )
     pipeline = Pipeline(deployed, router, inputs, not own.no_encoder_fallback)
     loader = MediaLoader(media_policy(config.media, config.fetch))
     tokenizer = AutoTokenizer.from_pretrained(model.model)
