@@ -1,7 +1,7 @@
 PY := .venv/bin/python
 
 .PHONY: setup demo test test-unit test-net lint protos check-protos bench bench-transfer bench-encoder bench-modes \
-	bench-routing bench-choices bench-anchors bench-scale manifests docs bundle verify-gpu
+	bench-routing bench-choices bench-anchors bench-scale bench-planner manifests docs bundle verify-gpu
 
 # Prism in .venv; checkov in .venv-checkov, apart (make lint).
 setup:
@@ -84,6 +84,13 @@ bench-transfer:
 bench-routing:
 	$(PY) -m prism.cli model build --family llava --size small --out models/small-llava >/dev/null
 	$(PY) -m bench.routing --model models/small-llava
+
+# Not a test: the planner against fixed splits of the same replica budget on a step load
+# (text chats, image-heavy requests, text), E/PD on simulated workers and encoders made as
+# slow as a larger vision tower; bench/results/planner.json and docs/benchmarks.md.
+bench-planner:
+	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
+	$(PY) -m bench.planner --model models/tiny-llava
 
 # Not a test: TTFT and total latency of one request in each mode, on the tiny LLaVA.
 bench-choices:

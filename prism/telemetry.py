@@ -138,6 +138,12 @@ STAGE_FIRST_REPLY = Histogram(
     ["role"],
     buckets=_SECONDS,
 )
+STAGE_CALL_SECONDS = Counter(
+    "prism_stage_call_seconds",
+    "Seconds stage calls were open, counted as each ends, by role: over an interval, the "
+    "calls open on the role on average (its queue and what it runs), times the interval",
+    ["role"],
+)
 PLANNER_REPLICAS = Gauge(
     "prism_planner_replicas",
     "Replicas of each role: desired (the planner's) and running",

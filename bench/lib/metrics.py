@@ -18,15 +18,16 @@ def scrape(url: str) -> dict[str, float]:
     }
 
 
-def counter(url: str, name: str) -> float:
-    """The sum of a metric's samples (every label) on a /metrics page."""
+def counter(url: str, name: str, **labels: str) -> float:
+    """The sum of a metric's samples (every label, or those with `labels`) on a /metrics
+    page."""
     with urllib.request.urlopen(url, timeout=10) as reply:
         text = reply.read().decode()
     return sum(
         sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if sample.name == name
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
     )
 
 

@@ -33,3 +33,30 @@ def draw(directory: Path, rows: list[dict]) -> None:
         figure.tight_layout()
         figure.savefig(directory / f"benchmarks-{name}.png", dpi=110)
         plt.close(figure)
+
+
+def draw_replicas(directory: Path, result: dict) -> None:
+    """benchmarks-planner.png: each run's replicas of each role over the step load."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    figure, panes = plt.subplots(len(rows), 1, figsize=(7, 1.6 * len(rows) + 0.6), sharex=True)
+    phase_s = result["settings"]["phase_s"]
+    for pane, row in zip(panes, rows, strict=True):
+        for role in ("encoder", "worker"):
+            points = [(r["t"], r[role]) for r in row["replicas"]]
+            if points:
+                pane.step(*zip(*points, strict=True), where="post", label=role)
+        for edge in range(1, len(result["phases"])):
+            pane.axvline(edge * phase_s, color="grey", alpha=0.4)
+        pane.set_ylabel("replicas")
+        pane.set_title(f"{row['run']}: SLO attainment {row['attainment']:.0%}", fontsize=9)
+        pane.grid(alpha=0.3)
+    panes[0].legend(loc="upper right", fontsize=8)
+    panes[-1].set_xlabel("seconds (" + " | ".join(result["phases"]) + ")")
+    figure.tight_layout()
+    figure.savefig(directory / "benchmarks-planner.png", dpi=110)
+    plt.close(figure)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.lib.plots import FIGURES, draw
+from bench.lib.plots import FIGURES, draw, draw_replicas
 from bench.lib.results import records
 from bench.lib.shapes import (
     ANCHOR,
@@ -344,11 +344,54 @@ def loads_section(results: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def planner_section(result: dict) -> str:
+    settings = result["settings"]
+    lines = [
+        "## The planner on a step load",
+        "",
+        f"Written by `make bench-planner` on {result['when']} ({result['machine']}). Model: "
+        f"{result['model']}; E/PD on simulated workers ({settings['seqs']} sequences each, "
+        f"{settings['step_ms']:g} ms a step), encoders whose vision tower takes "
+        f"{settings['encode_ms']:g} ms more per image (`--sim-encode-ms`). The load is open, "
+        f"{settings['rate']:g} requests/s, in three phases of {settings['phase_s']:g} s: "
+        f"text chats answered in {settings['text_tokens']} tokens, then requests with "
+        f"{settings['images']} images answered in {settings['image_tokens']}, then text "
+        f"again. Goals: time to first token {settings['ttft_slo_ms']:g} ms, mean time "
+        f"between tokens {settings['itl_slo_ms']:g} ms. SLO attainment: the share of "
+        "requests that met both (a failed one did not). Fixed runs: encoders+workers, "
+        f"{settings['budget']} replicas in all; the planner starts from one of each within "
+        f"the same budget (interval 2 s, cool-down {settings['cooldown_s']:g} s).",
+        "",
+        "| run | attainment | " + " | ".join(result["phases"]) + " | req/s | failed |",
+        "|---|---:|" + "---:|" * len(result["phases"]) + "---:|---:|",
+    ]
+    for row in result["rows"]:
+        phases = " | ".join(
+            f"{row[f'attainment_{n}_{p}']:.0%}" for n, p in enumerate(result["phases"])
+        )
+        lines.append(
+            f"| {row['run']} | {row['attainment']:.0%} | {phases} "
+            f"| {row['requests_per_s']:.2f} | {row['failed']} |"
+        )
+    lines += [
+        "",
+        f"The planner's attainment is {result['planner_vs_best_fixed']:.2f}x the best fixed "
+        f"split's ({result['best_fixed']}).",
+        "",
+        "![replicas over time](benchmarks-planner.png)",
+        "",
+    ]
+    if (NOTES / "planner.md").exists():
+        lines.append((NOTES / "planner.md").read_text())
+    return "\n".join(lines)
+
+
 # The sections after the loads', in the page's order, by the record each renders.
 SECTIONS = {
     "anchors": anchors_section,
     "scale": scale_section,
     "routing": routing_section,
+    "planner": planner_section,
     "choices": choices_section,
     "vllm_bench": vllm_bench_section,
 }
@@ -369,3 +412,5 @@ def publish(doc: Path, latest: dict[str, dict[str, Any]] | None = None) -> None:
     doc.write_text(page(shown))
     if "image" in shown:
         draw(doc.parent, shown["image"]["rows"])
+    if "planner" in shown:
+        draw_replicas(doc.parent, shown["planner"])

@@ -12,7 +12,8 @@ from typing import Any
 
 DIR = Path("bench/results")
 # Each record on the page by name: the image and video loads of bench/serve.py, its
-# --anchors run, and bench/scale.py's, routing.py's, choices.py's, vllm_bench.py's.
+# --anchors run, and bench/scale.py's, routing.py's, choices.py's, vllm_bench.py's,
+# planner.py's.
 RECORDS = {
     "image": DIR / "latest.json",
     "video": DIR / "video.json",
@@ -21,6 +22,7 @@ RECORDS = {
     "routing": DIR / "routing.json",
     "choices": DIR / "choices.json",
     "vllm_bench": DIR / "vllm_bench.json",
+    "planner": DIR / "planner.json",
 }
 
 

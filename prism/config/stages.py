@@ -79,6 +79,19 @@ class SimEngineConfig(Flags):
 
 
 @dataclass
+class SimEncoderConfig(Flags):
+    """A larger vision tower's time, simulated on the encoder (benchmarks of planning)."""
+
+    group = "simulated engine (--engine sim)"
+
+    sim_encode_ms: float = flag(
+        0.0,
+        "encoders: each item's forward pass takes this much longer, as on a larger vision "
+        "tower (its device held meanwhile); the embeddings are still the model's",
+    )
+
+
+@dataclass
 class WorkerConfig(Flags):
     """`prism worker`'s own flags."""
 
@@ -236,6 +249,7 @@ class MeshConfig(Flags):
     media: MediaConfig = nested(MediaConfig)
     engine: EngineConfig = nested(EngineConfig)
     sim: SimEngineConfig = nested(SimEngineConfig)
+    sim_encoder: SimEncoderConfig = nested(SimEncoderConfig)
     routing: RoutingConfig = nested(RoutingConfig)
     transfer: TransferConfig = nested(TransferConfig)
     fetch: FetchConfig = nested(FetchConfig)
@@ -285,6 +299,7 @@ class EncoderStageConfig(Flags):
     model: ModelConfig = nested(ModelConfig)
     media: MediaConfig = nested(MediaConfig)
     encoder: EncoderConfig = nested(EncoderConfig)
+    sim_encoder: SimEncoderConfig = nested(SimEncoderConfig)
     transfer: TransferConfig = nested(TransferConfig)
     fetch: FetchConfig = nested(FetchConfig)
     limit: LimitConfig = nested(LimitConfig)

@@ -98,7 +98,8 @@ def plan(config: MeshConfig) -> list[StageProcess]:
     host = config.serve.host
     encoders = [
         grpc_stage(f"encoder-{i}", host, [*_prism(config), "encoder", *_model(config),
-                                           *config.transfer.to_argv(), *config.fetch.to_argv()])
+                                           *config.transfer.to_argv(), *config.fetch.to_argv(),
+                                           *config.sim_encoder.to_argv()])
         for i in range(config.serve.encoders if deployed.has_encoder else 0)
     ]  # fmt: skip
     by_role = _engines(config)

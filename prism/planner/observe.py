@@ -4,7 +4,8 @@ between two reads (an interval's Observation).
 The fronts see every request end to end: their histograms of the time to first token, of
 the time between tokens, and of each stage call's time to its first reply
 (`prism_stage_first_reply_seconds{role}`) say both whether the goals are met and which
-role is slow. A URL whose host resolves to several addresses (a headless Service) is read
+role is slow; the seconds stage calls were open (`prism_stage_call_seconds_total{role}`),
+how busy each role is. A URL whose host resolves to several addresses (a headless Service) is read
 at each, so that every front counts.
 """
 
@@ -25,7 +26,8 @@ from prism.planner.decide import Observation
 TTFT = "prism_time_to_first_token_seconds"
 ITL = "prism_inter_token_latency_seconds"
 FIRST_REPLY = "prism_stage_first_reply_seconds"
-_READ = (TTFT, ITL, FIRST_REPLY)
+CALL_SECONDS = "prism_stage_call_seconds"
+_READ = (TTFT, ITL, FIRST_REPLY, CALL_SECONDS)
 
 # (sample name, its labels but `le`, `le`) → value, summed over the fronts.
 Key = tuple[str, tuple[tuple[str, str], ...], str]
@@ -114,12 +116,15 @@ def observation(before: Sample, after: Sample, seconds: float) -> Observation:
     delta = _delta(before, after)
     calls: dict[str, int] = collections.defaultdict(int)
     took: dict[str, float] = collections.defaultdict(float)
+    open_s: dict[str, float] = collections.defaultdict(float)
     first_tokens = 0
     for (name, series, _), value in delta.items():
         if name == f"{FIRST_REPLY}_count":
             calls[dict(series)["role"]] += int(value)
         elif name == f"{FIRST_REPLY}_sum":
             took[dict(series)["role"]] += value
+        elif name == f"{CALL_SECONDS}_total":
+            open_s[dict(series)["role"]] += value
         elif name == f"{TTFT}_count":
             first_tokens += int(value)
     return Observation(
@@ -129,4 +134,5 @@ def observation(before: Sample, after: Sample, seconds: float) -> Observation:
         itl_s=quantile(0.9, _buckets(delta, ITL)),
         calls=dict(calls),
         first_reply_s={role: took[role] / count for role, count in calls.items() if count},
+        open_s=dict(open_s),
     )

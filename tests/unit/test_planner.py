@@ -4,7 +4,7 @@ backend and metrics made up in the test."""
 from __future__ import annotations
 
 import pytest
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from prism.cli import build_parser
 from prism.config.planner import PlannerConfig
@@ -19,18 +19,21 @@ EPD_D = rules.roles_of(mode("e/p/d"))
 WIDE = {role: rules.Bounds(1, 4) for role in EPD_D.all}
 
 
-def seen(ttft=None, itl=None, first_tokens=10, **first_reply) -> rules.Observation:
+def seen(ttft=None, itl=None, first_tokens=10, busy=None, **first_reply) -> rules.Observation:
+    """An interval of 10 s; `busy`: calls open on each role, on average."""
     return rules.Observation(
         seconds=10.0, first_tokens=first_tokens, ttft_s=ttft, itl_s=itl,
         calls={role: 10 for role in first_reply}, first_reply_s=first_reply,
+        open_s={role: calls * 10.0 for role, calls in (busy or {}).items()},
     )  # fmt: skip
 
 
-def decide(observation, desired=None, budget=100, changed_at=None, running=None, now=100.0):
+def decide(observation, desired=None, budget=100, changed_at=None, running=None, now=100.0,
+           state=None):  # fmt: skip
     desired = desired or {role: 2 for role in EPD_D.all}
-    state = rules.State(dict(desired), dict(changed_at or {}))
-    return rules.decide(observation, GOALS, EPD_D, WIDE, budget, running or desired, state,
-                        now, cooldown_s=20.0)  # fmt: skip
+    state = state or rules.State(dict(desired), dict(changed_at or {}))
+    return rules.decide(observation, GOALS, EPD_D, WIDE, budget, running or state.desired,
+                        state, now, cooldown_s=20.0)  # fmt: skip
 
 
 def test_the_roles_each_mode_plans():
@@ -61,7 +64,8 @@ def test_a_role_at_its_most_or_still_settling_does_not_grow():
 
 
 def test_at_the_budget_the_least_busy_role_gives_a_replica_up():
-    slow = seen(ttft=3.0, itl=0.01, encoder=2.5, prefill=0.3, decode=0.01)
+    slow = seen(ttft=3.0, itl=0.01, busy={"encoder": 8, "prefill": 2, "decode": 1},
+                encoder=2.5, prefill=0.3, decode=0.01)  # fmt: skip
     assert decide(slow, budget=6) == [
         rules.Change("decode", 1, "budget"), rules.Change("encoder", 3, "ttft")
     ]  # fmt: skip
@@ -70,10 +74,28 @@ def test_at_the_budget_the_least_busy_role_gives_a_replica_up():
 
 
 def test_goals_met_with_room_take_a_replica_from_the_least_busy_role():
-    roomy = seen(ttft=0.3, itl=0.02, encoder=0.05, prefill=0.2, decode=0.01)
+    roomy = seen(ttft=0.3, itl=0.02, busy={"encoder": 1, "prefill": 2, "decode": 0.5},
+                 encoder=0.05, prefill=0.2, decode=0.01)  # fmt: skip
     assert decide(roomy) == [rules.Change("decode", 1, "headroom")]
     # Met, but without room: nothing goes.
     assert decide(seen(ttft=0.8, itl=0.02, encoder=0.05, prefill=0.2)) == []
+
+
+def test_a_role_grown_for_a_miss_keeps_what_it_needs_when_the_goals_are_met_again():
+    state = rules.State({"encoder": 1, "prefill": 2, "decode": 1}, {})
+    # Two prefills, four calls open on each: the first token is late.
+    late = seen(ttft=3.0, busy={"prefill": 8}, encoder=0.1, prefill=2.0)
+    assert decide(late, state=state) == [rules.Change("prefill", 3, "ttft")]
+    assert state.missed == {"prefill"}
+    state.desired["prefill"] = 3
+    # Three prefills: met with room, 5 calls open in all. Two would hold 2.5 each, more
+    # than was ever safe (5 / 3).
+    met = seen(ttft=0.3, busy={"prefill": 5}, prefill=0.2)
+    assert decide(met, state=state, now=200.0) == []
+    assert state.safe["prefill"] == pytest.approx(5 / 3)
+    # Less load: two would hold what three held safely.
+    lighter = seen(ttft=0.2, busy={"prefill": 3}, prefill=0.1)
+    assert decide(lighter, state=state, now=300.0) == [rules.Change("prefill", 2, "headroom")]
 
 
 def test_without_requests_roles_shrink_to_their_least_one_at_a_time():
@@ -97,7 +119,7 @@ def test_bounds_default_and_refuse_what_cannot_be():
         bounds(PlannerConfig(min_replicas=["worker"]), ["worker"], {})
 
 
-def metrics_text(ttft=(), itl=(), first_reply=()) -> str:
+def metrics_text(ttft=(), itl=(), first_reply=(), open_s=()) -> str:
     """A front's /metrics with these observations."""
     registry = CollectorRegistry()
     buckets = (0.1, 0.5, 1.0, 2.0, 5.0)
@@ -109,6 +131,9 @@ def metrics_text(ttft=(), itl=(), first_reply=()) -> str:
     stage = Histogram(observe.FIRST_REPLY, "", ["role"], buckets=buckets, registry=registry)
     for role, value in first_reply:
         stage.labels(role).observe(value)
+    calls = Counter(observe.CALL_SECONDS, "", ["role"], registry=registry)
+    for role, value in open_s:
+        calls.labels(role).inc(value)
     return generate_latest(registry).decode()
 
 
@@ -127,6 +152,7 @@ def test_an_interval_is_what_changed_between_two_reads_summed_over_fronts():
         ttft=[0.05] * 10 + [1.5] * 10,
         itl=[0.01] * 5,
         first_reply=[("encoder", 1.0), ("encoder", 2.0), ("prefill", 0.2)],
+        open_s=[("encoder", 3.0), ("prefill", 4.0)],
     )
     front_b = metrics_text(ttft=[0.05] * 5)  # another front, new since the first read
     after = observe.parse(front_b, observe.parse(front_a))
@@ -137,7 +163,7 @@ def test_an_interval_is_what_changed_between_two_reads_summed_over_fronts():
     assert seen.itl_s == pytest.approx(0.09)
     assert seen.calls == {"encoder": 2, "prefill": 1}
     assert seen.first_reply_s == pytest.approx({"encoder": 1.5, "prefill": 0.2})
-    assert seen.busy("encoder") == pytest.approx(2 * 1.5 / 5.0)
+    assert seen.busy("encoder") == pytest.approx(3.0 / 5.0)
     # A front that restarted counts from zero: what it has now is all new.
     restarted = observe.observation(after, before, seconds=5.0)
     assert restarted.first_tokens == 10

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from prism import telemetry
 from prism.cache import ByteLru
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
     from prism.config.stages import EncoderStageConfig
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 async def _release_read_embeddings(
@@ -40,12 +43,30 @@ async def _release_read_embeddings(
             await asyncio.sleep(idle_period)
 
 
+def _slowed(
+    encode: Callable[[Sequence[bytes]], T], per_item_s: float
+) -> Callable[[Sequence[bytes]], T]:
+    """`encode`, holding its thread `per_item_s` longer per item: the batcher runs one pass
+    at a time, so the encoder is busy as a device running a larger tower would be."""
+
+    def run(items: Sequence[bytes]) -> T:
+        time.sleep(per_item_s * len(items))
+        return encode(items)
+
+    return run
+
+
 async def serve(config: EncoderStageConfig) -> None:
     own, model, media = config.encoder, config.model.model, config.media
     stage = Stage(config, "encoder")
     videos = VideoDecoder.for_model(model, media.video_frames, media.video_fps)
     vision = await asyncio.to_thread(VisionEncoder, model, own.device, own.dtype, videos=videos)
     log.info("vision path on %s in %s", vision.device, vision.dtype)
+    if config.sim_encoder.sim_encode_ms:
+        per_item = config.sim_encoder.sim_encode_ms / 1000
+        vision.encoders = {
+            name: _slowed(encode, per_item) for name, encode in vision.encoders.items()
+        }
     agent = open_transfer(
         config.transfer.transfer, own.pool_mib * 2**20, own.lease_s, device=vision.device
     )

@@ -114,6 +114,7 @@ class Failover:
                     await asyncio.wait_for(channel.channel_ready(), _CONNECT_S)
             replied = False
             first_reply = telemetry.STAGE_FIRST_REPLY.labels(role)
+            open_for = telemetry.STAGE_CALL_SECONDS.labels(role)
             started = time.perf_counter()
             try:
                 with self.router.using(address, blocks, keys) as computed:
@@ -134,6 +135,7 @@ class Failover:
                         # A request that ends early (stop string, abort, error elsewhere)
                         # leaves the call open: end it here, not whenever it is collected.
                         stage_call.cancel()
+                        open_for.inc(time.perf_counter() - started)
                 return
             except grpc.aio.AioRpcError as exc:
                 # Another replica may do what this one could not, if nothing was sent yet.
