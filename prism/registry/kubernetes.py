@@ -22,7 +22,7 @@ import os
 import ssl
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import SplitResult
 
 import aiohttp
@@ -59,6 +59,43 @@ def ready_addresses(slice_: dict[str, Any]) -> list[str]:
     return out
 
 
+class ApiAccess(NamedTuple):
+    """Where the API server is and how to call it, for the mesh named `prefix`."""
+
+    api: str
+    prefix: str
+    namespace: str
+    token: str = ""
+    ca_file: str = ""
+
+
+def api_access(url: SplitResult, option: str) -> ApiAccess:
+    """`kubernetes:///PREFIX` in a pod: the API server, token and namespace its service
+    account gives; `kubernetes+http://HOST:PORT/PREFIX` through `kubectl proxy` (which
+    adds the credentials). `?namespace=NS` names another namespace. `option`: the flag
+    that gave `url`, for the errors."""
+    prefix = url.path.strip("/") or "prism"
+    query = dict(part.partition("=")[::2] for part in url.query.split("&") if part)
+    if url.scheme == "kubernetes+http":
+        return ApiAccess(f"http://{url.netloc}", prefix, query.get("namespace", "default"))
+    if url.netloc:
+        raise ValueError("kubernetes:///PREFIX takes no host: in a pod the API server is "
+                         "the one the service account names")  # fmt: skip
+    host = os.environ.get("KUBERNETES_SERVICE_HOST")
+    if not host or not ACCOUNT.is_dir():
+        raise ValueError(f"{option} kubernetes:///PREFIX works in a pod with a service "
+                         "account; elsewhere use kubernetes+http://HOST:PORT/PREFIX "
+                         "(kubectl proxy)")  # fmt: skip
+    port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    return ApiAccess(
+        f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}",
+        prefix,
+        query.get("namespace") or (ACCOUNT / "namespace").read_text().strip(),
+        token=(ACCOUNT / "token").read_text().strip(),
+        ca_file=str(ACCOUNT / "ca.crt"),
+    )
+
+
 class KubernetesRegistry:
     def __init__(
         self,
@@ -85,30 +122,7 @@ class KubernetesRegistry:
 
     @classmethod
     def from_url(cls, url: SplitResult) -> KubernetesRegistry:
-        """`kubernetes:///PREFIX` in a pod: the API server, token and namespace its
-        service account gives; `kubernetes+http://HOST:PORT/PREFIX` through `kubectl
-        proxy` (which adds the credentials). `?namespace=NS` names another namespace."""
-        prefix = url.path.strip("/") or "prism"
-        query = dict(part.partition("=")[::2] for part in url.query.split("&") if part)
-        if url.scheme == "kubernetes+http":
-            return cls(f"http://{url.netloc}", prefix, query.get("namespace", "default"))
-        if url.netloc:
-            raise ValueError("kubernetes:///PREFIX takes no host: in a pod the API server is "
-                             "the one the service account names")  # fmt: skip
-        host = os.environ.get("KUBERNETES_SERVICE_HOST")
-        if not host or not ACCOUNT.is_dir():
-            raise ValueError("--registry kubernetes:///PREFIX works in a pod with a service "
-                             "account; elsewhere use kubernetes+http://HOST:PORT/PREFIX "
-                             "(kubectl proxy)")  # fmt: skip
-        port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
-        namespace = query.get("namespace") or (ACCOUNT / "namespace").read_text().strip()
-        return cls(
-            f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}",
-            prefix,
-            namespace,
-            token=(ACCOUNT / "token").read_text().strip(),
-            ca_file=str(ACCOUNT / "ca.crt"),
-        )
+        return cls(*api_access(url, "--registry"))
 
     @property
     def _client(self) -> aiohttp.ClientSession:
