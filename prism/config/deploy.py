@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from prism.config.common import RoutingConfig
 from prism.config.flags import Flags, flag, nested
+from prism.config.planner import PlannerConfig
 from prism.modes import MODES
 
 
@@ -65,4 +66,6 @@ class KubernetesConfig(Flags):
         "the namespace whose pods (Prometheus) may reach the stages' metrics ports",
     )
     routing: RoutingConfig = nested(RoutingConfig)
+    # slo: a `prism planner` Deployment sets the replicas of the mode's roles.
+    planner: PlannerConfig = nested(PlannerConfig)
     out: str = flag("-", "file to write (default: stdout)")

@@ -1,14 +1,19 @@
 """`prism deploy kubernetes`: each mode's manifests have exactly the stages the mode needs,
 wired as `prism serve` wires them, probed on the ports they serve, hardened (non-root,
 read-only, no capabilities, bounded, their own namespace), each stage reachable only by
-the stages that call it and, between stages, only with a certificate of the mesh."""
+the stages that call it and, between stages, only with a certificate of the mesh. With
+the planner, one more pod sets the replicas of the mode's roles, allowed by its Role to do
+that and nothing else."""
 
 from __future__ import annotations
+
+import argparse
 
 import pytest
 
 from prism.cli import build_parser
 from prism.config.deploy import KubernetesConfig
+from prism.config.planner import PlannerConfig, PlannerStageConfig
 from prism.modes import MODES
 from prism.ops.deploy import kubernetes, security
 from prism.ops.deploy.kubernetes import manifests
@@ -28,6 +33,10 @@ STAGES = {
     "e/p/d": {"encoder", "prefill", "decode", "processor", "gateway"},
     "ep/d": {"prefill", "decode", "processor", "gateway"},
 }
+# The stages the planner scales, in the mode's order.
+SCALED = {"epd": ["worker"], "e/pd": ["encoder", "worker"],
+          "e/p/d": ["encoder", "prefill", "decode"], "ep/d": ["prefill", "decode"]}  # fmt: skip
+SLO = PlannerConfig(planner="slo")
 
 
 def deployments(objects: list[dict]) -> dict[str, dict]:
@@ -218,10 +227,12 @@ def every_container(deployment: dict) -> list[dict]:
     return spec["containers"] + spec.get("initContainers", [])
 
 
+@pytest.mark.parametrize("planner", ("none", "slo"))
 @pytest.mark.parametrize("discovery", DISCOVERY)
 @pytest.mark.parametrize("mode", MODES)
-def test_every_container_is_unprivileged_read_only_and_bounded(mode, discovery):
-    for stage, deployment in deployments(manifests(settings(mode, discovery=discovery))).items():
+def test_every_container_is_unprivileged_read_only_and_bounded(mode, discovery, planner):
+    given = settings(mode, discovery=discovery, planner=PlannerConfig(planner=planner))
+    for stage, deployment in deployments(manifests(given)).items():
         spec = pod(deployment)
         assert spec["securityContext"] == {
             "runAsNonRoot": True, "runAsUser": security.UID, "runAsGroup": security.UID,
@@ -372,3 +383,94 @@ def test_every_skipped_check_is_named_and_justified_on_its_object(discovery):
     pinned = settings("epd", image="registry.example/prism@sha256:" + "0" * 64)
     for deployment in deployments(manifests(pinned)).values():
         assert "CKV_K8S_43" not in str(deployment["metadata"]["annotations"])
+
+
+def by_kind(objects: list[dict], kind: str) -> dict[str, dict]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == kind}
+
+
+@pytest.mark.parametrize("discovery", DISCOVERY)
+@pytest.mark.parametrize("mode", MODES)
+def test_the_planners_role_may_only_read_and_set_the_scale_of_the_roles_it_scales(mode, discovery):
+    objects = manifests(settings(mode, discovery=discovery, planner=SLO))
+    role = by_kind(objects, "Role")["prism-planner"]
+    assert role["rules"] == [{"apiGroups": ["apps"], "resources": ["deployments/scale"],
+                              "verbs": ["get", "patch"],
+                              "resourceNames": [f"prism-{r}" for r in SCALED[mode]]}]  # fmt: skip
+    # Each name is a Deployment of the mesh.
+    assert set(role["rules"][0]["resourceNames"]) < set(by_kind(objects, "Deployment"))
+    binding = by_kind(objects, "RoleBinding")["prism-planner"]
+    assert binding["roleRef"]["name"] == "prism-planner"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "prism-planner", "namespace": "prism"}
+    ]
+    assert by_kind(objects, "ServiceAccount")["prism-planner"]["automountServiceAccountToken"]
+    planner = deployments(objects)["planner"]
+    assert pod(planner)["serviceAccountName"] == "prism-planner"
+    assert pod(planner)["automountServiceAccountToken"] is True
+    # One planner, even during a rollout.
+    assert planner["spec"]["replicas"] == 1 and planner["spec"]["strategy"] == {"type": "Recreate"}
+    annotations = planner["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["consul.hashicorp.com/connect-inject"] == "false"
+    skipped = {value.split("=")[0] for value in planner["metadata"]["annotations"].values()}
+    assert skipped == {"CKV_K8S_15", "CKV_K8S_43", "CKV_K8S_38"}
+
+
+def test_the_planner_runs_prism_planner_on_the_processors_metrics():
+    slo = PlannerConfig(planner="slo", ttft_slo_ms=1500.0, max_replicas=["decode=6"])
+    objects = manifests(settings("e/p/d", planner=slo))
+    args = container(deployments(objects)["planner"])["args"]
+    front = f"http://prism-processor.prism.svc:{METRICS_PORT}/metrics"
+    assert args[:7] == ["planner", "--mode", "e/p/d", "--backend", "kubernetes:///prism",
+                        "--front-metrics", front]  # fmt: skip
+    parser = argparse.ArgumentParser()
+    PlannerStageConfig.add_cli_args(parser)
+    parsed = PlannerStageConfig.from_args(parser.parse_args(args[1:]))
+    assert parsed.planner == slo and parsed.metrics.metrics_port == METRICS_PORT
+    assert (parsed.mode, parsed.front_metrics) == ("e/p/d", [front])
+    # Headless: the Service's name resolves to every processor pod, each read apart.
+    assert by_kind(objects, "Service")["prism-processor"]["spec"]["clusterIP"] == "None"
+    (port,) = container(deployments(objects)["planner"])["ports"]
+    assert port == {"name": "metrics", "containerPort": METRICS_PORT}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_planner_reaches_the_processors_metrics_and_only_prometheus_reaches_it(mode):
+    planned = reachable(manifests(settings(mode, planner=SLO)))
+    plain = reachable(manifests(settings(mode)))
+    assert planned["planner"] == {("ns:monitoring", METRICS_PORT)}
+    assert planned["processor"] - plain["processor"] == {("planner", METRICS_PORT)}
+    assert {k: v for k, v in planned.items() if k not in ("planner", "processor")} == {
+        k: v for k, v in plain.items() if k != "processor"
+    }
+
+
+def test_the_planner_and_an_autoscaler_never_scale_the_same_role():
+    with pytest.raises(ValueError, match="--autoscale decode: with --planner slo"):
+        manifests(settings("e/p/d", autoscale=["decode=4"], planner=SLO))
+    # A stage the planner leaves alone may still be autoscaled.
+    objects = manifests(settings("e/p/d", autoscale=["processor=3"], planner=SLO))
+    assert set(by_kind(objects, "HorizontalPodAutoscaler")) == {"prism-processor"}
+    bounded = PlannerConfig(planner="slo", max_replicas=["decode=2"])
+    with pytest.raises(
+        ValueError, match="--max-replicas: the planner of mode epd scales no decode"
+    ):
+        manifests(settings("epd", planner=bounded))
+
+
+@pytest.mark.parametrize("discovery", DISCOVERY)
+@pytest.mark.parametrize("mode", MODES)
+def test_without_the_planner_nothing_changes_and_with_it_only_its_objects_are_added(
+    mode, discovery
+):
+    plain = manifests(settings(mode, discovery=discovery))
+    unplanned = PlannerConfig(planner="none", ttft_slo_ms=1.0, max_replicas=["decode=9"])
+    assert manifests(settings(mode, discovery=discovery, planner=unplanned)) == plain
+    assert "planner" not in kubernetes.render(plain)
+    added = [o for o in manifests(settings(mode, discovery=discovery, planner=SLO))
+             if o not in plain]  # fmt: skip
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in added) == [
+        ("Deployment", "prism-planner"), ("NetworkPolicy", "prism-planner"),
+        ("NetworkPolicy", "prism-processor"), ("Role", "prism-planner"),
+        ("RoleBinding", "prism-planner"), ("ServiceAccount", "prism-planner"),
+    ]  # fmt: skip

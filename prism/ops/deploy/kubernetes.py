@@ -14,6 +14,12 @@ its port being open, since a stage that is alive may rightly report NOT_SERVING 
 processor without workers yet, a stage draining). On SIGTERM a stage drains for
 `--shutdown-grace-s`; the pod's grace period leaves room for that.
 
+With `--planner slo`, a `prism planner` Deployment sets the replicas of the mode's roles
+(encoder, worker, prefill, decode) through their Deployments' `scale` subresource, which
+its Role lets it get and patch on those Deployments alone; it reads the processors'
+metrics. No HorizontalPodAutoscaler may then scale the same roles: the two would undo
+each other's changes.
+
 Hardened: every pod in the mesh's own namespace (prism.ops.deploy.security), mutual TLS
 between stages (prism.ops.deploy.tls), a NetworkPolicy per stage (prism.ops.deploy.network_policy),
 requests and limits on every container, and the service-account token only where the API
@@ -29,7 +35,9 @@ from typing import Any
 
 from prism.config.common import AddressConfig, MetricsConfig, ModelConfig
 from prism.config.deploy import KubernetesConfig
+from prism.config.planner import role_counts
 from prism.config.stages import MeshConfig, ServeConfig
+from prism.modes import MODES
 from prism.ops.deploy import network_policy, security, tls
 from prism.ops.deploy.ports import ENGINES, HEALTH_PORT, KV_PORT, METRICS_PORT, UCX_PORTS, port
 from prism.ops.plan import plan
@@ -47,6 +55,7 @@ EXIT_MARGIN_S = 15
 UPSTREAMS = {"processor": 21001, "encoder": 21002, "worker": 21003, "prefill": 21004,
              "decode": 21005}  # fmt: skip
 _REWRITTEN = {"--host", "--port", "--metrics-port", "--kv-port", "--kv-host", "--peer"}
+PLANNER = "planner"
 
 
 def _stage_kind(name: str) -> str:
@@ -318,6 +327,110 @@ def _discovery_access(settings: KubernetesConfig) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
+def _scaled(settings: KubernetesConfig) -> list[str]:
+    """The stages the planner scales: the mode's roles past the processor."""
+    return [str(role) for role in MODES[settings.mode].roles]
+
+
+def _check_planner(settings: KubernetesConfig) -> None:
+    """Refuses what the planner cannot do beside the rest of the manifests."""
+    scaled = _scaled(settings)
+    if fought := sorted(set(_counts(settings, "autoscale")) & set(scaled)):
+        raise ValueError(
+            f"--autoscale {', '.join(fought)}: with --planner slo the planner sets the "
+            f"replicas of {', '.join(scaled)}, and a HorizontalPodAutoscaler on the same "
+            "Deployment would undo its changes (as it would the autoscaler's)"
+        )
+    for option in ("--min-replicas", "--max-replicas"):
+        given = getattr(settings.planner, option.removeprefix("--").replace("-", "_"))
+        if unknown := sorted(set(role_counts(given, option)) - set(scaled)):
+            raise ValueError(
+                f"{option}: the planner of mode {settings.mode} scales no {', '.join(unknown)} "
+                f"(it scales {', '.join(scaled)})"
+            )
+
+
+def _planner_args(settings: KubernetesConfig) -> list[str]:
+    """`prism planner`'s arguments: the mode's roles, scaled through the API server, against
+    the metrics of every processor pod (its headless Service's name resolves to each)."""
+    front = f"{settings.name}-{network_policy.FRONT}.{settings.namespace}.svc"
+    return ["planner", "--mode", settings.mode, "--backend", f"kubernetes:///{settings.name}",
+            "--front-metrics", f"http://{front}:{METRICS_PORT}/metrics",
+            *settings.planner.to_argv(),
+            *MetricsConfig(metrics_port=METRICS_PORT).to_argv()]  # fmt: skip
+
+
+def _planner_access(settings: KubernetesConfig) -> list[dict[str, Any]]:
+    """The planner's service account, whose Role may only read and set the replicas of the
+    Deployments of the roles it scales (their `scale` subresource)."""
+    name = f"{settings.name}-{PLANNER}"
+    meta = _meta(name, PLANNER, settings)
+    rule = {
+        "apiGroups": ["apps"],
+        "resources": ["deployments/scale"],
+        "verbs": ["get", "patch"],
+        "resourceNames": [f"{settings.name}-{role}" for role in _scaled(settings)],
+    }
+    subject = {"kind": "ServiceAccount", "name": name, "namespace": settings.namespace}
+    rbac = "rbac.authorization.k8s.io"
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta,
+         "automountServiceAccountToken": True},
+        {"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": meta, "rules": [rule]},
+        {"apiVersion": f"{rbac}/v1", "kind": "RoleBinding", "metadata": meta,
+         "roleRef": {"apiGroup": rbac, "kind": "Role", "name": name},
+         "subjects": [subject]},
+    ]  # fmt: skip
+
+
+def _planner(settings: KubernetesConfig) -> list[dict[str, Any]]:
+    """The planner: its account, and one pod, hardened as the stages' are."""
+    name = f"{settings.name}-{PLANNER}"
+    labels = _labels(PLANNER, settings)
+    mounts, volumes = security.writable()
+    metrics = {"name": "metrics", "containerPort": METRICS_PORT}
+    container = _container(
+        PLANNER, settings, args=_planner_args(settings), ports=[metrics],
+        readinessProbe={"httpGet": {"path": "/metrics", "port": METRICS_PORT},
+                        "periodSeconds": 10},
+        livenessProbe={"tcpSocket": {"port": METRICS_PORT}, "periodSeconds": 10,
+                       "failureThreshold": 3},
+        volumeMounts=mounts,
+    )  # fmt: skip
+    annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(METRICS_PORT),
+        "prometheus.io/path": "/metrics",
+        # It calls no stage over gRPC: no sidecar.
+        "consul.hashicorp.com/connect-inject": "false",
+    }
+    token = "it scales the roles' Deployments through the API server (prism.planner.kubernetes)"
+    spec = {
+        "securityContext": security.pod_context(),
+        "serviceAccountName": name,
+        "automountServiceAccountToken": True,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            **_meta(name, PLANNER, settings),
+            "annotations": security.skips(_image(settings), token),
+        },
+        "spec": {
+            "replicas": 1,
+            # Never two planners, even for the length of a rollout: each would scale.
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels, "annotations": annotations},
+                         "spec": spec},
+        },
+    }  # fmt: skip
+    return [*_planner_access(settings), deployment]
+
+
 def _registry(settings: KubernetesConfig) -> RegistryConfig:
     if settings.discovery == "kubernetes":
         return RegistryConfig(f"kubernetes:///{settings.name}")
@@ -354,10 +467,15 @@ def manifests(settings: KubernetesConfig) -> list[dict[str, Any]]:
                 f"--{what}: mode {settings.mode} has no stage {', '.join(unknown)} "
                 f"(its stages: {', '.join(planned)})"
             )
+    planner = settings.planner.planner == "slo"
+    if planner:
+        _check_planner(settings)
     # consul-k8s's injected containers may not meet `restricted`: only warned of there.
     enforce = "baseline" if settings.discovery == "connect" else "restricted"
     access = _discovery_access(settings) if settings.discovery == "kubernetes" else []
     objects = [obj for kind, args in planned.items() for obj in _objects(kind, args, settings)]
+    if planner:
+        objects += _planner(settings)
     policies = network_policy.policies(
         settings.name,
         settings.namespace,
@@ -366,6 +484,7 @@ def manifests(settings: KubernetesConfig) -> list[dict[str, Any]]:
         settings.consul,
         settings.metrics_namespace,
         _tls(settings),
+        _labels(PLANNER, settings) if planner else None,
     )
     return [security.namespace(settings.namespace, enforce), *access, *objects, *policies]
 

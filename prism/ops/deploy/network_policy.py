@@ -9,8 +9,14 @@ takes the engines that read its embeddings (the aggregated worker in E/PD, prefi
 E/P/D), and prefill takes decode, which fetches its engine's metadata on the KV side
 channel and then reads its KV. Besides: Prometheus from its namespace on the metrics
 port; with Consul, its servers on the port their checks call; with Connect, the callers'
-sidecars on the stage's sidecar instead of the stage. Probes need no rule: traffic from
-the pod's own node is always allowed.
+sidecars on the stage's sidecar instead of the stage. The planner, where there is one,
+reads the processor's metrics port and is reached only by Prometheus, on its own. Probes
+need no rule: traffic from the pod's own node is always allowed.
+
+The policies govern ingress alone: within the mesh a pod reaches only what the others let
+in, and the API server, which the stages that read EndpointSlices and the planner call,
+stays reachable (an egress rule would have to name its address and port, each cluster's
+own).
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ from prism.ops.deploy.ports import (
 
 # The stages that call others over gRPC, and so discover them.
 CALLERS = ("gateway", "processor")
+# The stage whose metrics the planner reads: the processor times every request and every
+# stage call (the gateway, apart in a deployment, has no metrics port).
+FRONT = "processor"
 
 
 def grpc_callers(kind: str) -> tuple[str, ...]:
@@ -65,9 +74,10 @@ def _ingress(
     consul_namespace: str,
     metrics_namespace: str,
     tls: bool,
+    planner: dict[str, str] | None,
 ) -> list[dict[str, Any]]:
     """The ingress rules of stage `kind` among the mesh's `kinds` (`labels`: each stage's
-    pod labels)."""
+    pod labels; `planner`: the planner's, if there is one)."""
 
     def pods(*callers: str) -> list[dict[str, Any]]:
         return [{"podSelector": {"matchLabels": labels[caller]}} for caller in callers]
@@ -82,10 +92,28 @@ def _ingress(
             ports.insert(0, _tcp(KV_PORT))
         rules.append({"from": pods(*readers), "ports": ports})
     rules.append({"from": [_namespace(metrics_namespace)], "ports": [_tcp(METRICS_PORT)]})
+    if planner and kind == FRONT:
+        rules.append({"from": [{"podSelector": {"matchLabels": planner}}],
+                      "ports": [_tcp(METRICS_PORT)]})  # fmt: skip
     if discovery == "consul":
         checked = HEALTH_PORT if tls else port(kind)
         rules.append({"from": [_namespace(consul_namespace)], "ports": [_tcp(checked)]})
     return rules
+
+
+def _policy(
+    mesh: str, namespace: str, kind: str, labels: dict[str, str], ingress: list[dict[str, Any]]
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": f"{mesh}-{kind}", "namespace": namespace, "labels": labels},
+        "spec": {
+            "podSelector": {"matchLabels": labels},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
 
 
 def policies(
@@ -96,25 +124,22 @@ def policies(
     consul: str,
     metrics_namespace: str,
     tls: bool,
+    planner: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """The NetworkPolicy of each stage of the mesh named `mesh` (`labels`: each stage's
-    pod labels; `consul`: Consul's HOST:PORT)."""
+    pod labels; `consul`: Consul's HOST:PORT), and of its planner (`planner`: its pod
+    labels) if it has one."""
     # consul-server.consul:8500: the Service `consul-server` of the namespace `consul`.
     host = consul.rpartition(":")[0] or consul
     consul_namespace = host.split(".")[1] if "." in host else namespace
     kinds = list(labels)
-    return [
-        {
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": {"name": f"{mesh}-{kind}", "namespace": namespace, "labels": labels[kind]},
-            "spec": {
-                "podSelector": {"matchLabels": labels[kind]},
-                "policyTypes": ["Ingress"],
-                "ingress": _ingress(
-                    kind, kinds, labels, discovery, consul_namespace, metrics_namespace, tls
-                ),
-            },
-        }
+    out = [
+        _policy(mesh, namespace, kind, labels[kind], _ingress(
+            kind, kinds, labels, discovery, consul_namespace, metrics_namespace, tls, planner
+        ))
         for kind in kinds
-    ]
+    ]  # fmt: skip
+    if planner:
+        scraped = [{"from": [_namespace(metrics_namespace)], "ports": [_tcp(METRICS_PORT)]}]
+        out.append(_policy(mesh, namespace, "planner", planner, scraped))
+    return out
