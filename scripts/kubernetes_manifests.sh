@@ -32,6 +32,8 @@ write ep-d.yaml --mode ep/d "${tiny[@]}"
 write e-p-d-no-consul.yaml --mode e/p/d --discovery kubernetes "${tiny[@]}"
 # The gRPC hops through Consul Connect sidecars (consul-k8s injects them).
 write e-p-d-connect.yaml --mode e/p/d --discovery connect "${tiny[@]}"
+# With the planner: it sets the replicas of the encoder, prefill and decode.
+write e-p-d-planner.yaml --mode e/p/d --planner slo "${tiny[@]}"
 # E/P/D on GPUs: a real checkpoint on a volume, a GPU for each engine, decode autoscaled;
 # the image built with TARGET=gpu, tagged with the version.
 version=$($PY -c 'from importlib.metadata import version; print(version("prism-mesh"))')
