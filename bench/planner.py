@@ -183,7 +183,7 @@ def mesh_flags(args: argparse.Namespace) -> list[str]:
 def runs(args: argparse.Namespace) -> list[tuple[str, list[str], dict[str, int]]]:
     """Each run's name, `prism serve` flags, and the replicas it starts with."""
     out = []
-    for split in args.fixed.split(","):
+    for split in filter(None, args.fixed.split(",")):
         encoders, workers = (int(n) for n in split.split("+"))
         if encoders + workers != args.budget:
             raise SystemExit(f"--fixed {split} is not a split of --budget {args.budget}")
@@ -232,7 +232,8 @@ def main() -> None:
         phases = ", ".join(f"{row[f'attainment_{n}_{p}']:.0%}" for n, p in enumerate(PHASES))
         print(f"{name:>10}: attainment {row['attainment']:.0%} ({phases}), "
               f"{row['requests_per_s']:.2f} req/s, {row['failed']} failed", flush=True)  # fmt: skip
-    best_fixed = max((r for r in rows if r["run"] != "planner"), key=lambda r: r["attainment"])
+    fixed_rows = [r for r in rows if r["run"] != "planner"] or [{"run": "", "attainment": 0.0}]
+    best_fixed = max(fixed_rows, key=lambda r: r["attainment"])
     planned = next(r for r in rows if r["run"] == "planner")
     result = {
         **stamp(),

@@ -6,11 +6,15 @@ one less. Pure, so that every rule is tested without a mesh.
   encoders for a burst of images, the prefills or workers for long prompts); the time
   between tokens above its goal gives the role that decodes one more.
 - Both goals met with room (below `headroom` of each), or no request at all: the least
-  busy role above its minimum gives one up (busy: the calls open on it, on average, per
-  replica), if what is left would be no busier per replica than the role has been while
-  the goals were met. A role that has never missed a goal may try anyway. Without that
-  memory a role grown for a miss would give its replica back at the first quiet interval
-  and miss again. One role a step, so that the next interval shows what the change did.
+  busy role above its minimum (busy: the calls open on it, on average, per replica) gives
+  one up, unless the replicas left would take about as many calls a second each as when a
+  replica it gave up before was missed (a goal missed, the role to blame, within
+  `WATCH_COOLDOWNS` cool-downs of giving it up: a queue takes a while to build). Calls a
+  second, not calls open: those count the queue too, and a queue draining would make any
+  load look unsafe. A role's calls a second are its most over that window, as Kubernetes'
+  autoscaler steadies its scale-down over a window. Without that memory a role would give
+  its replica back at every quiet interval and miss again. One role a step, so that the
+  next interval shows what the change did.
 - At the replica budget, a role that needs one more takes it from the least busy role.
 - A role changes again only after the cool-down, and only once its last change is done
   (the replicas asked for are running).
@@ -88,15 +92,26 @@ class Change:
     reason: str
 
 
+# Below this share of the calls a second a replica given up was missed at, a role may try
+# again: the load moves, and what was missed at is known only roughly.
+UNSAFE_SHARE = 0.8
+# A role's calls a second are their most over this many cool-downs; a miss within them
+# after it gave a replica up is that replica's loss.
+WATCH_COOLDOWNS = 4
+
+
 @dataclass
 class State:
-    """The replicas asked for per role, when each role last changed, how busy per replica
-    each has been while the goals were met, and the roles grown for a miss."""
+    """The replicas asked for per role and when each role last changed; per role, how busy
+    it was at each recent decision (when, calls a second), the calls a second per replica
+    a replica given up left it when that was missed (unsafe), and the last replica it gave
+    up: the calls a second per replica that left it, and when."""
 
     desired: dict[str, int]
     changed_at: dict[str, float]
-    safe: dict[str, float] = field(default_factory=dict)
-    missed: set[str] = field(default_factory=set)
+    recent: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    unsafe: dict[str, float] = field(default_factory=dict)
+    gave: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
 def decide(
@@ -117,12 +132,22 @@ def decide(
         since = now - state.changed_at.get(role, -math.inf)
         return since >= cooldown_s and running.get(role, 0) == state.desired[role]
 
-    def per_replica(role: str, replicas: int = 0) -> float:
-        return seen.busy(role) / max(1, replicas or state.desired[role])
+    window = WATCH_COOLDOWNS * cooldown_s
+    for role in roles.all:
+        history = state.recent.setdefault(role, [])
+        history.append((now, (seen.calls or {}).get(role, 0) / seen.seconds))
+        history[:] = [(at, rate) for at, rate in history if now - at <= window]
+
+    def rate_left(role: str) -> float:
+        """Calls a second per replica, at their most, with one replica fewer."""
+        return max(rate for _, rate in state.recent[role]) / max(1, state.desired[role] - 1)
+
+    def per_replica(role: str) -> float:
+        return seen.busy(role) / max(1, state.desired[role])
 
     def can_give(role: str) -> bool:
-        left = per_replica(role, state.desired[role] - 1)
-        return seen.busy(role) == 0 or role not in state.missed or left <= state.safe.get(role, 0.0)
+        left = rate_left(role)
+        return left == 0 or left < UNSAFE_SHARE * state.unsafe.get(role, math.inf)
 
     def donors(exclude: str = "", safe_only: bool = True) -> list[str]:
         return [
@@ -134,7 +159,9 @@ def decide(
     missed = _missed(seen, goals, roles)
     if missed is not None:
         role, reason = missed
-        state.missed.add(role)
+        left, given_at = state.gave.pop(role, (math.inf, -math.inf))
+        if now - given_at <= window:
+            state.unsafe[role] = min(state.unsafe.get(role, math.inf), left)
         if state.desired[role] >= bounds[role].high or not settled(role):
             return []
         grow = Change(role, state.desired[role] + 1, reason)
@@ -146,9 +173,6 @@ def decide(
             return []
         donor = min(givers, key=lambda r: (not can_give(r), per_replica(r)))
         return [Change(donor, state.desired[donor] - 1, "budget"), grow]
-    for role in roles.all:
-        if settled(role):
-            state.safe[role] = max(state.safe.get(role, 0.0), per_replica(role))
     idle = seen.first_tokens == 0 and not any((seen.calls or {}).values())
     roomy = all(
         value is None or value <= goals.headroom * goal
@@ -158,6 +182,7 @@ def decide(
     if not (idle or roomy) or not givers:
         return []
     donor = min(givers, key=per_replica)
+    state.gave[donor] = (rate_left(donor), now)
     return [Change(donor, state.desired[donor] - 1, "idle" if idle else "headroom")]
 
 

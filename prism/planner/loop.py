@@ -102,10 +102,11 @@ class Planner:
                                self.state, now, self.config.planner_cooldown_s)  # fmt: skip
         for change in changes:
             log.info(
-                "planner: %s %d → %d (%s; ttft p90 %s, itl p90 %s, first replies %s)",
+                "planner: %s %d → %d (%s; ttft p90 %s, itl p90 %s, first replies %s, busy %s)",
                 change.role, self.state.desired[change.role], change.replicas, change.reason,
                 _ms(seen.ttft_s), _ms(seen.itl_s),
                 {role: _ms(s) for role, s in (seen.first_reply_s or {}).items()},
+                {role: round(seen.busy(role), 1) for role in self.roles.all},
             )  # fmt: skip
             self.state.changed_at[change.role] = now
             try:

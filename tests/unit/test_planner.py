@@ -81,21 +81,27 @@ def test_goals_met_with_room_take_a_replica_from_the_least_busy_role():
     assert decide(seen(ttft=0.8, itl=0.02, encoder=0.05, prefill=0.2)) == []
 
 
-def test_a_role_grown_for_a_miss_keeps_what_it_needs_when_the_goals_are_met_again():
+def test_a_role_keeps_a_replica_whose_loss_was_missed_until_the_load_is_lighter():
     state = rules.State({"encoder": 1, "prefill": 2, "decode": 1}, {})
-    # Two prefills, four calls open on each: the first token is late.
     late = seen(ttft=3.0, busy={"prefill": 8}, encoder=0.1, prefill=2.0)
     assert decide(late, state=state) == [rules.Change("prefill", 3, "ttft")]
-    assert state.missed == {"prefill"}
     state.desired["prefill"] = 3
-    # Three prefills: met with room, 5 calls open in all. Two would hold 2.5 each, more
-    # than was ever safe (5 / 3).
-    met = seen(ttft=0.3, busy={"prefill": 5}, prefill=0.2)
-    assert decide(met, state=state, now=200.0) == []
-    assert state.safe["prefill"] == pytest.approx(5 / 3)
-    # Less load: two would hold what three held safely.
-    lighter = seen(ttft=0.2, busy={"prefill": 3}, prefill=0.1)
-    assert decide(lighter, state=state, now=300.0) == [rules.Change("prefill", 2, "headroom")]
+    # Three prefills meet the goals with room at 10 calls in 10 s: it tries with two.
+    met = seen(ttft=0.3, busy={"prefill": 2}, prefill=0.2)
+    assert decide(met, state=state, now=200.0) == [rules.Change("prefill", 2, "headroom")]
+    state.desired["prefill"] = 2
+    # Missed within the watch: half a call a second each is too much.
+    assert decide(late, state=state, now=260.0) == [rules.Change("prefill", 3, "ttft")]
+    assert state.unsafe == {"prefill": 0.5}
+    state.desired["prefill"] = 3
+    assert decide(met, state=state, now=400.0) == []
+    # Fewer calls: 0.3 a second each, well below.
+    lighter = rules.Observation(10.0, 6, 0.2, None, {"prefill": 6}, {"prefill": 0.1})
+    assert decide(lighter, state=state, now=500.0) == [rules.Change("prefill", 2, "headroom")]
+    state.desired["prefill"] = 2
+    # A miss long after is another load's, not that replica's loss.
+    assert decide(late, state=state, now=800.0) == [rules.Change("prefill", 3, "ttft")]
+    assert state.unsafe == {"prefill": 0.5}
 
 
 def test_without_requests_roles_shrink_to_their_least_one_at_a_time():
