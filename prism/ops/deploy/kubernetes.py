@@ -315,14 +315,19 @@ def _discovery_access(settings: KubernetesConfig) -> list[dict[str, Any]]:
         "resources": ["endpointslices"],
         "verbs": ["get", "list", "watch"],
     }
-    subject = {"kind": "ServiceAccount", "name": settings.name, "namespace": settings.namespace}
+    return _account(meta, rule, automount=False)
+
+
+def _account(meta: dict[str, Any], rule: dict[str, Any], automount: bool) -> list[dict[str, Any]]:
+    """A ServiceAccount named as `meta` says, and a Role of one `rule` bound to it."""
+    subject = {"kind": "ServiceAccount", "name": meta["name"], "namespace": meta["namespace"]}
     rbac = "rbac.authorization.k8s.io"
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta,
-         "automountServiceAccountToken": False},
+         "automountServiceAccountToken": automount},
         {"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": meta, "rules": [rule]},
         {"apiVersion": f"{rbac}/v1", "kind": "RoleBinding", "metadata": meta,
-         "roleRef": {"apiGroup": rbac, "kind": "Role", "name": settings.name},
+         "roleRef": {"apiGroup": rbac, "kind": "Role", "name": meta["name"]},
          "subjects": [subject]},
     ]  # fmt: skip
 
@@ -371,16 +376,7 @@ def _planner_access(settings: KubernetesConfig) -> list[dict[str, Any]]:
         "verbs": ["get", "patch"],
         "resourceNames": [f"{settings.name}-{role}" for role in _scaled(settings)],
     }
-    subject = {"kind": "ServiceAccount", "name": name, "namespace": settings.namespace}
-    rbac = "rbac.authorization.k8s.io"
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta,
-         "automountServiceAccountToken": True},
-        {"apiVersion": f"{rbac}/v1", "kind": "Role", "metadata": meta, "rules": [rule]},
-        {"apiVersion": f"{rbac}/v1", "kind": "RoleBinding", "metadata": meta,
-         "roleRef": {"apiGroup": rbac, "kind": "Role", "name": name},
-         "subjects": [subject]},
-    ]  # fmt: skip
+    return _account(meta, rule, automount=True)
 
 
 def _planner(settings: KubernetesConfig) -> list[dict[str, Any]]:
