@@ -12,9 +12,10 @@ one less. Pure, so that every rule is tested without a mesh.
   `WATCH_COOLDOWNS` cool-downs of giving it up: a queue takes a while to build). Calls a
   second, not calls open: those count the queue too, and a queue draining would make any
   load look unsafe. A role's calls a second are its most over that window, as Kubernetes'
-  autoscaler steadies its scale-down over a window. Without that memory a role would give
-  its replica back at every quiet interval and miss again. One role a step, so that the
-  next interval shows what the change did.
+  autoscaler steadies its scale-down over a window, and a role gives up one replica a
+  window at most. Without that memory a role would give its replica back at every quiet
+  interval and miss again. One role a step, so that the next interval shows what the
+  change did.
 - At the replica budget, a role that needs one more takes it from the least busy role.
 - A role changes again only after the cool-down, and only once its last change is done
   (the replicas asked for are running).
@@ -146,6 +147,9 @@ def decide(
         return seen.busy(role) / max(1, state.desired[role])
 
     def can_give(role: str) -> bool:
+        # One replica a window: what the last one given up did shows only slowly.
+        if now - state.gave.get(role, (0.0, -math.inf))[1] <= window:
+            return False
         left = rate_left(role)
         return left == 0 or left < UNSAFE_SHARE * state.unsafe.get(role, math.inf)
 
