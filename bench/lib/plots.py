@@ -53,6 +53,7 @@ def draw_replicas(directory: Path, result: dict) -> None:
         for edge in range(1, len(result["phases"])):
             pane.axvline(edge * phase_s, color="grey", alpha=0.4)
         pane.set_ylabel("replicas")
+        pane.set_ylim(0, result["settings"]["budget"] + 0.5)
         pane.set_title(f"{row['run']}: SLO attainment {row['attainment']:.0%}", fontsize=9)
         pane.grid(alpha=0.3)
     panes[0].legend(loc="upper right", fontsize=8)
