@@ -95,6 +95,11 @@ class Planner:
             log.warning("planner: cannot read the replicas: %s", exc)
             return []
         self._export(running)
+        for role, count in running.items():
+            if count < self.state.desired[role]:
+                # Asked again: a replica still draining may have held the place a new
+                # one needed.
+                self._scale(role, self.state.desired[role])
         if last is None:
             return []
         seen = observe.observation(last[1], sample, now - last[0])
@@ -109,17 +114,20 @@ class Planner:
                 {role: round(seen.busy(role), 1) for role in self.roles.all},
             )  # fmt: skip
             self.state.changed_at[change.role] = now
-            try:
-                self._apply(change)
-            except (OSError, RuntimeError) as exc:
-                log.warning("planner: cannot scale %s: %s", change.role, exc)
+            self._apply(change)
         self._export(running)
         return changes
 
     def _apply(self, change: rules.Change) -> None:
         self.state.desired[change.role] = change.replicas
         telemetry.PLANNER_DECISIONS.labels(change.role, change.reason).inc()
-        self.backend.scale(change.role, change.replicas)
+        self._scale(change.role, change.replicas)
+
+    def _scale(self, role: str, count: int) -> None:
+        try:
+            self.backend.scale(role, count)
+        except (OSError, RuntimeError) as exc:
+            log.warning("planner: cannot scale %s: %s", role, exc)
 
     def _export(self, running: Mapping[str, int]) -> None:
         for role in self.roles.all:

@@ -213,6 +213,23 @@ def test_the_loop_decides_from_two_reads_and_exports_what_it_did():
     assert planner.state.desired == {"worker": 1}
 
 
+def test_the_loop_asks_again_for_replicas_the_backend_could_not_start_yet():
+    class Draining(Backend):
+        def scale(self, role, count):
+            self.asked.append((role, count))  # a replica still draining: none starts
+
+    backend = Draining(worker=1)
+    config = PlannerConfig(planner="slo", ttft_slo_ms=1000, planner_cooldown_s=0)
+    reads = iter([metrics_text(), metrics_text(ttft=[4.0] * 10), metrics_text(ttft=[4.0] * 10)])
+    planner = Planner(config, mode("epd"), backend, lambda: [],
+                      scrape=lambda urls: observe.parse(next(reads)))  # fmt: skip
+    planner.step(0.0)
+    planner.step(5.0)
+    assert backend.asked == [("worker", 2)]
+    planner.step(10.0)  # still one running: asked again, and nothing more decided
+    assert backend.asked == [("worker", 2), ("worker", 2)]
+
+
 def test_the_loop_puts_a_role_into_its_bounds_at_start():
     backend = Backend(encoder=0, worker=6)
     Planner(PlannerConfig(planner="slo", max_replicas=["worker=4"]), mode("e/pd"), backend,
