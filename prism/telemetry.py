@@ -144,6 +144,12 @@ STAGE_CALL_SECONDS = Counter(
     "calls open on the role on average (its queue and what it runs), times the interval",
     ["role"],
 )
+STAGE_CALLS_WAITING = Gauge(
+    "prism_stage_calls_waiting",
+    "Stage calls made and not yet at their first reply, by role: the role's queue and what "
+    "it is starting on; with the first replies counted, the calls a second arriving at it",
+    ["role"],
+)
 PLANNER_REPLICAS = Gauge(
     "prism_planner_replicas",
     "Replicas of each role: desired (the planner's) and running",

@@ -43,7 +43,10 @@ def draw_replicas(directory: Path, result: dict) -> None:
     import matplotlib.pyplot as plt
 
     rows = result["rows"]
-    figure, panes = plt.subplots(len(rows), 1, figsize=(7, 1.6 * len(rows) + 0.6), sharex=True)
+    figure, grid = plt.subplots(
+        len(rows), 1, figsize=(7, 1.6 * len(rows) + 0.6), sharex=True, squeeze=False
+    )
+    panes = grid[:, 0]
     phase_s = result["settings"]["phase_s"]
     for pane, row in zip(panes, rows, strict=True):
         for role in ("encoder", "worker"):

@@ -44,6 +44,11 @@ class AddressConfig(Flags):
         "on SIGTERM: stop taking requests, let those in flight finish for this long, "
         "then abort them",
     )
+    standby: bool = flag(
+        False,
+        "start as a warm spare: ready, but NOT_SERVING until SIGUSR1 (the planner's local "
+        "backend keeps one for a role to grow into)",
+    )
 
 
 @dataclass

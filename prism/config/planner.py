@@ -54,6 +54,11 @@ class PlannerConfig(Flags):
     planner_cooldown_s: float = flag(
         20.0, "seconds a role keeps its replica count after a change, while the change settles"
     )
+    warm_spares: int = flag(
+        1,
+        "prism serve: replicas of each role kept started but NOT_SERVING, for the role to "
+        "grow into in the time of a probe instead of a start (0: none)",
+    )
 
 
 @dataclass(kw_only=True)

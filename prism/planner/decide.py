@@ -1,22 +1,33 @@
-"""The planner's rules: from what one interval showed, which role gets a replica more or
-one less. Pure, so that every rule is tested without a mesh.
+"""The planner's rules: from what one interval showed, how many replicas each role needs.
+Pure, so that every rule is tested without a mesh.
 
-- A goal missed: the time to first token's 90th percentile above its goal gives the
-  role on its path whose calls took longest to their first reply one more replica (the
-  encoders for a burst of images, the prefills or workers for long prompts); the time
-  between tokens above its goal gives the role that decodes one more.
+- A goal missed: the time to first token's 90th percentile above its goal blames the
+  role on its path whose calls took longest to their first reply (the encoders for a
+  burst of images, the prefills or workers for long prompts); the time between tokens
+  above its goal blames the role that decodes. A goal about to be missed: a role on the
+  first token's path whose queue (calls waiting for a first reply), at the pace it
+  answers, holds a call arriving now longer than the goal, is blamed before the requests
+  that miss have had their first tokens. The role blamed is taken to be saturated:
+  the calls a second its replicas answered, each, are what a replica can take (its
+  capacity, learned so; a role answering more later raises it). It grows at once to the
+  replicas its calls need: those arriving a second at their most over the window, and
+  its queue (calls waiting for a first reply) drained within a cool-down (or an
+  interval, if longer), at `TARGET_LOAD` of its capacity each; one more at least. So a
+  burst of images takes the encoders it needs in one step, not one replica a cool-down,
+  as Dynamo's SLA planner sizes prefill and decode from the load and a profile of each
+  engine (here the profile is learned from the misses).
+- At the replica budget, the replicas the role needs come from the others: what each
+  holds beyond what its calls open now need, at the calls open a replica held when it was
+  last to blame (calls open, not calls a second: a role's calls cost what the load's mix
+  makes them, and when the load moves, as from text to images, the workers' calls get
+  cheaper at once). If none has any to spare, the least busy (busy: the calls open on
+  it, on average, per replica) gives one.
 - Both goals met with room (below `headroom` of each), or no request at all: the least
-  busy role above its minimum (busy: the calls open on it, on average, per replica) gives
-  one up, unless the replicas left would take about as many calls a second each as when a
-  replica it gave up before was missed (a goal missed, the role to blame, within
-  `WATCH_COOLDOWNS` cool-downs of giving it up: a queue takes a while to build). Calls a
-  second, not calls open: those count the queue too, and a queue draining would make any
-  load look unsafe. A role's calls a second are its most over that window, as Kubernetes'
-  autoscaler steadies its scale-down over a window, and a role gives up one replica a
-  window at most. Without that memory a role would give its replica back at every quiet
-  interval and miss again. One role a step, so that the next interval shows what the
-  change did.
-- At the replica budget, a role that needs one more takes it from the least busy role.
+  busy role above its minimum gives up what it holds beyond its need. A role whose
+  capacity is not known yet gives one replica up at most per window, as Kubernetes'
+  autoscaler steadies its scale-down: if that was too many, the miss that follows
+  teaches its capacity. One role a step, so that the next interval shows what the change
+  did.
 - A role changes again only after the cool-down, and only once its last change is done
   (the replicas asked for are running).
 """
@@ -54,15 +65,25 @@ class Observation:
     # 90th percentiles; None where nothing was measured.
     ttft_s: float | None = None
     itl_s: float | None = None
-    # Per role: its calls, their mean time to a first reply, and the seconds calls that
-    # ended were open.
+    # Per role: its calls that got their first reply, their mean time to it, and the
+    # seconds calls that ended were open.
     calls: Mapping[str, int] | None = None
     first_reply_s: Mapping[str, float] | None = None
     open_s: Mapping[str, float] | None = None
+    # Per role: calls that arrived in the interval, and those waiting for a first reply
+    # at its end (the role's queue, and what it is starting on).
+    arrived: Mapping[str, float] | None = None
+    waiting: Mapping[str, float] | None = None
 
     def busy(self, role: str) -> float:
         """Calls open on `role`, on average (Little's law)."""
         return (self.open_s or {}).get(role, 0.0) / self.seconds
+
+    def rate(self, role: str) -> float:
+        """Calls a second that arrived at `role` (those answered, where arrivals are not
+        known)."""
+        arrived = (self.arrived or {}).get(role)
+        return (arrived if arrived is not None else (self.calls or {}).get(role, 0)) / self.seconds
 
 
 @dataclass(frozen=True)
@@ -88,31 +109,33 @@ def roles_of(mode: Mode) -> Roles:
 class Change:
     role: str
     replicas: int
-    # ttft or itl (a goal missed), budget (given up to a role that missed one),
+    # ttft or itl (a goal missed), queue (a queue that will miss the time to first
+    # token's goal), budget (given up to a role that missed one),
     # headroom (goals met with room), idle (no requests).
     reason: str
 
 
-# Below this share of the calls a second a replica given up was missed at, a role may try
-# again: the load moves, and what was missed at is known only roughly.
-UNSAFE_SHARE = 0.8
-# A role's calls a second are their most over this many cool-downs; a miss within them
-# after it gave a replica up is that replica's loss.
+# The share of a replica's capacity a role is sized for: the load moves within an
+# interval, and a capacity is known only roughly.
+TARGET_LOAD = 0.8
+# A role's arriving calls are their most over this many cool-downs, and a role whose
+# capacity is not known gives up one replica a window at most.
 WATCH_COOLDOWNS = 4
 
 
 @dataclass
 class State:
-    """The replicas asked for per role and when each role last changed; per role, how busy
-    it was at each recent decision (when, calls a second), the calls a second per replica
-    a replica given up left it when that was missed (unsafe), and the last replica it gave
-    up: the calls a second per replica that left it, and when."""
+    """The replicas asked for per role and when each role last changed; per role, its
+    calls a second at each recent decision (when, rate), the calls a second one replica
+    answers (its capacity, once a miss showed it) and the calls open a replica held then,
+    and when it last gave a replica up."""
 
     desired: dict[str, int]
     changed_at: dict[str, float]
     recent: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
-    unsafe: dict[str, float] = field(default_factory=dict)
-    gave: dict[str, tuple[float, float]] = field(default_factory=dict)
+    capacity: dict[str, float] = field(default_factory=dict)
+    held: dict[str, float] = field(default_factory=dict)
+    gave: dict[str, float] = field(default_factory=dict)
 
 
 def decide(
@@ -126,75 +149,128 @@ def decide(
     now: float,
     cooldown_s: float,
 ) -> list[Change]:
-    """The changes to make now (none, one, or a role's replica given to another); what
-    the interval showed of each role goes into `state`."""
+    """The changes to make now (none, a role's, or replicas given to another); what the
+    interval showed of each role goes into `state`."""
 
     def settled(role: str) -> bool:
         since = now - state.changed_at.get(role, -math.inf)
         return since >= cooldown_s and running.get(role, 0) == state.desired[role]
 
     window = WATCH_COOLDOWNS * cooldown_s
-    for role in roles.all:
-        history = state.recent.setdefault(role, [])
-        history.append((now, (seen.calls or {}).get(role, 0) / seen.seconds))
-        history[:] = [(at, rate) for at, rate in history if now - at <= window]
+    missed = _missed(seen, goals, roles, state.capacity, running)
+    _learn(seen, state, roles, running, missed[0] if missed else None, now, window)
 
-    def rate_left(role: str) -> float:
-        """Calls a second per replica, at their most, with one replica fewer."""
-        return max(rate for _, rate in state.recent[role]) / max(1, state.desired[role] - 1)
+    def need(role: str) -> int | None:
+        """The replicas `role`'s calls need; None while its capacity is not known."""
+        capacity = state.capacity.get(role)
+        if not capacity:
+            return None
+        peak = max(rate for _, rate in state.recent[role])
+        queue = (seen.waiting or {}).get(role, 0.0) / max(cooldown_s, seen.seconds)
+        return math.ceil((peak + queue) / (capacity * TARGET_LOAD))
+
+    def spare(role: str, now_only: bool = False) -> int:
+        """What `role` can give up safely; `now_only`: by its calls open now (at the budget)."""
+        if state.desired[role] <= bounds[role].low or not settled(role):
+            return 0
+        held = state.held.get(role)
+        if now_only and held:
+            needed: int | None = math.ceil(seen.busy(role) / (held * TARGET_LOAD))
+        else:
+            needed = need(role)
+        if needed is None:
+            return int(now - state.gave.get(role, -math.inf) > window)
+        return max(0, state.desired[role] - max(bounds[role].low, needed))
 
     def per_replica(role: str) -> float:
         return seen.busy(role) / max(1, state.desired[role])
 
-    def can_give(role: str) -> bool:
-        # One replica a window: what the last one given up did shows only slowly.
-        if now - state.gave.get(role, (0.0, -math.inf))[1] <= window:
-            return False
-        left = rate_left(role)
-        return left == 0 or left < UNSAFE_SHARE * state.unsafe.get(role, math.inf)
-
-    def donors(exclude: str = "", safe_only: bool = True) -> list[str]:
-        return [
-            role for role in roles.all
-            if role != exclude and state.desired[role] > bounds[role].low and settled(role)
-            and (can_give(role) or not safe_only)
-        ]  # fmt: skip
-
-    missed = _missed(seen, goals, roles)
     if missed is not None:
         role, reason = missed
-        left, given_at = state.gave.pop(role, (math.inf, -math.inf))
-        if now - given_at <= window:
-            state.unsafe[role] = min(state.unsafe.get(role, math.inf), left)
         if state.desired[role] >= bounds[role].high or not settled(role):
             return []
-        grow = Change(role, state.desired[role] + 1, reason)
-        if sum(state.desired.values()) < budget:
-            return [grow]
-        # At the budget, someone gives: the one that can best, even if not safely.
-        givers = donors(exclude=role, safe_only=False)
-        if not givers:
-            return []
-        donor = min(givers, key=lambda r: (not can_give(r), per_replica(r)))
-        return [Change(donor, state.desired[donor] - 1, "budget"), grow]
+        wanted = min(bounds[role].high, max(state.desired[role] + 1, need(role) or 0))
+        extra = wanted - state.desired[role] - max(0, budget - sum(state.desired.values()))
+        changes = []
+        givers = sorted((r for r in roles.all if r != role), key=per_replica)
+        for giver in givers:
+            given = min(extra, spare(giver, now_only=True))
+            if given > 0:
+                changes.append(Change(giver, state.desired[giver] - given, "budget"))
+                extra -= given
+        if extra > 0 and not changes:
+            # None has any to spare: the least busy gives one, even if it will miss it.
+            unsafe = [r for r in givers if state.desired[r] > bounds[r].low and settled(r)]
+            if not unsafe:
+                return []
+            changes.append(Change(unsafe[0], state.desired[unsafe[0]] - 1, "budget"))
+            extra -= 1
+        return [*changes, Change(role, wanted - max(0, extra), reason)]
     idle = seen.first_tokens == 0 and not any((seen.calls or {}).values())
     roomy = all(
         value is None or value <= goals.headroom * goal
         for value, goal in ((seen.ttft_s, goals.ttft_s), (seen.itl_s, goals.itl_s))
     )
-    givers = donors()
+    givers = [role for role in roles.all if spare(role)]
     if not (idle or roomy) or not givers:
         return []
     donor = min(givers, key=per_replica)
-    state.gave[donor] = (rate_left(donor), now)
-    return [Change(donor, state.desired[donor] - 1, "idle" if idle else "headroom")]
+    change = Change(donor, state.desired[donor] - spare(donor), "idle" if idle else "headroom")
+    state.gave[donor] = now
+    return [change]
 
 
-def _missed(seen: Observation, goals: Goals, roles: Roles) -> tuple[str, str] | None:
-    """The role to grow for a goal the interval missed, and which goal."""
+def _learn(
+    seen: Observation,
+    state: State,
+    roles: Roles,
+    running: Mapping[str, int],
+    blamed: str | None,
+    now: float,
+    window: float,
+) -> None:
+    """What the interval shows of each role: its calls a second, and for the role to
+    blame (saturated), what a replica takes; any role answering more raises that."""
+    for role in roles.all:
+        history = state.recent.setdefault(role, [])
+        history.append((now, seen.rate(role)))
+        history[:] = [(at, rate) for at, rate in history if now - at <= window]
+        replicas = max(1, running.get(role, 0))
+        answered = (seen.calls or {}).get(role, 0) / seen.seconds / replicas
+        if role == blamed and answered > 0:
+            state.capacity[role] = answered
+            state.held[role] = seen.busy(role) / replicas
+        elif role in state.capacity:
+            state.capacity[role] = max(state.capacity[role], answered)
+
+
+def _missed(
+    seen: Observation,
+    goals: Goals,
+    roles: Roles,
+    capacity: Mapping[str, float],
+    running: Mapping[str, int],
+) -> tuple[str, str] | None:
+    """The role to grow for a goal the interval missed, or one its queue will miss, and
+    why."""
     if seen.ttft_s is not None and seen.ttft_s > goals.ttft_s:
         took = seen.first_reply_s or {}
         return max(roles.first_token, key=lambda role: took.get(role, 0.0)), "ttft"
     if seen.itl_s is not None and seen.itl_s > goals.itl_s:
         return roles.decode, "itl"
-    return None
+
+    def ahead(role: str) -> float:
+        """Seconds a call arriving now waits behind the role's queue, at the pace the role
+        answers (its capacity, where known): a queue shows a miss before the requests
+        that miss have their first tokens. Only more calls waiting than replicas count,
+        so that a call or two at a light load is no queue."""
+        replicas = max(1, running.get(role, 0))
+        waiting = (seen.waiting or {}).get(role, 0.0)
+        if waiting <= replicas:
+            return 0.0
+        known = capacity.get(role)
+        pace = known * replicas if known else (seen.calls or {}).get(role, 0) / seen.seconds
+        return waiting / pace if pace > 0 else math.inf
+
+    late = max(roles.first_token, key=ahead)
+    return (late, "queue") if ahead(late) > goals.ttft_s else None

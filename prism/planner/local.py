@@ -2,8 +2,10 @@
 
 With the planner on, the launcher plans each role's most replicas (their ports, cores,
 GPUs and the static registry's entries) and starts the count it begins with; the
-processor finds those not running down at its probes and routes around them. Scaling up
-starts planned stages that are not running; scaling down takes the last ones out of
+processor finds those not running down at its probes and routes around them. Each role
+also keeps `--warm-spares` planned stages started as warm spares (--standby: ready,
+NOT_SERVING until SIGUSR1). Scaling up promotes spares first, then starts planned stages
+that are not running, and starts new spares in their place; scaling down takes the last ones out of
 supervision and stops them as any SIGTERM does (they drain: NOT_SERVING, no new calls,
 those in flight finish), in the background, so that supervision goes on meanwhile.
 """
@@ -11,6 +13,7 @@ those in flight finish), in the background, so that supervision goes on meanwhil
 from __future__ import annotations
 
 import dataclasses
+import signal
 import threading
 from typing import IO, TYPE_CHECKING
 
@@ -37,6 +40,8 @@ _COUNTS = {
 }
 # Beyond a stage's own drain (--shutdown-grace-s), before it is killed.
 _STOP_GRACE_S = 60.0
+# A warm spare's flag: started and ready, NOT_SERVING until SIGUSR1.
+_STANDBY = "--standby"
 
 
 def planned(config: MeshConfig) -> tuple[MeshConfig, dict[str, int]]:
@@ -67,10 +72,12 @@ def start(config: MeshConfig, mesh: Mesh, supervisor: Supervisor) -> tuple[Plann
     host = config.serve.host
     port = free_port(host)
     telemetry.serve_metrics(port, host)
-    backend = LocalBackend(mesh, mesh.stages, supervisor)
+    backend = LocalBackend(mesh, mesh.stages, supervisor, spares=config.planner.warm_spares)
     # The fronts' (or the split front's processor's): each sees its requests end to end.
     fronts = [s.metrics_url for s in mesh.stages if role_of(s) in ("front", "processor")]
     planner = Planner(config.planner, mode(config.serve.mode), backend, lambda: fronts)
+    for role in planner.roles.all:
+        backend.refill(role)
     return planner, f"http://{host}:{port}/metrics"
 
 
@@ -82,34 +89,63 @@ def role_of(stage: StageProcess) -> str:
 class LocalBackend:
     def __init__(
         self, mesh: Spawner, stages: list[StageProcess], supervisor: Supervisor,
-        output: IO | None = None,
+        output: IO | None = None, spares: int = 0,
     ) -> None:  # fmt: skip
         self.mesh = mesh
         self.stages = stages
         self.supervisor = supervisor
         self.output = output
+        self.spares = spares
+        self._standby: list[StageProcess] = []
 
     def _watched(self, role: str) -> list[StageProcess]:
         return [s for s in self.supervisor.stages if role_of(s) == role]
+
+    def _spares(self, role: str) -> list[StageProcess]:
+        """The role's warm spares still running."""
+        self._standby = [s for s in self._standby if _running(s)]
+        return [s for s in self._standby if role_of(s) == role]
+
+    def _free(self, role: str) -> list[StageProcess]:
+        """The role's planned stages neither watched (a crashed one is restarted) nor
+        running: not one still draining, whose port is not free yet."""
+        watched = self._watched(role)
+        return [
+            s for s in self.stages if role_of(s) == role and s not in watched and not _running(s)
+        ]  # fmt: skip
 
     def replicas(self, role: str) -> int:
         return len(self._watched(role))
 
     def scale(self, role: str, count: int) -> None:
         watched = self._watched(role)
-        if count > len(watched):
-            # Not a stage still draining: its port is not free yet.
-            free = [
-                s for s in self.stages
-                if role_of(s) == role and s not in watched
-                and (s.process is None or s.process.poll() is not None)
-            ]  # fmt: skip
-            for stage in free[: count - len(watched)]:
-                self.mesh.spawn(stage, self.output)
-                self.supervisor.watch(stage)
+        wanted = count - len(watched)
+        for stage in self._spares(role)[: max(0, wanted)]:
+            self._standby.remove(stage)
+            assert stage.process is not None
+            stage.process.send_signal(signal.SIGUSR1)
+            # Started again after a crash, it serves at once.
+            stage.argv.remove(_STANDBY)
+            self.supervisor.watch(stage)
+            wanted -= 1
+        for stage in self._free(role)[: max(0, wanted)]:
+            self.mesh.spawn(stage, self.output)
+            self.supervisor.watch(stage)
         for stage in watched[count:]:
             self.supervisor.release(stage)
             if stage.process is not None:
                 threading.Thread(
                     target=processes.stop, args=(stage.process, _STOP_GRACE_S), daemon=True
                 ).start()
+        self.refill(role)
+
+    def refill(self, role: str) -> None:
+        """Starts warm spares of `role` until it has `spares`, as its planned stages allow."""
+        for stage in self._free(role)[: max(0, self.spares - len(self._spares(role)))]:
+            stage.argv.append(_STANDBY)
+            self.mesh.spawn(stage, self.output)
+            self._standby.append(stage)
+
+
+def _running(stage: StageProcess) -> bool:
+    return stage.process is not None and stage.process.poll() is None

@@ -5,7 +5,9 @@ The fronts see every request end to end: their histograms of the time to first t
 the time between tokens, and of each stage call's time to its first reply
 (`prism_stage_first_reply_seconds{role}`) say both whether the goals are met and which
 role is slow; the seconds stage calls were open (`prism_stage_call_seconds_total{role}`),
-how busy each role is. A URL whose host resolves to several addresses (a headless Service) is read
+how busy each role is; the calls waiting for a first reply
+(`prism_stage_calls_waiting{role}`), each role's queue, and with the first replies, the
+calls arriving at it. A URL whose host resolves to several addresses (a headless Service) is read
 at each, so that every front counts.
 """
 
@@ -27,7 +29,8 @@ TTFT = "prism_time_to_first_token_seconds"
 ITL = "prism_inter_token_latency_seconds"
 FIRST_REPLY = "prism_stage_first_reply_seconds"
 CALL_SECONDS = "prism_stage_call_seconds"
-_READ = (TTFT, ITL, FIRST_REPLY, CALL_SECONDS)
+WAITING = "prism_stage_calls_waiting"
+_READ = (TTFT, ITL, FIRST_REPLY, CALL_SECONDS, WAITING)
 
 # (sample name, its labels but `le`, `le`) → value, summed over the fronts.
 Key = tuple[str, tuple[tuple[str, str], ...], str]
@@ -111,9 +114,15 @@ def quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
     return lower
 
 
+def _waiting(sample: Sample) -> dict[str, float]:
+    return {dict(series)["role"]: value
+            for (name, series, _), value in sample.items() if name == WAITING}  # fmt: skip
+
+
 def observation(before: Sample, after: Sample, seconds: float) -> Observation:
     """What the interval of `seconds` between two scrapes showed."""
     delta = _delta(before, after)
+    waiting, waited = _waiting(after), _waiting(before)
     calls: dict[str, int] = collections.defaultdict(int)
     took: dict[str, float] = collections.defaultdict(float)
     open_s: dict[str, float] = collections.defaultdict(float)
@@ -127,6 +136,9 @@ def observation(before: Sample, after: Sample, seconds: float) -> Observation:
             open_s[dict(series)["role"]] += value
         elif name == f"{TTFT}_count":
             first_tokens += int(value)
+    # Answered, and those still waiting beyond the queue the interval began with.
+    arrived = {role: max(0.0, calls.get(role, 0) + count - waited.get(role, 0.0))
+               for role, count in waiting.items()}  # fmt: skip
     return Observation(
         seconds=seconds,
         first_tokens=first_tokens,
@@ -135,4 +147,6 @@ def observation(before: Sample, after: Sample, seconds: float) -> Observation:
         calls=dict(calls),
         first_reply_s={role: took[role] / count for role, count in calls.items() if count},
         open_s=dict(open_s),
+        arrived=arrived,
+        waiting=waiting,
     )

@@ -54,6 +54,9 @@ class Server:
     draining: bool = False
     # grpc.health.v1 alone, in plaintext (`start_server`'s `health_address`).
     health_server: grpc.aio.Server | None = None
+    # A warm spare: it reports SERVING only once promoted.
+    standby: bool = False
+    _held: list[str] | None = None
 
     async def stop(self, grace: float | None) -> None:
         if self.health_server is not None:
@@ -63,6 +66,10 @@ class Server:
     async def set_serving(self, services: Iterable[str], serving: bool = True) -> None:
         if serving and self.draining:
             return  # a server shutting down never reports SERVING again
+        if self.standby:
+            self._held = list(services) if serving else None
+            if serving:
+                return
         status = (
             health_pb2.HealthCheckResponse.SERVING
             if serving
@@ -70,6 +77,12 @@ class Server:
         )
         for name in ["", *services]:
             await self.health.set(name, status)
+
+    async def promote(self) -> None:
+        """A warm spare starts serving: SERVING, if it was ready."""
+        self.standby = False
+        if self._held is not None:
+            await self.set_serving(self._held)
 
 
 class LoadServicer(load_pb2_grpc.LoadServiceServicer):

@@ -1,7 +1,8 @@
 """The stage runtime's life-cycle half: start-up and drain, one way for every stage.
 
 Start-up: tracing, the gRPC server (health, reflection, load), the metrics endpoint,
-SERVING, then the registry, so that no peer is sent here before this stage answers.
+SERVING, then the registry, so that no peer is sent here before this stage answers. A
+warm spare (--standby) holds SERVING back until SIGUSR1.
 Drain, on SIGINT or SIGTERM or when a task of the stage fails: NOT_SERVING, out of the
 registry, batched streams take no new calls, and calls in flight get the grace period to
 finish; a stage whose task failed then exits with an error (StageFailed).
@@ -137,6 +138,8 @@ class Stage:
             open_registry(self.config.registry, (), self.config.connect) for _ in replicas[1:]
         ]
         telemetry.serve_metrics(metrics.metrics_port, host, collectors)
+        if address.standby:
+            _await_promotion(self.role, servers)
         if serving:
             for server, replica in zip(servers, replicas, strict=True):
                 await server.set_serving(replica.names)
@@ -195,6 +198,26 @@ class Stage:
             modes=modes,
             health_port=self.config.metrics.health_port,
         )
+
+
+def _await_promotion(role: str, servers: Sequence[Server]) -> None:
+    """A warm spare: its servers hold SERVING back until SIGUSR1."""
+
+    async def promote() -> None:
+        for server in servers:
+            await server.promote()
+        log.info("%s promoted from standby: serving", role)
+
+    promoting: set[asyncio.Task] = set()  # held, as the loop keeps weak references only
+
+    def on_signal() -> None:
+        task = asyncio.ensure_future(promote())
+        promoting.add(task)
+        task.add_done_callback(promoting.discard)
+
+    for server in servers:
+        server.standby = True
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, on_signal)
 
 
 async def _terminated_or_failed(tasks: list[asyncio.Task]) -> BaseException | None:

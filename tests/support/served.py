@@ -81,10 +81,12 @@ class Served:
 
 
 class Load:
-    """Streamed chats, `clients` at a time, until stopped; how each ended."""
+    """Streamed chats, `clients` at a time, each `pause_s` after its last answer (as a
+    user reads it), until stopped; how each ended."""
 
-    def __init__(self, served: Served, clients: int = 4) -> None:
+    def __init__(self, served: Served, clients: int = 4, pause_s: float = 0.0) -> None:
         self.served = served
+        self.pause_s = pause_s
         self.outcomes: Counter[str] = Counter()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._client, args=(i,)) for i in range(clients)]
@@ -104,6 +106,7 @@ class Load:
             if outcome != "completed":
                 # As a client backs off; one that did not would only load the machine.
                 time.sleep(0.2)
+            self._stop.wait(self.pause_s)
             self.outcomes[outcome.split(":")[0]] += 1
             sent += 1
 

@@ -4,7 +4,7 @@ backend and metrics made up in the test."""
 from __future__ import annotations
 
 import pytest
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from prism.cli import build_parser
 from prism.config.planner import PlannerConfig
@@ -19,12 +19,15 @@ EPD_D = rules.roles_of(mode("e/p/d"))
 WIDE = {role: rules.Bounds(1, 4) for role in EPD_D.all}
 
 
-def seen(ttft=None, itl=None, first_tokens=10, busy=None, **first_reply) -> rules.Observation:
-    """An interval of 10 s; `busy`: calls open on each role, on average."""
+def seen(ttft=None, itl=None, first_tokens=10, busy=None, calls=None, arrived=None,
+         waiting=None, **first_reply) -> rules.Observation:  # fmt: skip
+    """An interval of 10 s; `busy`: calls open on each role, on average; `calls`: those
+    answered (10 per role with a first reply, unless given)."""
     return rules.Observation(
         seconds=10.0, first_tokens=first_tokens, ttft_s=ttft, itl_s=itl,
-        calls={role: 10 for role in first_reply}, first_reply_s=first_reply,
+        calls=calls or {role: 10 for role in first_reply}, first_reply_s=first_reply,
         open_s={role: calls * 10.0 for role, calls in (busy or {}).items()},
+        arrived=arrived, waiting=waiting,
     )  # fmt: skip
 
 
@@ -45,14 +48,46 @@ def test_the_roles_each_mode_plans():
 
 
 def test_a_slow_first_token_grows_the_slowest_role_on_its_path():
-    images = seen(ttft=3.0, itl=0.01, encoder=2.5, prefill=0.3, decode=0.2)
+    # Calls arrive as fast as they are answered: one replica more.
+    images = seen(ttft=3.0, itl=0.01, calls={"encoder": 20}, encoder=2.5, prefill=0.3)
     assert decide(images) == [rules.Change("encoder", 3, "ttft")]
-    prompts = seen(ttft=3.0, itl=0.01, encoder=0.1, prefill=2.0)
+    prompts = seen(ttft=3.0, itl=0.01, calls={"prefill": 20}, encoder=0.1, prefill=2.0)
     assert decide(prompts) == [rules.Change("prefill", 3, "ttft")]
 
 
 def test_slow_tokens_grow_the_decodes():
     assert decide(seen(ttft=0.2, itl=0.5, prefill=0.1)) == [rules.Change("decode", 3, "itl")]
+
+
+def test_a_miss_grows_the_role_at_once_to_what_its_calls_and_queue_need():
+    state = rules.State({"encoder": 1, "prefill": 1, "decode": 1}, {})
+    # One encoder answered 5 calls a second (its capacity), 10 arrived, 20 wait: at 80 %
+    # of 5 a second each, (10 + 20 / 20 s) a second need 3.
+    burst = seen(ttft=3.0, calls={"encoder": 50}, arrived={"encoder": 100.0},
+                 waiting={"encoder": 20.0}, encoder=2.5, prefill=0.2)  # fmt: skip
+    assert decide(burst, state=state) == [rules.Change("encoder", 3, "ttft")]
+    assert state.capacity == {"encoder": 5.0}
+    # Within the role's most.
+    state = rules.State({"encoder": 1, "prefill": 1, "decode": 1}, {})
+    heavier = seen(ttft=3.0, calls={"encoder": 50}, arrived={"encoder": 400.0},
+                   encoder=2.5, prefill=0.2)  # fmt: skip
+    assert decide(heavier, state=state) == [rules.Change("encoder", 4, "ttft")]
+
+
+def test_a_queue_that_will_miss_the_goal_grows_its_role_before_the_miss_shows():
+    state = rules.State({"encoder": 1, "prefill": 1, "decode": 1}, {})
+    # Goals met so far, but 12 calls wait at an encoder answering 6 a second: a call
+    # arriving now waits 2 s, above the 1 s goal. 7.2 arriving a second, and the queue
+    # drained within the cool-down, need 2 at 80 % of 6 a second.
+    building = seen(ttft=0.4, calls={"encoder": 60, "prefill": 60},
+                    arrived={"encoder": 72.0}, waiting={"encoder": 12.0, "prefill": 1.0},
+                    encoder=0.3, prefill=0.1)  # fmt: skip
+    assert decide(building, state=state) == [rules.Change("encoder", 2, "queue")]
+    # A call or two waiting at a light load is no queue; nor is one answered in time.
+    light = seen(ttft=0.4, calls={"encoder": 1}, waiting={"encoder": 1.0}, encoder=0.3)
+    assert decide(light, desired={"encoder": 1, "prefill": 1, "decode": 1}) == []
+    brief = seen(ttft=0.4, calls={"encoder": 60}, waiting={"encoder": 4.0}, encoder=0.3)
+    assert decide(brief, desired={"encoder": 1, "prefill": 1, "decode": 1}) == []
 
 
 def test_a_role_at_its_most_or_still_settling_does_not_grow():
@@ -63,11 +98,21 @@ def test_a_role_at_its_most_or_still_settling_does_not_grow():
     assert decide(slow, running={"encoder": 1, "prefill": 2, "decode": 2}) == []
 
 
-def test_at_the_budget_the_least_busy_role_gives_a_replica_up():
+def test_at_the_budget_the_others_give_what_they_hold_beyond_their_need():
+    state = rules.State({"encoder": 1, "prefill": 4, "decode": 1}, {}, capacity={"prefill": 5.0})
+    # The prefills' 8 calls a second need 2 of their 4; the encoders' burst needs 3.
+    burst = seen(ttft=3.0, calls={"encoder": 50, "prefill": 80}, arrived={"encoder": 100.0},
+                 busy={"prefill": 1, "decode": 0.5}, encoder=2.5, prefill=0.2)  # fmt: skip
+    assert decide(burst, state=state, budget=6) == [
+        rules.Change("prefill", 2, "budget"), rules.Change("encoder", 3, "ttft")
+    ]  # fmt: skip
+    # None has any to spare: the least busy gives one, and the role grows by that one.
+    state = rules.State({"encoder": 1, "prefill": 2, "decode": 3}, {})
     slow = seen(ttft=3.0, itl=0.01, busy={"encoder": 8, "prefill": 2, "decode": 1},
                 encoder=2.5, prefill=0.3, decode=0.01)  # fmt: skip
-    assert decide(slow, budget=6) == [
-        rules.Change("decode", 1, "budget"), rules.Change("encoder", 3, "ttft")
+    state.gave = {"prefill": 90.0, "decode": 90.0}  # each gave one up within the window
+    assert decide(slow, state=state, budget=6) == [
+        rules.Change("decode", 2, "budget"), rules.Change("encoder", 2, "ttft")
     ]  # fmt: skip
     # No role above its least: nothing to give.
     assert decide(slow, desired={"encoder": 2, "prefill": 1, "decode": 1}, budget=4) == []
@@ -81,35 +126,41 @@ def test_goals_met_with_room_take_a_replica_from_the_least_busy_role():
     assert decide(seen(ttft=0.8, itl=0.02, encoder=0.05, prefill=0.2)) == []
 
 
-def test_a_role_keeps_a_replica_whose_loss_was_missed_until_the_load_is_lighter():
-    state = rules.State({"encoder": 1, "prefill": 2, "decode": 1}, {})
-    late = seen(ttft=3.0, busy={"prefill": 8}, encoder=0.1, prefill=2.0)
-    assert decide(late, state=state) == [rules.Change("prefill", 3, "ttft")]
-    state.desired["prefill"] = 3
-    # Three prefills meet the goals with room at 10 calls in 10 s: it tries with two.
+def test_a_role_keeps_what_its_learned_capacity_says_its_calls_need():
+    state = rules.State({"encoder": 1, "prefill": 4, "decode": 1}, {}, capacity={"prefill": 1.0})
+    # 1.5 calls a second, 1 a replica at most: 2 prefills, the rest go at once.
+    met = seen(ttft=0.3, calls={"prefill": 15}, busy={"prefill": 2}, prefill=0.2)
+    assert decide(met, state=state) == [rules.Change("prefill", 2, "headroom")]
+    state.desired["prefill"] = 2
+    assert decide(met, state=state, now=200.0) == []
+    # A role answering more than it was thought to take shows it can: 2 a second each.
+    busier = seen(ttft=0.3, calls={"prefill": 40}, prefill=0.2)
+    assert decide(busier, state=state, now=300.0) == []
+    assert state.capacity["prefill"] == 2.0
+    # A miss it is blamed for says what a replica takes now, less too.
+    late = seen(ttft=3.0, calls={"prefill": 10}, arrived={"prefill": 30.0}, prefill=2.0)
+    assert decide(late, state=state, now=400.0) == [rules.Change("prefill", 4, "ttft")]
+    assert state.capacity["prefill"] == 0.5
+
+
+def test_a_role_of_unknown_capacity_gives_one_replica_a_window():
+    state = rules.State({"encoder": 1, "prefill": 3, "decode": 1}, {})
     met = seen(ttft=0.3, busy={"prefill": 2}, prefill=0.2)
-    assert decide(met, state=state, now=200.0) == [rules.Change("prefill", 2, "headroom")]
+    assert decide(met, state=state) == [rules.Change("prefill", 2, "headroom")]
     state.desired["prefill"] = 2
-    # Missed within the watch: half a call a second each is too much.
-    assert decide(late, state=state, now=260.0) == [rules.Change("prefill", 3, "ttft")]
-    assert state.unsafe == {"prefill": 0.5}
-    state.desired["prefill"] = 3
-    assert decide(met, state=state, now=400.0) == []
-    # Fewer calls: 0.3 a second each, well below.
-    lighter = rules.Observation(10.0, 6, 0.2, None, {"prefill": 6}, {"prefill": 0.1})
-    assert decide(lighter, state=state, now=500.0) == [rules.Change("prefill", 2, "headroom")]
-    state.desired["prefill"] = 2
-    # A miss long after is another load's, not that replica's loss.
-    assert decide(late, state=state, now=800.0) == [rules.Change("prefill", 3, "ttft")]
-    assert state.unsafe == {"prefill": 0.5}
+    assert decide(met, state=state, now=150.0) == []  # within the window (4 cool-downs)
+    assert decide(met, state=state, now=200.0) == [rules.Change("prefill", 1, "headroom")]
 
 
-def test_without_requests_roles_shrink_to_their_least_one_at_a_time():
+def test_without_requests_roles_shrink_to_their_least():
     quiet = seen(first_tokens=0)
     assert decide(quiet, desired={"encoder": 1, "prefill": 1, "decode": 3}) == [
         rules.Change("decode", 2, "idle")
     ]  # fmt: skip
     assert decide(quiet, desired={"encoder": 1, "prefill": 1, "decode": 1}) == []
+    # A role whose capacity is known needs none: to its least at once.
+    state = rules.State({"encoder": 1, "prefill": 1, "decode": 3}, {}, capacity={"decode": 2.0})
+    assert decide(quiet, state=state) == [rules.Change("decode", 1, "idle")]
 
 
 def test_bounds_default_and_refuse_what_cannot_be():
@@ -125,7 +176,7 @@ def test_bounds_default_and_refuse_what_cannot_be():
         bounds(PlannerConfig(min_replicas=["worker"]), ["worker"], {})
 
 
-def metrics_text(ttft=(), itl=(), first_reply=(), open_s=()) -> str:
+def metrics_text(ttft=(), itl=(), first_reply=(), open_s=(), waiting=()) -> str:
     """A front's /metrics with these observations."""
     registry = CollectorRegistry()
     buckets = (0.1, 0.5, 1.0, 2.0, 5.0)
@@ -140,6 +191,9 @@ def metrics_text(ttft=(), itl=(), first_reply=(), open_s=()) -> str:
     calls = Counter(observe.CALL_SECONDS, "", ["role"], registry=registry)
     for role, value in open_s:
         calls.labels(role).inc(value)
+    queue = Gauge(observe.WAITING, "", ["role"], registry=registry)
+    for role, value in waiting:
+        queue.labels(role).set(value)
     return generate_latest(registry).decode()
 
 
@@ -153,14 +207,16 @@ def test_quantiles_interpolate_within_their_bucket():
 
 
 def test_an_interval_is_what_changed_between_two_reads_summed_over_fronts():
-    before = observe.parse(metrics_text(ttft=[0.05] * 10))
+    before = observe.parse(metrics_text(ttft=[0.05] * 10, waiting=[("encoder", 4)]))
     front_a = metrics_text(
         ttft=[0.05] * 10 + [1.5] * 10,
         itl=[0.01] * 5,
         first_reply=[("encoder", 1.0), ("encoder", 2.0), ("prefill", 0.2)],
         open_s=[("encoder", 3.0), ("prefill", 4.0)],
+        waiting=[("encoder", 5), ("prefill", 0)],
     )
-    front_b = metrics_text(ttft=[0.05] * 5)  # another front, new since the first read
+    # Another front, new since the first read.
+    front_b = metrics_text(ttft=[0.05] * 5, waiting=[("encoder", 2)])
     after = observe.parse(front_b, observe.parse(front_a))
     seen = observe.observation(before, after, seconds=5.0)
     assert seen.first_tokens == 15
@@ -170,6 +226,10 @@ def test_an_interval_is_what_changed_between_two_reads_summed_over_fronts():
     assert seen.calls == {"encoder": 2, "prefill": 1}
     assert seen.first_reply_s == pytest.approx({"encoder": 1.5, "prefill": 0.2})
     assert seen.busy("encoder") == pytest.approx(3.0 / 5.0)
+    # The encoders' queue: 4, then 7. So 2 answered and 3 more waiting: 5 arrived.
+    assert seen.waiting == {"encoder": 7, "prefill": 0}
+    assert seen.arrived == {"encoder": 5, "prefill": 1}
+    assert seen.rate("encoder") == pytest.approx(1.0)
     # A front that restarted counts from zero: what it has now is all new.
     restarted = observe.observation(after, before, seconds=5.0)
     assert restarted.first_tokens == 10

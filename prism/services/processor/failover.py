@@ -115,20 +115,26 @@ class Failover:
             replied = False
             first_reply = telemetry.STAGE_FIRST_REPLY.labels(role)
             open_for = telemetry.STAGE_CALL_SECONDS.labels(role)
+            # Counted as waiting until its first reply, or its end without one.
+            waiting = telemetry.STAGE_CALLS_WAITING.labels(role)
             started = time.perf_counter()
+            waiting.inc()
             try:
                 with self.router.using(address, blocks, keys) as computed:
                     stage_call = call.track(start(address), address)
                     try:
                         if isinstance(stage_call, grpc.aio.UnaryUnaryCall):
                             reply = await stage_call
+                            replied = True
                             first_reply.observe(time.perf_counter() - started)
+                            waiting.dec()
                             yield reply
                         else:
                             async for reply in stage_call:
                                 if not replied:
+                                    replied = True
                                     first_reply.observe(time.perf_counter() - started)
-                                replied = True
+                                    waiting.dec()
                                 computed()
                                 yield reply
                     finally:
@@ -155,6 +161,9 @@ class Failover:
                 log.warning(
                     "%s %s unavailable (%s); trying another replica", role, address, exc.details()
                 )
+            finally:
+                if not replied:
+                    waiting.dec()
 
     async def migrating(
         self,
