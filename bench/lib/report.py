@@ -346,6 +346,8 @@ def loads_section(results: dict[str, dict[str, Any]]) -> list[str]:
 
 def planner_section(result: dict) -> str:
     settings = result["settings"]
+    count = settings.get("warm_spares", 0)
+    spares = f"; {count} warm spare a role, started and not serving until promoted" if count else ""
     lines = [
         "## The planner on a step load",
         "",
@@ -360,7 +362,7 @@ def planner_section(result: dict) -> str:
         f"between tokens {settings['itl_slo_ms']:g} ms. SLO attainment: the share of "
         "requests that met both (a failed one did not). Fixed runs: encoders+workers, "
         f"{settings['budget']} replicas in all; the planner starts from one of each within "
-        f"the same budget (interval 2 s, cool-down {settings['cooldown_s']:g} s).",
+        f"the same budget (interval 2 s, cool-down {settings['cooldown_s']:g} s{spares}).",
         "",
         "| run | attainment | " + " | ".join(result["phases"]) + " | req/s | failed |",
         "|---|---:|" + "---:|" * len(result["phases"]) + "---:|---:|",
