@@ -7,15 +7,16 @@ Pure, so that every rule is tested without a mesh.
   above its goal blames the role that decodes. A goal about to be missed: a role on the
   first token's path whose queue (calls waiting for a first reply), at the pace it
   answers, holds a call arriving now longer than the goal, is blamed before the requests
-  that miss have had their first tokens. The role blamed is taken to be saturated:
-  the calls a second its replicas answered, each, are what a replica can take (its
-  capacity, learned so; a role answering more later raises it). It grows at once to the
-  replicas its calls need: those arriving a second at their most over the window, and
-  its queue (calls waiting for a first reply) drained within a cool-down (or an
-  interval, if longer), at `TARGET_LOAD` of its capacity each; one more at least. So a
-  burst of images takes the encoders it needs in one step, not one replica a cool-down,
-  as Dynamo's SLA planner sizes prefill and decode from the load and a profile of each
-  engine (here the profile is learned from the misses).
+  that miss have had their first tokens. The role blamed, if it had a queue all the
+  interval, is saturated: the calls a second its replicas answered, each, are what a
+  replica can take (its capacity, learned so; a role answering more later raises it).
+  It grows at once to the replicas its calls need: those arriving a second at their most
+  over the window (a rate read over enough calls, not one short interval's few), and its
+  queue (calls waiting for a first reply) drained within a cool-down (or an interval, if
+  longer), at `TARGET_LOAD` of its capacity each; one more at least. So a burst of images
+  takes the encoders it needs in one step, not one replica a cool-down, as Dynamo's SLA
+  planner sizes prefill and decode from the load and a profile of each engine (here the
+  profile is learned from the misses).
 - At the replica budget, the replicas the role needs come from the others: what each
   holds beyond what its calls open now need, at the calls open a replica held when it was
   last to blame (calls open, not calls a second: a role's calls cost what the load's mix
@@ -26,8 +27,10 @@ Pure, so that every rule is tested without a mesh.
   busy role above its minimum gives up what it holds beyond its need. A role whose
   capacity is not known yet gives one replica up at most per window, as Kubernetes'
   autoscaler steadies its scale-down: if that was too many, the miss that follows
-  teaches its capacity. One role a step, so that the next interval shows what the change
-  did.
+  teaches its capacity. So does a role whose calls open say it needs fewer replicas than
+  its capacity does, once the goals have had room for a whole window: a capacity read low
+  would otherwise keep its replicas for good. One role a step, so that the next interval
+  shows what the change did.
 - A role changes again only after the cool-down, and only once its last change is done
   (the replicas asked for are running).
 """
@@ -74,16 +77,21 @@ class Observation:
     # at its end (the role's queue, and what it is starting on).
     arrived: Mapping[str, float] | None = None
     waiting: Mapping[str, float] | None = None
+    # Those waiting at its start.
+    waited: Mapping[str, float] | None = None
 
     def busy(self, role: str) -> float:
         """Calls open on `role`, on average (Little's law)."""
         return (self.open_s or {}).get(role, 0.0) / self.seconds
 
-    def rate(self, role: str) -> float:
-        """Calls a second that arrived at `role` (those answered, where arrivals are not
-        known)."""
+    def arrivals(self, role: str) -> float:
+        """Calls that arrived at `role` (those answered, where arrivals are not known)."""
         arrived = (self.arrived or {}).get(role)
-        return (arrived if arrived is not None else (self.calls or {}).get(role, 0)) / self.seconds
+        return arrived if arrived is not None else (self.calls or {}).get(role, 0)
+
+    def rate(self, role: str) -> float:
+        """Calls a second that arrived at `role`."""
+        return self.arrivals(role) / self.seconds
 
 
 @dataclass(frozen=True)
@@ -121,21 +129,27 @@ TARGET_LOAD = 0.8
 # A role's arriving calls are their most over this many cool-downs, and a role whose
 # capacity is not known gives up one replica a window at most.
 WATCH_COOLDOWNS = 4
+# A rate is read over the latest intervals that hold this many calls (within the window):
+# over one short interval, a light load's call or two reads as twice its rate or more.
+RATE_CALLS = 10
 
 
 @dataclass
 class State:
-    """The replicas asked for per role and when each role last changed; per role, its
-    calls a second at each recent decision (when, rate), the calls a second one replica
-    answers (its capacity, once a miss showed it) and the calls open a replica held then,
-    and when it last gave a replica up."""
+    """The replicas asked for per role and when each role last changed; per role, the
+    calls that arrived in each recent interval (its end, calls, seconds), the calls a
+    second one replica answers (its capacity, once a miss showed it; when it was last
+    learned) and the calls open a replica held then, and when it last gave a replica up;
+    since when the goals have been met with room."""
 
     desired: dict[str, int]
     changed_at: dict[str, float]
-    recent: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    recent: dict[str, list[tuple[float, float, float]]] = field(default_factory=dict)
     capacity: dict[str, float] = field(default_factory=dict)
+    learned: dict[str, float] = field(default_factory=dict)
     held: dict[str, float] = field(default_factory=dict)
     gave: dict[str, float] = field(default_factory=dict)
+    roomy_since: float | None = None
 
 
 def decide(
@@ -159,13 +173,14 @@ def decide(
     window = WATCH_COOLDOWNS * cooldown_s
     missed = _missed(seen, goals, roles, state.capacity, running)
     _learn(seen, state, roles, running, missed[0] if missed else None, now, window)
+    idle, roomy, long_roomy = _room(seen, goals, missed is not None, state, now, window)
 
     def need(role: str) -> int | None:
         """The replicas `role`'s calls need; None while its capacity is not known."""
         capacity = state.capacity.get(role)
         if not capacity:
             return None
-        peak = max(rate for _, rate in state.recent[role])
+        peak = _peak(state.recent[role])
         queue = (seen.waiting or {}).get(role, 0.0) / max(cooldown_s, seen.seconds)
         return math.ceil((peak + queue) / (capacity * TARGET_LOAD))
 
@@ -174,12 +189,16 @@ def decide(
         if state.desired[role] <= bounds[role].low or not settled(role):
             return 0
         held = state.held.get(role)
-        if now_only and held:
-            needed: int | None = math.ceil(seen.busy(role) / (held * TARGET_LOAD))
-        else:
-            needed = need(role)
+        by_open = math.ceil(seen.busy(role) / (held * TARGET_LOAD)) if held else None
+        once_a_window = now - state.gave.get(role, -math.inf) > window
+        needed = by_open if now_only and by_open is not None else need(role)
         if needed is None:
-            return int(now - state.gave.get(role, -math.inf) > window)
+            return int(once_a_window)
+        if long_roomy and once_a_window and by_open is not None and by_open < needed:
+            # Room for a whole window, and its calls open say fewer than its capacity
+            # does: a capacity read low would keep replicas for good, so one goes; a miss
+            # after teaches the capacity again.
+            needed = max(by_open, state.desired[role] - 1)
         return max(0, state.desired[role] - max(bounds[role].low, needed))
 
     def per_replica(role: str) -> float:
@@ -206,18 +225,31 @@ def decide(
             changes.append(Change(unsafe[0], state.desired[unsafe[0]] - 1, "budget"))
             extra -= 1
         return [*changes, Change(role, wanted - max(0, extra), reason)]
-    idle = seen.first_tokens == 0 and not any((seen.calls or {}).values())
-    roomy = all(
-        value is None or value <= goals.headroom * goal
-        for value, goal in ((seen.ttft_s, goals.ttft_s), (seen.itl_s, goals.itl_s))
-    )
     givers = [role for role in roles.all if spare(role)]
-    if not (idle or roomy) or not givers:
+    if not roomy or not givers:
         return []
     donor = min(givers, key=per_replica)
     change = Change(donor, state.desired[donor] - spare(donor), "idle" if idle else "headroom")
     state.gave[donor] = now
     return [change]
+
+
+def _room(
+    seen: Observation, goals: Goals, missed: bool, state: State, now: float, window: float
+) -> tuple[bool, bool, bool]:
+    """Whether the interval had no requests, whether it met both goals with room (or had
+    none), and whether they have been so for a whole `window` (since when: in `state`)."""
+    idle = seen.first_tokens == 0 and not any((seen.calls or {}).values())
+    roomy = idle or all(
+        value is None or value <= goals.headroom * goal
+        for value, goal in ((seen.ttft_s, goals.ttft_s), (seen.itl_s, goals.itl_s))
+    )
+    if missed or not roomy:
+        state.roomy_since = None
+    elif state.roomy_since is None:
+        state.roomy_since = now - seen.seconds
+    long = state.roomy_since is not None and now - state.roomy_since >= window
+    return idle, roomy, long
 
 
 def _learn(
@@ -230,18 +262,45 @@ def _learn(
     window: float,
 ) -> None:
     """What the interval shows of each role: its calls a second, and for the role to
-    blame (saturated), what a replica takes; any role answering more raises that."""
+    blame, if it had a queue and the same replicas all the interval (saturated), what a
+    replica takes; any role answering more raises that."""
     for role in roles.all:
         history = state.recent.setdefault(role, [])
-        history.append((now, seen.rate(role)))
-        history[:] = [(at, rate) for at, rate in history if now - at <= window]
+        history.append((now, seen.arrivals(role), seen.seconds))
+        history[:] = [entry for entry in history if now - entry[0] <= window]
         replicas = max(1, running.get(role, 0))
         answered = (seen.calls or {}).get(role, 0) / seen.seconds / replicas
-        if role == blamed and answered > 0:
-            state.capacity[role] = answered
+        # Saturated all the interval: a queue at its start too, not one that formed in it,
+        # and the same replicas all along (one just started takes its first calls).
+        queued = (seen.waited or {}).get(role, 0.0) > replicas
+        steady = now - state.changed_at.get(role, -math.inf) > seen.seconds and (
+            running.get(role, 0) == state.desired[role]
+        )
+        if role == blamed and answered > 0 and queued and steady:
+            # Within a window, the most any saturated interval showed (a short interval
+            # answers few calls, so one alone reads low); after it, what this one shows,
+            # less too: the load's mix may have changed what a call costs.
+            recent = now - state.learned.get(role, -math.inf) <= window
+            state.capacity[role] = max(answered, state.capacity[role] if recent else 0.0)
+            state.learned[role] = now
             state.held[role] = seen.busy(role) / replicas
         elif role in state.capacity:
             state.capacity[role] = max(state.capacity[role], answered)
+
+
+def _peak(history: list[tuple[float, float, float]]) -> float:
+    """The most calls a second over the window: at the end of each interval, the rate of
+    the latest intervals holding `RATE_CALLS` calls; where the window holds fewer, its
+    rate."""
+    rates = []
+    for end in range(len(history)):
+        calls = seconds = 0.0
+        for _, count, span in reversed(history[: end + 1]):
+            calls, seconds = calls + count, seconds + span
+            if calls >= RATE_CALLS:
+                rates.append(calls / seconds)
+                break
+    return max(rates, default=calls / seconds)
 
 
 def _missed(

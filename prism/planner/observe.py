@@ -149,4 +149,5 @@ def observation(before: Sample, after: Sample, seconds: float) -> Observation:
         open_s=dict(open_s),
         arrived=arrived,
         waiting=waiting,
+        waited=waited,
     )

@@ -40,8 +40,8 @@ def decisions(served: Served, reason: str) -> float:
 def test_the_planner_adds_a_worker_for_a_queue_and_drains_it_away_after(models, tmp_path):
     served = Served(
         ["--mode", "epd", "--model", models["llava"], "--engine", "sim", "--front-workers", "1",
-         "--sim-max-num-seqs", "1", "--sim-decode-step-ms", "20",
-         "--planner", "slo", "--max-replicas", "worker=2", "--ttft-slo-ms", "300",
+         "--sim-max-num-seqs", "1", "--sim-decode-step-ms", "40",
+         "--planner", "slo", "--max-replicas", "worker=2", "--ttft-slo-ms", "600",
          "--itl-slo-ms", "1000", "--planner-interval-s", "1", "--planner-cooldown-s", "2"],
         tmp_path,
     )  # fmt: skip
@@ -56,7 +56,8 @@ def test_the_planner_adds_a_worker_for_a_queue_and_drains_it_away_after(models, 
         heavy = Load(served, clients=6)
         try:
             assert wait_for(lambda: replicas(served, "running") == 2, timeout=120), served.tail()
-            assert decisions(served, "ttft") == 1
+            # Its queue, or the time to first token, missed the goal: one decision.
+            assert decisions(served, "queue") + decisions(served, "ttft") == 1
             # The spare was promoted, not a process started.
             assert served.pid("worker-1") == spare
             assert health(served, "worker-1") == "SERVING"

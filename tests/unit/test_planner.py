@@ -20,14 +20,16 @@ WIDE = {role: rules.Bounds(1, 4) for role in EPD_D.all}
 
 
 def seen(ttft=None, itl=None, first_tokens=10, busy=None, calls=None, arrived=None,
-         waiting=None, **first_reply) -> rules.Observation:  # fmt: skip
+         waiting=None, waited=None, **first_reply) -> rules.Observation:  # fmt: skip
     """An interval of 10 s; `busy`: calls open on each role, on average; `calls`: those
-    answered (10 per role with a first reply, unless given)."""
+    answered (10 per role with a first reply, unless given); `waited`: the queue at its
+    start (unless given, 10 at every role with a first reply: saturated)."""
     return rules.Observation(
         seconds=10.0, first_tokens=first_tokens, ttft_s=ttft, itl_s=itl,
         calls=calls or {role: 10 for role in first_reply}, first_reply_s=first_reply,
         open_s={role: calls * 10.0 for role, calls in (busy or {}).items()},
         arrived=arrived, waiting=waiting,
+        waited={role: 10.0 for role in first_reply} if waited is None else waited,
     )  # fmt: skip
 
 
@@ -67,6 +69,13 @@ def test_a_miss_grows_the_role_at_once_to_what_its_calls_and_queue_need():
                  waiting={"encoder": 20.0}, encoder=2.5, prefill=0.2)  # fmt: skip
     assert decide(burst, state=state) == [rules.Change("encoder", 3, "ttft")]
     assert state.capacity == {"encoder": 5.0}
+    # A queue that formed within the interval says nothing of what a replica takes: one
+    # replica more.
+    state = rules.State({"encoder": 1, "prefill": 1, "decode": 1}, {})
+    formed = seen(ttft=3.0, calls={"encoder": 5}, arrived={"encoder": 100.0},
+                  waiting={"encoder": 20.0}, waited={}, encoder=2.5, prefill=0.2)  # fmt: skip
+    assert decide(formed, state=state) == [rules.Change("encoder", 2, "ttft")]
+    assert state.capacity == {}
     # Within the role's most.
     state = rules.State({"encoder": 1, "prefill": 1, "decode": 1}, {})
     heavier = seen(ttft=3.0, calls={"encoder": 50}, arrived={"encoder": 400.0},
@@ -141,6 +150,38 @@ def test_a_role_keeps_what_its_learned_capacity_says_its_calls_need():
     late = seen(ttft=3.0, calls={"prefill": 10}, arrived={"prefill": 30.0}, prefill=2.0)
     assert decide(late, state=state, now=400.0) == [rules.Change("prefill", 4, "ttft")]
     assert state.capacity["prefill"] == 0.5
+
+
+def test_a_light_load_is_read_over_enough_calls_not_one_short_interval():
+    # One replica takes 2 calls a second; a call or two a second arrives, 1.3 on
+    # average. Read one second at a time, 2 a second would need 2 replicas at 80 %.
+    state = rules.State({"encoder": 1, "prefill": 2, "decode": 1}, {}, capacity={"prefill": 2.0})
+    changes = []
+    for second, count in enumerate([2, 1, 1, 2, 1, 1, 2, 1, 1, 1]):
+        interval = rules.Observation(seconds=1.0, first_tokens=count, ttft_s=0.2, itl_s=0.01,
+                                     calls={"prefill": count})  # fmt: skip
+        changes += decide(interval, state=state, now=100.0 + second)
+        for change in changes:
+            state.desired[change.role] = change.replicas
+    assert changes == [rules.Change("prefill", 1, "headroom")]
+
+
+def test_a_capacity_read_low_gives_way_after_a_window_of_room():
+    # A capacity of 1 a second says 2.5 calls a second need 4 replicas, but the calls
+    # open (1) are a quarter of what a replica held when it missed (4).
+    state = rules.State({"encoder": 1, "prefill": 3, "decode": 1}, {},
+                        capacity={"prefill": 1.0}, held={"prefill": 4.0})  # fmt: skip
+    met = seen(ttft=0.3, calls={"prefill": 25}, busy={"prefill": 1}, prefill=0.2)
+    assert decide(met, state=state, now=100.0) == []
+    assert decide(met, state=state, now=160.0) == []
+    # Room for a whole window (4 cool-downs, since 90 s): one goes, one a window.
+    assert decide(met, state=state, now=170.0) == [rules.Change("prefill", 2, "headroom")]
+    state.desired["prefill"], state.changed_at["prefill"] = 2, 170.0
+    assert decide(met, state=state, now=250.0) == []
+    # A miss starts the window again.
+    state.gave.clear()
+    assert decide(seen(ttft=3.0, encoder=2.5, prefill=0.3), state=state, now=255.0)
+    assert decide(met, state=state, now=300.0) == []
 
 
 def test_a_role_of_unknown_capacity_gives_one_replica_a_window():
