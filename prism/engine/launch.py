@@ -27,6 +27,7 @@ from prism import registry
 from prism.media.modalities import MODALITIES
 from prism.modes import EngineRole
 from prism.runtime.ports import free_port
+from prism.transfer.nixl_agent import read_device_memory_by_ipc
 
 if TYPE_CHECKING:
     from prism.config.stages import WorkerStageConfig
@@ -125,6 +126,9 @@ def engine_args(
         if disaggregated
         else None
     )
+    if disaggregated and not current_platform.is_cpu():
+        # Decode READs the prefill's KV from device memory, as a worker reads embeddings.
+        read_device_memory_by_ipc()
     embeds = worker.enable_mm_embeds or worker.role in _EMBEDS_ROLES
     dtype = config.engine.dtype
     # bfloat16 kernels crash (SIGILL) on some CPUs; float32 works everywhere.

@@ -36,7 +36,7 @@ import torch
 
 from prism.proto.stage.v1 import tensor_pb2
 from prism.transfer import TransferError, TransferStats
-from prism.transfer.nixl_agent import NixlAgent, Region, StuckTransfer
+from prism.transfer.nixl_agent import NixlAgent, Region, StuckTransfer, read_device_memory_by_ipc
 from prism.transfer.tensors import DTYPES, dtype_name, fetch_inline
 
 log = logging.getLogger(__name__)
@@ -175,6 +175,8 @@ class NixlTransfer:
         self.device = self._pool.device
         self._memory = "VRAM" if self.device.type == "cuda" else "DRAM"
         self._device_id = self.device.index or 0
+        if self._memory == "VRAM":
+            read_device_memory_by_ipc()
         self._agent = NixlAgent(self.name)
         self._metadata = self._agent.register(self._pool)
 

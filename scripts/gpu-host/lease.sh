@@ -10,9 +10,11 @@
 set -u
 : "${OUT:?}"
 BUDGET=${BUDGET:-570}
-# One setting per line (VAR=value ...); "-" is UCX's own choice.
-UCX_SETTINGS=${UCX_SETTINGS:-"-
-UCX_TLS=cuda_ipc,cuda_copy,tcp"}
+# One setting per line (VAR=value ...); "-" is none. By default: Prism's own (CUDA IPC's
+# GET on), UCX printing the protocol it picks for each operation; then UCX's default, GET
+# off without NVLink.
+UCX_SETTINGS=${UCX_SETTINGS:-"UCX_PROTO_INFO=y
+UCX_CUDA_IPC_ENABLE_GET_ZCOPY=off"}
 begin=$(date +%s)
 left() { echo $((BUDGET - $(date +%s) + begin - ${1:-0})); }
 at() { echo "$* after $(($(date +%s) - begin)) s"; }
@@ -43,7 +45,7 @@ while IFS= read -r setting; do
       --out $work/transfer-$n.json
   ) >$work/transfer-$n.log 2>&1
   echo "== transfer $n: $setting (exit $?)"
-  grep -E 'cfg#|^ *(MiB|8 )' $work/transfer-$n.log | sed 's/^\[[0-9.]*\] \[[^]]*\] *//' | tail -6
+  grep -E 'cfg#|ucp_get|cuda_ipc|^ *(MiB|8 )' $work/transfer-$n.log | sed 's/^\[[0-9.]*\] \[[^]]*\] *//' | tail -6
 done <<<"$UCX_SETTINGS"
 
 wait

@@ -85,3 +85,21 @@ def test_a_gpu_engine_takes_device_embeddings_with_its_processes_spawned(models,
     assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
     assert engine_args(config).mm_tensor_ipc == "direct_rpc"
+
+
+def test_a_disaggregated_gpu_engine_reads_device_kv_over_cuda_ipc(models, monkeypatch):
+    # UCX leaves CUDA IPC's zero-copy GET off without NVLink; decode READs the KV.
+    args = cli.build_parser().parse_args(
+        ["worker", "--model", str(models["llava"]), "--role", "decode", "--kv-host", "127.0.0.1",
+         "--kv-port", "1"]
+    )  # fmt: skip
+    config = WorkerStageConfig.from_args(args, vllm_flags=[])
+    monkeypatch.delenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", raising=False)
+    engine_args(config)
+    assert "UCX_CUDA_IPC_ENABLE_GET_ZCOPY" not in os.environ  # no CUDA IPC on the CPU
+    monkeypatch.setattr(launch.current_platform, "is_cpu", lambda: False)
+    engine_args(config)
+    assert os.environ["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] == "on"
+    monkeypatch.setenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "off")  # a user's value wins
+    engine_args(config)
+    assert os.environ["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] == "off"
