@@ -15,7 +15,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import SplitResult
 
-from prism.registry.kubernetes import api_access, service_name
+from prism.registry.kubernetes import api_access, bearer, service_name
 
 _SCALE = "/apis/apps/v1/namespaces/{namespace}/deployments/{name}/scale"
 # Seconds a request may take: the loop decides again at its next interval.
@@ -34,12 +34,19 @@ class ScaleRefused(RuntimeError):
 
 class KubernetesBackend:
     def __init__(
-        self, api: str, prefix: str, namespace: str, token: str = "", ca_file: str = ""
+        self,
+        api: str,
+        prefix: str,
+        namespace: str,
+        token: str = "",
+        ca_file: str = "",
+        token_file: str = "",
     ) -> None:
         self.api = api.rstrip("/")
         self.prefix = prefix
         self.namespace = namespace
         self.token = token
+        self.token_file = token_file
         # The cluster's own CA signs the API server's certificate.
         self.ssl = ssl.create_default_context(cafile=ca_file) if ca_file else None
 
@@ -62,9 +69,7 @@ class KubernetesBackend:
         """GETs the Scale of `role`'s Deployment, or PATCHes it with `patch`."""
         name = self.deployment(role)
         url = self.api + _SCALE.format(namespace=self.namespace, name=name)
-        headers = {"Accept": "application/json"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
+        headers = {"Accept": "application/json", **bearer(self.token, self.token_file)}
         data = None
         if patch is not None:
             data = json.dumps(patch).encode()

@@ -67,6 +67,17 @@ class ApiAccess(NamedTuple):
     namespace: str
     token: str = ""
     ca_file: str = ""
+    # A pod's: read again for every request.
+    token_file: str = ""
+
+
+def bearer(token: str, token_file: str = "") -> dict[str, str]:
+    """The Authorization header: `token`, or the one in `token_file` as it is now (the
+    kubelet rotates a projected service-account token in its file; client-go reads it
+    again likewise)."""
+    if token_file:
+        token = Path(token_file).read_text().strip()
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def api_access(url: SplitResult, option: str) -> ApiAccess:
@@ -91,8 +102,8 @@ def api_access(url: SplitResult, option: str) -> ApiAccess:
         f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}",
         prefix,
         query.get("namespace") or (ACCOUNT / "namespace").read_text().strip(),
-        token=(ACCOUNT / "token").read_text().strip(),
         ca_file=str(ACCOUNT / "ca.crt"),
+        token_file=str(ACCOUNT / "token"),
     )
 
 
@@ -104,12 +115,14 @@ class KubernetesRegistry:
         namespace: str,
         token: str = "",
         ca_file: str = "",
+        token_file: str = "",
         watch_s: int = _WATCH_S,
     ) -> None:
         self.api = api.rstrip("/")
         self.prefix = prefix
         self.namespace = namespace
         self.token = token
+        self.token_file = token_file
         # The cluster's own CA signs the API server's certificate.
         self.ssl: ssl.SSLContext | bool = True
         if ca_file:
@@ -128,8 +141,7 @@ class KubernetesRegistry:
     def _client(self) -> aiohttp.ClientSession:
         # Made on first use: it needs the running event loop.
         if self._session is None:
-            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-            self._session = aiohttp.ClientSession(headers=headers)
+            self._session = aiohttp.ClientSession()
         return self._session
 
     def endpoints(self, role: str) -> list[str]:
@@ -158,7 +170,9 @@ class KubernetesRegistry:
                 pause = min(pause * 2, 10.0)
 
     async def _list(self, role: str, url: str, selector: str) -> str:
-        async with self._client.get(url, params={"labelSelector": selector}, ssl=self.ssl) as reply:
+        headers = bearer(self.token, self.token_file)
+        params = {"labelSelector": selector}
+        async with self._client.get(url, params=params, headers=headers, ssl=self.ssl) as reply:
             reply.raise_for_status()
             listed = await reply.json()
         self._set(role, {item["metadata"]["name"]: ready_addresses(item)
@@ -169,7 +183,10 @@ class KubernetesRegistry:
         params = {"labelSelector": selector, "watch": "1", "resourceVersion": version,
                   "allowWatchBookmarks": "true", "timeoutSeconds": str(self.watch_s)}  # fmt: skip
         timeout = aiohttp.ClientTimeout(total=None, sock_read=self.watch_s + 30)
-        async with self._client.get(url, params=params, ssl=self.ssl, timeout=timeout) as reply:
+        headers = bearer(self.token, self.token_file)
+        async with self._client.get(
+            url, params=params, headers=headers, ssl=self.ssl, timeout=timeout
+        ) as reply:
             reply.raise_for_status()
             async for line in reply.content:
                 if not line.strip():

@@ -155,6 +155,18 @@ def test_without_a_token_it_knows_the_api_server_does_not_know_it():
             planner(api, token="another").replicas("encoder")
 
 
+def test_a_pods_token_is_read_again_for_every_request(tmp_path):
+    # The kubelet rotates a projected service-account token in its file.
+    token = tmp_path / "token"
+    token.write_text("expired\n")
+    with cluster() as api:
+        backend = KubernetesBackend(api.url, "mesh", "mesh", token_file=str(token))
+        with pytest.raises(ScaleRefused, match="HTTP 401"):
+            backend.replicas("encoder")
+        token.write_text(f"{TOKEN}\n")
+        assert backend.replicas("encoder") == 1
+
+
 def test_a_deployment_that_is_not_there_is_a_404_naming_it():
     with cluster() as api:
         del api.deployments["mesh-decode"]
@@ -198,7 +210,7 @@ def test_in_a_pod_the_service_account_gives_the_api_server_token_and_namespace(
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "fd00::1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "6443")
     backend = open_backend("kubernetes:///mesh")
-    assert (backend.api, backend.prefix, backend.namespace, backend.token) == (
-        "https://[fd00::1]:6443", "mesh", "inference", "the-token")  # fmt: skip
+    assert (backend.api, backend.prefix, backend.namespace, backend.token_file) == (
+        "https://[fd00::1]:6443", "mesh", "inference", str(tmp_path / "token"))  # fmt: skip
     assert backend.ssl is not None
     assert open_backend("kubernetes:///mesh?namespace=other").namespace == "other"
