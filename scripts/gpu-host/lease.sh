@@ -30,7 +30,7 @@ python3 -m prism.cli model build --preset qwen2-vl-2b --out /tmp/qwen2-vl-2b >$w
 python3 -m prism.cli model build --family qwen2-vl --out /tmp/tiny-qwen2-vl >$work/model-tiny.log 2>&1
 cp docs/gpu.md $work/gpu.md
 export PY=python3 DOC=$work/gpu.md MODES=e/pd,e/p/d REQUESTS=16
-RESULTS=$work/tiny MODEL=/tmp/tiny-qwen2-vl STEPS=serve timeout "$(left 300)" scripts/verify_gpu.sh
+RESULTS=$work/tiny MODEL=/tmp/tiny-qwen2-vl STEPS=serve timeout "$(left 200)" scripts/verify_gpu.sh
 at "tiny serve ended (exit $?)"
 grep -E 'parity|req/s|skipped|failed' $work/tiny/serve.log | tail -20
 pkill -f -- '-m prism|-m vllm|vllm serve|VLLM::'; sleep 2
