@@ -28,7 +28,7 @@ Pure, so that every rule is tested without a mesh.
   capacity is not known yet gives one replica up at most per window, as Kubernetes'
   autoscaler steadies its scale-down: if that was too many, the miss that follows
   teaches its capacity. So does a role whose calls open say it needs fewer replicas than
-  its capacity does, once the goals have had room for a whole window: a capacity read low
+  its capacity does, once the goals have had room for four windows: a capacity read low
   would otherwise keep its replicas for good. One role a step, so that the next interval
   shows what the change did.
 - A role changes again only after the cool-down, and only once its last change is done
@@ -129,6 +129,10 @@ TARGET_LOAD = 0.8
 # A role's arriving calls are their most over this many cool-downs, and a role whose
 # capacity is not known gives up one replica a window at most.
 WATCH_COOLDOWNS = 4
+# A role whose calls open say it needs fewer replicas than its capacity does gives one up
+# once the goals have had room for this many windows: long enough that a steady load which
+# needs them all is not probed every window.
+ROOMY_WINDOWS = 4
 # A rate is read over the latest intervals that hold this many calls (within the window):
 # over one short interval, a light load's call or two reads as twice its rate or more.
 RATE_CALLS = 10
@@ -195,7 +199,7 @@ def decide(
         if needed is None:
             return int(once_a_window)
         if long_roomy and once_a_window and by_open is not None and by_open < needed:
-            # Room for a whole window, and its calls open say fewer than its capacity
+            # Room for long, and its calls open say fewer than its capacity
             # does: a capacity read low would keep replicas for good, so one goes; a miss
             # after teaches the capacity again.
             needed = max(by_open, state.desired[role] - 1)
@@ -238,7 +242,7 @@ def _room(
     seen: Observation, goals: Goals, missed: bool, state: State, now: float, window: float
 ) -> tuple[bool, bool, bool]:
     """Whether the interval had no requests, whether it met both goals with room (or had
-    none), and whether they have been so for a whole `window` (since when: in `state`)."""
+    none), and whether they have been so for `ROOMY_WINDOWS` (since when: in `state`)."""
     idle = seen.first_tokens == 0 and not any((seen.calls or {}).values())
     roomy = idle or all(
         value is None or value <= goals.headroom * goal
@@ -248,7 +252,7 @@ def _room(
         state.roomy_since = None
     elif state.roomy_since is None:
         state.roomy_since = now - seen.seconds
-    long = state.roomy_since is not None and now - state.roomy_since >= window
+    long = state.roomy_since is not None and now - state.roomy_since >= ROOMY_WINDOWS * window
     return idle, roomy, long
 
 

@@ -166,22 +166,22 @@ def test_a_light_load_is_read_over_enough_calls_not_one_short_interval():
     assert changes == [rules.Change("prefill", 1, "headroom")]
 
 
-def test_a_capacity_read_low_gives_way_after_a_window_of_room():
+def test_a_capacity_read_low_gives_way_after_long_room():
     # A capacity of 1 a second says 2.5 calls a second need 4 replicas, but the calls
     # open (1) are a quarter of what a replica held when it missed (4).
     state = rules.State({"encoder": 1, "prefill": 3, "decode": 1}, {},
                         capacity={"prefill": 1.0}, held={"prefill": 4.0})  # fmt: skip
     met = seen(ttft=0.3, calls={"prefill": 25}, busy={"prefill": 1}, prefill=0.2)
     assert decide(met, state=state, now=100.0) == []
-    assert decide(met, state=state, now=160.0) == []
-    # Room for a whole window (4 cool-downs, since 90 s): one goes, one a window.
-    assert decide(met, state=state, now=170.0) == [rules.Change("prefill", 2, "headroom")]
-    state.desired["prefill"], state.changed_at["prefill"] = 2, 170.0
-    assert decide(met, state=state, now=250.0) == []
-    # A miss starts the window again.
+    assert decide(met, state=state, now=400.0) == []
+    # Room for four windows (of 4 cool-downs each, since 90 s): one goes, one a window.
+    assert decide(met, state=state, now=410.0) == [rules.Change("prefill", 2, "headroom")]
+    state.desired["prefill"], state.changed_at["prefill"] = 2, 410.0
+    assert decide(met, state=state, now=490.0) == []
+    # A miss starts the wait again.
     state.gave.clear()
-    assert decide(seen(ttft=3.0, encoder=2.5, prefill=0.3), state=state, now=255.0)
-    assert decide(met, state=state, now=300.0) == []
+    assert decide(seen(ttft=3.0, encoder=2.5, prefill=0.3), state=state, now=500.0)
+    assert decide(met, state=state, now=820.0) == []
 
 
 def test_a_role_of_unknown_capacity_gives_one_replica_a_window():
