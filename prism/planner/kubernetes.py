@@ -9,13 +9,12 @@ dependency for them. Synchronous, as the planner's loop is.
 from __future__ import annotations
 
 import json
-import ssl
 import urllib.error
 import urllib.request
 from typing import Any
 from urllib.parse import SplitResult
 
-from prism.registry.kubernetes import api_access, bearer, service_name
+from prism.registry.kubernetes import ApiAccess, api_access, service_name
 
 _SCALE = "/apis/apps/v1/namespaces/{namespace}/deployments/{name}/scale"
 # Seconds a request may take: the loop decides again at its next interval.
@@ -33,30 +32,17 @@ class ScaleRefused(RuntimeError):
 
 
 class KubernetesBackend:
-    def __init__(
-        self,
-        api: str,
-        prefix: str,
-        namespace: str,
-        token: str = "",
-        ca_file: str = "",
-        token_file: str = "",
-    ) -> None:
-        self.api = api.rstrip("/")
-        self.prefix = prefix
-        self.namespace = namespace
-        self.token = token
-        self.token_file = token_file
-        # The cluster's own CA signs the API server's certificate.
-        self.ssl = ssl.create_default_context(cafile=ca_file) if ca_file else None
+    def __init__(self, access: ApiAccess) -> None:
+        self.access = access
+        self.ssl = access.ssl_context()
 
     @classmethod
     def from_url(cls, url: SplitResult) -> KubernetesBackend:
-        return cls(*api_access(url, "--backend"))
+        return cls(api_access(url, "--backend"))
 
     def deployment(self, role: str) -> str:
         """The Deployment of `role`: named as its Service."""
-        return service_name(self.prefix, role)
+        return service_name(self.access.prefix, role)
 
     def replicas(self, role: str) -> int:
         # The Scale's status: the pods the Deployment has now, not those it asks for.
@@ -68,8 +54,9 @@ class KubernetesBackend:
     def _scale(self, role: str, patch: dict[str, Any] | None = None) -> dict[str, Any]:
         """GETs the Scale of `role`'s Deployment, or PATCHes it with `patch`."""
         name = self.deployment(role)
-        url = self.api + _SCALE.format(namespace=self.namespace, name=name)
-        headers = {"Accept": "application/json", **bearer(self.token, self.token_file)}
+        access = self.access
+        url = access.api.rstrip("/") + _SCALE.format(namespace=access.namespace, name=name)
+        headers = {"Accept": "application/json", **access.headers()}
         data = None
         if patch is not None:
             data = json.dumps(patch).encode()

@@ -70,14 +70,16 @@ class ApiAccess(NamedTuple):
     # A pod's: read again for every request.
     token_file: str = ""
 
+    def headers(self) -> dict[str, str]:
+        """The Authorization header: the token, or the one in `token_file` as it is now
+        (the kubelet rotates a projected service-account token in its file; client-go
+        reads it again likewise)."""
+        token = Path(self.token_file).read_text().strip() if self.token_file else self.token
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
-def bearer(token: str, token_file: str = "") -> dict[str, str]:
-    """The Authorization header: `token`, or the one in `token_file` as it is now (the
-    kubelet rotates a projected service-account token in its file; client-go reads it
-    again likewise)."""
-    if token_file:
-        token = Path(token_file).read_text().strip()
-    return {"Authorization": f"Bearer {token}"} if token else {}
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The cluster's own CA, which signs the API server's certificate, if given."""
+        return ssl.create_default_context(cafile=self.ca_file) if self.ca_file else None
 
 
 def api_access(url: SplitResult, option: str) -> ApiAccess:
@@ -108,25 +110,9 @@ def api_access(url: SplitResult, option: str) -> ApiAccess:
 
 
 class KubernetesRegistry:
-    def __init__(
-        self,
-        api: str,
-        prefix: str,
-        namespace: str,
-        token: str = "",
-        ca_file: str = "",
-        token_file: str = "",
-        watch_s: int = _WATCH_S,
-    ) -> None:
-        self.api = api.rstrip("/")
-        self.prefix = prefix
-        self.namespace = namespace
-        self.token = token
-        self.token_file = token_file
-        # The cluster's own CA signs the API server's certificate.
-        self.ssl: ssl.SSLContext | bool = True
-        if ca_file:
-            self.ssl = ssl.create_default_context(cafile=ca_file)
+    def __init__(self, access: ApiAccess, watch_s: int = _WATCH_S) -> None:
+        self.access = access
+        self.ssl: ssl.SSLContext | bool = access.ssl_context() or True
         self.watch_s = watch_s
         self._session: aiohttp.ClientSession | None = None
         # Role → slice name → its ready addresses.
@@ -135,7 +121,7 @@ class KubernetesRegistry:
 
     @classmethod
     def from_url(cls, url: SplitResult) -> KubernetesRegistry:
-        return cls(*api_access(url, "--registry"))
+        return cls(api_access(url, "--registry"))
 
     @property
     def _client(self) -> aiohttp.ClientSession:
@@ -154,8 +140,9 @@ class KubernetesRegistry:
             self._watches[role] = asyncio.create_task(self._follow(role))
 
     async def _follow(self, role: str) -> None:
-        url = self.api + _SLICES.format(namespace=self.namespace)
-        selector = f"kubernetes.io/service-name={service_name(self.prefix, role)}"
+        access = self.access
+        url = access.api.rstrip("/") + _SLICES.format(namespace=access.namespace)
+        selector = f"kubernetes.io/service-name={service_name(access.prefix, role)}"
         pause = 0.5
         while True:
             try:
@@ -170,7 +157,7 @@ class KubernetesRegistry:
                 pause = min(pause * 2, 10.0)
 
     async def _list(self, role: str, url: str, selector: str) -> str:
-        headers = bearer(self.token, self.token_file)
+        headers = self.access.headers()
         params = {"labelSelector": selector}
         async with self._client.get(url, params=params, headers=headers, ssl=self.ssl) as reply:
             reply.raise_for_status()
@@ -183,7 +170,7 @@ class KubernetesRegistry:
         params = {"labelSelector": selector, "watch": "1", "resourceVersion": version,
                   "allowWatchBookmarks": "true", "timeoutSeconds": str(self.watch_s)}  # fmt: skip
         timeout = aiohttp.ClientTimeout(total=None, sock_read=self.watch_s + 30)
-        headers = bearer(self.token, self.token_file)
+        headers = self.access.headers()
         async with self._client.get(
             url, params=params, headers=headers, ssl=self.ssl, timeout=timeout
         ) as reply:

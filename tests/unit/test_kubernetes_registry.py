@@ -12,7 +12,7 @@ from support.kube_api import KubeApi, endpoint_slice
 
 from prism.registry import open_registry
 from prism.registry.config import RegistryConfig
-from prism.registry.kubernetes import KubernetesRegistry, ready_addresses
+from prism.registry.kubernetes import ApiAccess, KubernetesRegistry, ready_addresses
 
 
 async def until(predicate, timeout: float = 5.0) -> None:
@@ -29,7 +29,7 @@ def test_replicas_come_and_go_as_the_endpoint_slices_change():
             endpoint_slice("mesh-decode-a", "mesh-decode", {"192.0.2.1": True, "192.0.2.2": False})
         )
         api.put(endpoint_slice("mesh-prefill-a", "mesh-prefill", {"192.0.2.9": True}))  # fmt: skip
-        registry = KubernetesRegistry(api.url, "mesh", "mesh")
+        registry = KubernetesRegistry(ApiAccess(api.url, "mesh", "mesh"))
         try:
             await registry.watch("decode", ["model=m", "mode=e/p/d"])
             # Only the ready pods of the role's own Service.
@@ -69,7 +69,7 @@ def test_replicas_come_and_go_as_the_endpoint_slices_change():
 def test_an_expired_watch_starts_again_from_a_fresh_list():
     async def main(api: KubeApi) -> None:
         api.put(endpoint_slice("mesh-worker-a", "mesh-worker", {"192.0.2.1": True}))
-        registry = KubernetesRegistry(api.url, "mesh", "mesh")
+        registry = KubernetesRegistry(ApiAccess(api.url, "mesh", "mesh"))
         try:
             await registry.watch("worker")
             await until(lambda: registry.endpoints("worker") == ["192.0.2.1:50051"])
@@ -96,8 +96,7 @@ def test_a_condition_left_unset_counts_as_ready_and_ipv6_is_bracketed():
 def test_the_registry_flag_names_the_api_prefix_and_namespace():
     registry = open_registry(RegistryConfig("kubernetes+http://127.0.0.1:8001/mesh?namespace=ns"))
     assert isinstance(registry, KubernetesRegistry)
-    assert (registry.api, registry.prefix, registry.namespace) == (
-        "http://127.0.0.1:8001", "mesh", "ns")  # fmt: skip
+    assert registry.access == ApiAccess("http://127.0.0.1:8001", "mesh", "ns")
     with pytest.raises(ValueError, match="in a pod with a service account"):
         KubernetesRegistry.from_url(urlsplit("kubernetes:///mesh"))
     with pytest.raises(ValueError, match="takes no host"):

@@ -26,6 +26,7 @@ from prism.ops.deploy.kubernetes import manifests
 from prism.planner import open_backend
 from prism.planner.kubernetes import KubernetesBackend, ScaleRefused
 from prism.registry import kubernetes as registry
+from prism.registry.kubernetes import ApiAccess
 
 TOKEN = "planner-token"
 USER = "system:serviceaccount:mesh:mesh-planner"
@@ -54,7 +55,7 @@ def cluster(mode: str = "e/p/d") -> Iterator[KubeApi]:
 
 
 def planner(api: KubeApi, token: str = TOKEN) -> KubernetesBackend:
-    return KubernetesBackend(api.url, "mesh", "mesh", token=token)
+    return KubernetesBackend(ApiAccess(api.url, "mesh", "mesh", token=token))
 
 
 def call(
@@ -160,7 +161,7 @@ def test_a_pods_token_is_read_again_for_every_request(tmp_path):
     token = tmp_path / "token"
     token.write_text("expired\n")
     with cluster() as api:
-        backend = KubernetesBackend(api.url, "mesh", "mesh", token_file=str(token))
+        backend = KubernetesBackend(ApiAccess(api.url, "mesh", "mesh", token_file=str(token)))
         with pytest.raises(ScaleRefused, match="HTTP 401"):
             backend.replicas("encoder")
         token.write_text(f"{TOKEN}\n")
@@ -188,9 +189,8 @@ def test_a_scale_is_a_merge_patch_of_a_count():
 def test_the_backend_url_names_the_api_prefix_and_namespace(monkeypatch):
     backend = open_backend("kubernetes+http://127.0.0.1:8001/mesh?namespace=ns")
     assert isinstance(backend, KubernetesBackend)
-    assert (backend.api, backend.prefix, backend.namespace, backend.token) == (
-        "http://127.0.0.1:8001", "mesh", "ns", "")  # fmt: skip
-    assert open_backend("kubernetes+http://127.0.0.1:8001").namespace == "default"
+    assert backend.access == ApiAccess("http://127.0.0.1:8001", "mesh", "ns")
+    assert open_backend("kubernetes+http://127.0.0.1:8001").access.namespace == "default"
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     with pytest.raises(ValueError, match="--backend kubernetes:///PREFIX works in a pod"):
         KubernetesBackend.from_url(urlsplit("kubernetes:///mesh"))
@@ -210,7 +210,8 @@ def test_in_a_pod_the_service_account_gives_the_api_server_token_and_namespace(
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "fd00::1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "6443")
     backend = open_backend("kubernetes:///mesh")
-    assert (backend.api, backend.prefix, backend.namespace, backend.token_file) == (
-        "https://[fd00::1]:6443", "mesh", "inference", str(tmp_path / "token"))  # fmt: skip
+    assert backend.access == ApiAccess("https://[fd00::1]:6443", "mesh", "inference",
+                                       ca_file=str(tmp_path / "ca.crt"),
+                                       token_file=str(tmp_path / "token"))  # fmt: skip
     assert backend.ssl is not None
-    assert open_backend("kubernetes:///mesh?namespace=other").namespace == "other"
+    assert open_backend("kubernetes:///mesh?namespace=other").access.namespace == "other"
