@@ -89,10 +89,6 @@ class Observation:
         arrived = (self.arrived or {}).get(role)
         return arrived if arrived is not None else (self.calls or {}).get(role, 0)
 
-    def rate(self, role: str) -> float:
-        """Calls a second that arrived at `role`."""
-        return self.arrivals(role) / self.seconds
-
 
 @dataclass(frozen=True)
 class Roles:
