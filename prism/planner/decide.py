@@ -177,7 +177,7 @@ def decide(
 
     def need(role: str) -> int | None:
         """The replicas `role`'s calls need; None while its capacity is not known."""
-        capacity = state.capacity.get(role)
+        capacity = _capacity_now(seen, role, state.capacity.get(role), running)
         if not capacity:
             return None
         peak = _peak(state.recent[role])
@@ -303,6 +303,20 @@ def _peak(history: list[tuple[float, float, float]]) -> float:
     return max(rates, default=calls / seconds)
 
 
+def _capacity_now(
+    seen: Observation, role: str, known: float | None, running: Mapping[str, int]
+) -> float | None:
+    """What a replica of `role` answers a second now: where the interval kept a queue at
+    both ends, what it answered (a capacity learned on another mix of calls may be higher
+    than this mix allows), at most the capacity known; else that."""
+    replicas = max(1, running.get(role, 0))
+    saturated = min((seen.waited or {}).get(role, 0.0), (seen.waiting or {}).get(role, 0.0))
+    answered = (seen.calls or {}).get(role, 0) / seen.seconds / replicas
+    if saturated > replicas and answered > 0:
+        return min(answered, known) if known else answered
+    return known
+
+
 def _missed(
     seen: Observation,
     goals: Goals,
@@ -327,7 +341,7 @@ def _missed(
         waiting = (seen.waiting or {}).get(role, 0.0)
         if waiting <= replicas:
             return 0.0
-        known = capacity.get(role)
+        known = _capacity_now(seen, role, capacity.get(role), running)
         pace = known * replicas if known else (seen.calls or {}).get(role, 0) / seen.seconds
         return waiting / pace if pace > 0 else math.inf
 

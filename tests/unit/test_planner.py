@@ -99,6 +99,21 @@ def test_a_queue_that_will_miss_the_goal_grows_its_role_before_the_miss_shows():
     assert decide(brief, desired={"encoder": 1, "prefill": 1, "decode": 1}) == []
 
 
+def test_a_capacity_learned_on_cheaper_calls_yields_to_the_pace_a_lasting_queue_shows():
+    # The prefill answered 10 calls a second on short prompts; now, with a queue at both
+    # ends of the interval, it answers 4: the 8 waiting wait 2 s at that pace, not 0.8 s,
+    # and 10 arriving a second need 4 replicas of 4 a second at 80 %.
+    def state():
+        return rules.State({"encoder": 1, "prefill": 1, "decode": 1}, {},
+                           capacity={"prefill": 10.0})  # fmt: skip
+
+    longer = dict(ttft=0.4, calls={"prefill": 40}, arrived={"prefill": 100.0},
+                  waiting={"prefill": 8.0}, prefill=0.3)  # fmt: skip
+    assert decide(seen(**longer), state=state()) == [rules.Change("prefill", 4, "queue")]
+    # A queue that formed within the interval: the capacity known stands.
+    assert decide(seen(**longer, waited={}), state=state()) == []
+
+
 def test_a_role_at_its_most_or_still_settling_does_not_grow():
     slow = seen(ttft=3.0, encoder=2.5, prefill=0.3)
     assert decide(slow, desired={"encoder": 4, "prefill": 1, "decode": 1}) == []
