@@ -192,7 +192,7 @@ def runs(args: argparse.Namespace) -> list[tuple[str, list[str], dict[str, int]]
     most = args.budget - 1
     planner = ["--planner", "slo", "--encoders", "1", "--workers", "1",
                "--max-replicas", f"encoder={most}", "--max-replicas", f"worker={most}",
-               "--replica-budget", str(args.budget), "--planner-interval-s", "2",
+               "--replica-budget", str(args.budget), "--planner-interval-s", str(args.interval_s),
                "--planner-cooldown-s", str(args.cooldown_s),
                "--warm-spares", str(args.warm_spares)]  # fmt: skip
     out.append(("planner", planner, {"encoder": 1, "worker": 1}))
@@ -214,7 +214,8 @@ def main() -> None:
     parser.add_argument("--itl-slo-ms", type=float, default=100.0)
     parser.add_argument("--budget", type=int, default=4)
     parser.add_argument("--fixed", default="1+3,2+2,3+1", help="ENCODERS+WORKERS, ...")
-    parser.add_argument("--cooldown-s", type=float, default=6.0)
+    parser.add_argument("--interval-s", type=float, default=1.0, help="the planner's interval")
+    parser.add_argument("--cooldown-s", type=float, default=4.0)
     parser.add_argument("--warm-spares", type=int, default=1)
     parser.add_argument("--out", type=Path, default=RECORDS["planner"])
     parser.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))

@@ -362,7 +362,8 @@ def planner_section(result: dict) -> str:
         f"between tokens {settings['itl_slo_ms']:g} ms. SLO attainment: the share of "
         "requests that met both (a failed one did not). Fixed runs: encoders+workers, "
         f"{settings['budget']} replicas in all; the planner starts from one of each within "
-        f"the same budget (interval 2 s, cool-down {settings['cooldown_s']:g} s{spares}).",
+        f"the same budget (interval {settings.get('interval_s', 2):g} s, cool-down "
+        f"{settings['cooldown_s']:g} s{spares}).",
         "",
         "| run | attainment | " + " | ".join(result["phases"]) + " | req/s | failed |",
         "|---|---:|" + "---:|" * len(result["phases"]) + "---:|---:|",
