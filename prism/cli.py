@@ -42,7 +42,9 @@ def _model_parser(sub: argparse._SubParsersAction) -> None:
     model_sub = model.add_subparsers(dest="model_command", required=True)
     build = model_sub.add_parser("build", help="write a random-weight checkpoint")
     kind = build.add_mutually_exclusive_group(required=True)
-    kind.add_argument("--family", help="a tiny model of this family: llava, qwen2-vl or qwen2.5-vl")
+    kind.add_argument(
+        "--family", help="a tiny model of this family: llava, qwen2-vl, qwen2.5-vl or qwen2-audio"
+    )
     kind.add_argument(
         "--preset",
         help="the exact architecture of a published checkpoint (qwen2-vl-2b, qwen2-vl-7b, "

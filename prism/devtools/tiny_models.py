@@ -2,7 +2,7 @@
 
 `build` writes a directory that both `transformers` and plain vLLM load: config, float32
 safetensors weights, a byte-level BPE tokenizer trained here on an embedded corpus, the
-image processor and a chat template shared by the tokenizer and the processor.
+image (or audio) processor and a chat template shared by the tokenizer and the processor.
 """
 
 import pathlib
@@ -25,14 +25,21 @@ from transformers import (
     Qwen2_5_VLConfig,
     Qwen2_5_VLForConditionalGeneration,
     Qwen2_5_VLProcessor,
+    Qwen2AudioConfig,
+    Qwen2AudioForConditionalGeneration,
+    Qwen2AudioProcessor,
     Qwen2VLConfig,
     Qwen2VLForConditionalGeneration,
     Qwen2VLImageProcessor,
     Qwen2VLProcessor,
     Qwen2VLVideoProcessor,
+    WhisperFeatureExtractor,
 )
 
-FAMILIES = ("llava", "qwen2-vl", "qwen2.5-vl")
+# The families that take images (and the Qwen ones, videos), and the one that takes audio.
+IMAGE_FAMILIES = ("llava", "qwen2-vl", "qwen2.5-vl")
+AUDIO_FAMILIES = ("qwen2-audio",)
+FAMILIES = (*IMAGE_FAMILIES, *AUDIO_FAMILIES)
 
 VOCAB_SIZE = 1536
 TEXT_HEAD_DIM = 64  # vLLM's CPU attention rejects head_dim 16; 64 is known to work.
@@ -177,6 +184,15 @@ QWEN2_VL_TEMPLATE = _chat_template(
     "<|im_end|>\n",
     "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
     "{% elif part['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>{% endif %}",
+)
+# Qwen2-Audio's, numbering the audios of a conversation as it does.
+QWEN2_AUDIO_TEMPLATE = _chat_template(
+    "{% set audios = namespace(count=0) %}",
+    "<|im_start|>{{ ROLE }}\n",
+    "<|im_end|>\n",
+    "{% if part['type'] in ('audio', 'input_audio', 'audio_url') %}"
+    "{% set audios.count = audios.count + 1 %}"
+    "Audio {{ audios.count }}: <|audio_bos|><|AUDIO|><|audio_eos|>{{ '\\n' }}{% endif %}",
 )
 # Added to the trained vocabulary as plain (not special) tokens, as reasoning and tool
 # calling models have them: so vLLM's `deepseek_r1` reasoning parser finds its markers,
@@ -393,10 +409,44 @@ def _qwen2_5_vl(size: TextSize) -> tuple[PreTrainedModel, ProcessorMixin]:
     return model, _qwen_processor(Qwen2_5_VLProcessor, tokenizer)
 
 
+def _qwen2_audio(size: TextSize) -> tuple[PreTrainedModel, ProcessorMixin]:
+    tokenizer = _tokenizer(
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_bos|>", "<|AUDIO|>",
+         "<|audio_eos|>"],
+        QWEN2_AUDIO_TEMPLATE,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )  # fmt: skip
+    config = Qwen2AudioConfig(
+        # The released model's mel bins and 30 s window (1500 positions, which its encoder
+        # requires of every input); a narrow, shallow tower.
+        audio_config={
+            "model_type": "qwen2_audio_encoder",
+            "d_model": 64,
+            "encoder_layers": 2,
+            "encoder_attention_heads": 2,
+            "encoder_ffn_dim": 128,
+            "num_mel_bins": 128,
+            "max_source_positions": 1500,
+        },
+        text_config={
+            "model_type": "qwen2",
+            **_text_config(tokenizer, size),
+            "bos_token_id": tokenizer.convert_tokens_to_ids("<|endoftext|>"),
+        },
+        audio_token_index=tokenizer.convert_tokens_to_ids("<|AUDIO|>"),
+    )
+    model = Qwen2AudioForConditionalGeneration(config)
+    _scale([model.model.multi_modal_projector.linear])
+    extractor = WhisperFeatureExtractor(feature_size=128, return_attention_mask=True)
+    return model, Qwen2AudioProcessor(extractor, tokenizer, chat_template=QWEN2_AUDIO_TEMPLATE)
+
+
 _BUILDERS: dict[str, Callable[[TextSize], tuple[PreTrainedModel, ProcessorMixin]]] = {
     "llava": _llava,
     "qwen2-vl": _qwen2_vl,
     "qwen2.5-vl": _qwen2_5_vl,
+    "qwen2-audio": _qwen2_audio,
 }
 
 
@@ -405,6 +455,9 @@ def _vllm_weight_name(name: str) -> str:
     # LLaVA loader requires; transformers maps either spelling back when loading.
     if name.startswith("vision_tower.") and not name.startswith("vision_tower.vision_model."):
         return "vision_tower.vision_model." + name.removeprefix("vision_tower.")
+    # It saves Qwen2-Audio's language model a level too deep for vLLM's loader, the same way.
+    if name.startswith("language_model.model.model."):
+        return "language_model.model." + name.removeprefix("language_model.model.model.")
     return name
 
 

@@ -1,7 +1,10 @@
 """The tiny random-weight checkpoints load with transformers and keep their token contract."""
 
+import io
 import pathlib
+import wave
 
+import numpy as np
 import pytest
 from safetensors import safe_open
 from transformers import (
@@ -10,10 +13,11 @@ from transformers import (
     AutoTokenizer,
     LlavaForConditionalGeneration,
     Qwen2_5_VLForConditionalGeneration,
+    Qwen2AudioForConditionalGeneration,
     Qwen2VLForConditionalGeneration,
 )
 
-from prism.devtools.tiny_models import FAMILIES, MARKERS, VOCAB_SIZE, build
+from prism.devtools.tiny_models import FAMILIES, IMAGE_FAMILIES, MARKERS, VOCAB_SIZE, build
 
 MODEL_CLASSES = {
     "llava": LlavaForConditionalGeneration,
@@ -29,7 +33,7 @@ IMAGE_TOKENS = {"llava": "<image>", "qwen2-vl": "<|image_pad|>", "qwen2.5-vl": "
 WEIGHTS = "model.safetensors"
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@pytest.fixture(scope="module", params=IMAGE_FAMILIES)
 def checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     family = request.param
     return family, build(family, tmp_path_factory.mktemp(family), seed=0)
@@ -147,3 +151,52 @@ def test_same_seed_gives_identical_files(family: str, tmp_path: pathlib.Path):
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
     assert (first / WEIGHTS).read_bytes() != (other / WEIGHTS).read_bytes()
     assert (first / "tokenizer.json").read_bytes() == (other / "tokenizer.json").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def audio_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    return build("qwen2-audio", tmp_path_factory.mktemp("qwen2-audio"), seed=0)
+
+
+def test_qwen2_audio_loads_with_transformers_without_key_mismatches(audio_checkpoint):
+    # The names vLLM's loader takes (the language model one level up) load here too.
+    model, info = Qwen2AudioForConditionalGeneration.from_pretrained(
+        audio_checkpoint, output_loading_info=True
+    )
+    assert not any(info.values()), info
+    with safe_open(audio_checkpoint / WEIGHTS, "pt") as weights:
+        names = list(weights.keys())
+    assert "language_model.model.embed_tokens.weight" in names
+    assert not [name for name in names if name.startswith("language_model.model.model.")]
+    tokenizer = AutoTokenizer.from_pretrained(audio_checkpoint)
+    assert model.config.text_config.vocab_size == len(tokenizer) == VOCAB_SIZE
+    assert tokenizer.convert_ids_to_tokens(model.config.audio_token_index) == "<|AUDIO|>"
+
+
+def test_qwen2_audio_template_numbers_audio_parts_and_the_processor_sizes_them(
+    audio_checkpoint,
+):
+    messages = [{"role": "user", "content": [
+        {"type": "audio"}, {"type": "text", "text": "and"}, {"type": "audio"},
+    ]}]  # fmt: skip
+    processor = AutoProcessor.from_pretrained(audio_checkpoint)
+    rendered = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert (
+        "Audio 1: <|audio_bos|><|AUDIO|><|audio_eos|>\nand"
+        "Audio 2: <|audio_bos|><|AUDIO|><|audio_eos|>\n" in rendered
+    )
+    assert rendered.endswith("<|im_start|>assistant\n")
+    # One second at 16 kHz, through a WAV file as a client sends it: 100 mel frames, 50
+    # after the tower's stride, 25 tokens after its pooling; 50 for the two.
+    file = io.BytesIO()
+    with wave.open(file, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(16000)
+        out.writeframes(np.zeros(16000, dtype=np.int16).tobytes())
+    with wave.open(io.BytesIO(file.getvalue())) as read:
+        rate = read.getframerate()
+        audio = np.frombuffer(read.readframes(read.getnframes()), np.int16) / 32768.0
+    inputs = processor(text=rendered, audio=[audio, audio], sampling_rate=rate)
+    assert inputs["input_features"].shape[1:] == (128, 3000)
+    assert list(inputs["input_ids"][0]).count(processor.audio_token_id) == 50
