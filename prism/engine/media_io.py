@@ -50,3 +50,16 @@ def opencv_video_metadata(capture: Any) -> Any:
     from vllm.multimodal.video_decoders.opencv import OpenCVVideoBackendMixin
 
     return OpenCVVideoBackendMixin.get_video_metadata(capture)
+
+
+def load_audio(data: bytes) -> tuple[Any, float]:
+    """(mono float32 samples, their sample rate) of audio file bytes, as vLLM's
+    `AudioMediaIO` decodes them (at the file's own rate: resampling is the model's).
+    Raises ValueError for bytes that do not decode, whichever decoder failed."""
+    import soundfile
+    from vllm.multimodal.media import AudioMediaIO
+
+    try:
+        return AudioMediaIO().load_bytes(data)
+    except soundfile.LibsndfileError as exc:
+        raise ValueError(exc.error_string.removeprefix("Error : ")) from None

@@ -21,6 +21,16 @@ class VideoLimits:
 
 
 @dataclass(frozen=True)
+class AudioLimits:
+    # OpenAI's and vLLM's cap on an audio file.
+    max_bytes: int = 25 * 1024 * 1024
+    max_seconds: float = 600.0
+    # Studio rates reach 192 kHz; more is no recording a model hears.
+    max_sample_rate: int = 192_000
+    max_channels: int = 8
+
+
+@dataclass(frozen=True)
 class MediaPolicy:
     max_image_bytes: int = 20 * 1024 * 1024
     # Guards against decompression bombs: checked from the header, before decoding.
