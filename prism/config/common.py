@@ -91,6 +91,9 @@ class MediaConfig(Flags):
         36_000, "frames in one video's container (all are read past, not only those taken)"
     )
     max_video_pixels: int = flag(3840 * 2160, "pixels of one video frame")
+    max_audios: int = flag(4, "audio clips per request")
+    max_audio_mib: int = flag(25, "bytes of one audio clip (MiB)")
+    max_audio_seconds: float = flag(600, "length of one audio clip (seconds)")
 
 
 @dataclass

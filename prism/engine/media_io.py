@@ -63,3 +63,26 @@ def load_audio(data: bytes) -> tuple[Any, float]:
         return AudioMediaIO().load_bytes(data)
     except soundfile.LibsndfileError as exc:
         raise ValueError(exc.error_string.removeprefix("Error : ")) from None
+
+
+def audio_sampling_rate(model: str) -> int | None:
+    """The sample rate `model`'s feature extractor takes audio at; None where it has
+    none (a model that takes no audio)."""
+    from transformers import AutoFeatureExtractor
+
+    try:
+        return AutoFeatureExtractor.from_pretrained(model).sampling_rate
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def resample_audio(samples: Any, rate: float, target: float) -> Any:
+    """`samples` at `target` Hz, by vLLM's resampler: with torchaudio, as vLLM's models
+    resample by default, where it is installed; else with PyAV, vLLM's other resampler
+    (torchaudio has no build for the CPU torch vLLM's CPU wheel takes)."""
+    import importlib.util
+
+    from vllm.multimodal.audio import AudioResampler
+
+    method = "torchaudio" if importlib.util.find_spec("torchaudio") else "pyav"
+    return AudioResampler(target_sr=target, method=method).resample(samples, orig_sr=rate)

@@ -15,10 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from prism.engine import media_io
+from prism.media.modality import Files, Modality
 from prism.media.policy import AudioLimits
+from prism.proto.v1 import common_pb2
 from prism.rpc.errors import check_size, invalid
 from prism.rpc.errors import unsupported_media as unsupported
 
+# Each container's type, then the other names clients give it.
+MIME_TYPES = ("audio/wav", "audio/flac", "audio/mpeg", "audio/ogg", "audio/mp4", "audio/webm",
+              "audio/x-wav", "audio/wave", "audio/x-flac", "audio/mp3", "audio/x-m4a",
+              "audio/aac", "audio/opus")  # fmt: skip
 # FFmpeg's names of the codecs a maintained decoder handles, by the name users know.
 CODECS = {
     **{f"pcm_{kind}": "PCM" for kind in ("s16le", "s24le", "s32le", "f32le", "f64le", "u8")},
@@ -47,6 +53,9 @@ class LoadedAudio:
     seconds: float
     # The decoded mono samples (float32) at `sample_rate`, as vLLM's loader returns them.
     samples: Any = None
+
+    def to_proto(self) -> common_pb2.Audio:
+        return common_pb2.Audio(data=self.data, mime_type=self.mime_type)
 
     def span_attributes(self) -> dict[str, Any]:
         return {"bytes": len(self.data), "mime_type": self.mime_type, "codec": self.codec,
@@ -155,3 +164,41 @@ def check_audio(data: bytes, limits: AudioLimits, param: str) -> LoadedAudio:
             param,
         )
     return LoadedAudio(data, mime_type, codec, int(decoded_rate), channels, decoded, samples)
+
+
+class AudioDecoder:
+    """Checked audio bytes as an engine takes them: decoded as vLLM decodes them, at the
+    model's rate (`rate`; None: the file's own), resampled as `media_io.resample_audio`
+    says, so that the engine, given its own rate, has nothing left to resample."""
+
+    def __init__(self, rate: int | None = None) -> None:
+        self.rate = rate
+
+    @classmethod
+    def for_model(cls, model: str) -> AudioDecoder:
+        return cls(media_io.audio_sampling_rate(model))
+
+    def decode(self, data: bytes) -> tuple[Any, float]:
+        """(mono float32 samples, their rate)."""
+        try:
+            samples, rate = media_io.load_audio(data)
+        except ValueError as exc:
+            raise ValueError(f"audio cannot be decoded: {exc}") from None
+        if self.rate is None or rate == self.rate:
+            return samples, rate
+        return media_io.resample_audio(samples, rate, self.rate), self.rate
+
+
+AUDIO = Modality(
+    name="audio",
+    part="audio",
+    field="audios",
+    cap="max_audios",
+    token_keys=("audio_token_index", "audio_token_id"),
+    files=Files(
+        mime_types=MIME_TYPES,
+        max_bytes=lambda policy: policy.audio.max_bytes,
+        check=lambda data, policy, param: check_audio(data, policy.audio, param),
+        in_thread=True,
+    ),
+)

@@ -37,7 +37,9 @@ class MediaPolicy:
     max_image_pixels: int = 40_000_000
     max_images: int = 8
     max_videos: int = 4
+    max_audios: int = 4
     video: VideoLimits = field(default_factory=VideoLimits)
+    audio: AudioLimits = field(default_factory=AudioLimits)
     connect_timeout_s: float = 5.0
     fetch_timeout_s: float = 10.0
     max_redirects: int = 3
@@ -57,6 +59,10 @@ def media_policy(media: MediaConfig, fetch: FetchConfig) -> MediaPolicy:
             max_seconds=media.max_video_seconds,
             max_frames=media.max_video_frames,
             max_pixels=media.max_video_pixels,
+        ),
+        max_audios=media.max_audios,
+        audio=AudioLimits(
+            max_bytes=media.max_audio_mib * 2**20, max_seconds=media.max_audio_seconds
         ),
         fetch_allow=tuple(fetch.fetch_allow),
     )

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from prism.media.audio import LoadedAudio
 from prism.media.image import LoadedImage
-from prism.media.modalities import MODALITIES
+from prism.media.modalities import ENCODED, MODALITIES
 from prism.media.modality import Modality
 from prism.media.video import LoadedVideo
 from prism.proto.stage.v1 import encoder_pb2
@@ -19,6 +20,7 @@ class PromptMedia:
 
     images: list[LoadedImage] = field(default_factory=list)
     videos: list[LoadedVideo] = field(default_factory=list)
+    audios: list[LoadedAudio] = field(default_factory=list)
     # Image embeddings a client sent in place of images (never beside them), checked.
     image_embeddings: list[encoder_pb2.EmbeddingHandle] = field(default_factory=list)
 
@@ -32,3 +34,8 @@ class PromptMedia:
     @property
     def has_files(self) -> bool:
         return any(self.files(modality) for modality in MODALITIES)
+
+    @property
+    def encodable(self) -> bool:
+        """Whether an encoder stage takes every file (none is audio, say)."""
+        return not any(self.files(m) for m in MODALITIES if m not in ENCODED)

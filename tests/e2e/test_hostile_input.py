@@ -13,7 +13,7 @@ import urllib.request
 import grpc
 import PIL.Image
 import pytest
-from support.content import data_url, png, user
+from support.content import audio, data_url, png, user
 
 from prism.devtools.tiny_models import MAX_POSITIONS
 from prism.proto.v1 import common_pb2, inference_pb2, inference_pb2_grpc
@@ -64,8 +64,9 @@ def cases() -> dict[str, tuple[str, dict | bytes, int, str | None]]:
                          400, "messages[0].role"),
         "content not text": (CHAT, {"model": "MODEL", "messages": [{"role": "user", "content": 7}]},
                              400, "messages[0].content"),
-        "audio part": (CHAT, chat({"type": "input_audio", "input_audio": {}}), 400,
-                       PART + ".type"),
+        "audio part without data": (CHAT, chat({"type": "input_audio", "input_audio": {}}), 400,
+                                    PART + ".input_audio"),
+        "unknown part": (CHAT, chat({"type": "hologram"}), 400, PART + ".type"),
         "text part without text": (CHAT, chat({"type": "text"}), 400, PART + ".text"),
         "image part without url": (CHAT, chat({"type": "image_url"}), 400,
                                    IMAGE_URL),
@@ -106,6 +107,9 @@ def cases() -> dict[str, tuple[str, dict | bytes, int, str | None]]:
         "decompression bomb": (CHAT, chat(image(b64(bomb, "image/png"))), 400,
                                IMAGE_URL),
         "too many images": (CHAT, chat(*[image(data_url(png(1)))] * 9), 400, "messages"),
+        "audio to a model that hears none": (
+            CHAT, chat({"type": "audio_url", "audio_url": {"url": b64(audio(1), "audio/wav")}}),
+            400, PART + ".audio_url"),
         "prompt over the context": (CHAT, {"model": "MODEL",
                                            "messages": user("word " * MAX_POSITIONS)},
                                     400, "messages"),

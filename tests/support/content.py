@@ -1,4 +1,4 @@
-"""Request content: deterministic images and videos, data URLs and chat messages."""
+"""Request content: deterministic images, videos and audio, data URLs and chat messages."""
 
 from __future__ import annotations
 
@@ -34,6 +34,17 @@ def video(
         return encode_video(pixels, fps, f"{directory}/video.{container}")
 
 
+def audio(seed: int, seconds: float = 1.0, rate: int = 16000, fmt: str = "WAV") -> bytes:
+    """A deterministic noise clip (16-bit WAV, or another format soundfile writes),
+    different for every seed."""
+    import soundfile
+
+    samples = np.random.default_rng(seed).uniform(-0.5, 0.5, int(seconds * rate))
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples.astype(np.float32), rate, format=fmt)
+    return buffer.getvalue()
+
+
 def data_url(data: bytes, mime: str = "image/png") -> str:
     return f"data:{mime};base64," + base64.b64encode(data).decode()
 
@@ -44,6 +55,15 @@ def image_part(url: str) -> dict:
 
 def video_part(url: str) -> dict:
     return {"type": "video_url", "video_url": {"url": url}}
+
+
+def input_audio_part(data: bytes, fmt: str = "wav") -> dict:
+    return {"type": "input_audio",
+            "input_audio": {"data": base64.b64encode(data).decode(), "format": fmt}}  # fmt: skip
+
+
+def audio_part(url: str) -> dict:
+    return {"type": "audio_url", "audio_url": {"url": url}}
 
 
 def user(*parts: dict | str) -> list[dict]:

@@ -25,12 +25,16 @@ def main() -> None:
     model, cases_path = sys.argv[1], sys.argv[2]
     with open(cases_path) as f:
         cases = json.load(f)
-    videos = "video_url" in json.dumps(cases)
+    written = json.dumps(cases)
+    videos = "video_url" in written
+    audios = "input_audio" in written or "audio_url" in written
     llm = LLM(
         model=model,
         dtype="float32",
         enforce_eager=True,
-        limit_mm_per_prompt={"image": 8} | ({"video": 4} if videos else {}),
+        limit_mm_per_prompt={"image": 8}
+        | ({"video": 4} if videos else {})
+        | ({"audio": 4} if audios else {}),
         seed=0,
     )
     results = []

@@ -48,6 +48,18 @@ def test_chat_request_maps_parts_in_order():
     ]
 
 
+def test_audio_parts_come_as_input_audio_or_audio_url():
+    wav = b"RIFF\x00\x00\x00\x00WAVEfmt "
+    body = chat(messages=[{"role": "user", "content": [
+        {"type": "input_audio",
+         "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}},
+        {"type": "audio_url", "audio_url": {"url": "http://127.0.0.1/a.mp3"}},
+    ]}])  # fmt: skip
+    first, second = chat_api.chat_request(body).messages[0].content
+    assert (first.audio.data, first.audio.mime_type) == (wav, "audio/wav")
+    assert second.audio.url == "http://127.0.0.1/a.mp3"
+
+
 def _embeds_part(value) -> dict:
     body = chat(messages=[{"role": "user", "content": [{"type": "image_embeds",
                                                          "image_embeds": value}]}])  # fmt: skip
@@ -134,6 +146,16 @@ def test_max_completion_tokens_wins_over_max_tokens():
         ({"structured_outputs": {"choice": []}}, "structured_outputs"),
         ({"structured_outputs": {"json": "{"}}, "structured_outputs"),
         ({"prompt_logprobs": 1}, "prompt_logprobs"),
+        ({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
+         "messages[0].content[0].input_audio"),
+        ({"messages": [{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "aiff"}}]}]},
+         "messages[0].content[0].input_audio"),
+        ({"messages": [{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": "%%", "format": "wav"}}]}]},
+         "messages[0].content[0].input_audio.data"),
+        ({"messages": [{"role": "user", "content": [{"type": "audio_url", "audio_url": {}}]}]},
+         "messages[0].content[0].audio_url"),
     ],
 )  # fmt: skip
 def test_invalid_chat_fields_name_the_parameter(fields, param):

@@ -48,7 +48,12 @@ ROLES = {
 URL_PARTS = {
     "image_url": ("image", common_pb2.Image),
     "video_url": ("video", common_pb2.Video),
+    "audio_url": ("audio", common_pb2.Audio),
 }
+# OpenAI's `input_audio` formats, as MIME types (the processor checks them against the
+# bytes).
+AUDIO_FORMATS = {"wav": "audio/wav", "mp3": "audio/mpeg", "flac": "audio/flac",
+                 "ogg": "audio/ogg", "m4a": "audio/mp4", "webm": "audio/webm"}  # fmt: skip
 TOOL_CHOICES = {
     "none": inference_pb2.TOOL_CHOICE_MODE_NONE,
     "auto": inference_pb2.TOOL_CHOICE_MODE_AUTO,
@@ -64,6 +69,23 @@ def _url(part: dict, kind: str, param: str) -> str:
     if not isinstance(url, str) or not url:
         raise invalid(f"{kind} part needs a 'url' string", f"{param}.{kind}")
     return url
+
+
+def _input_audio_part(part: dict, param: str) -> inference_pb2.ContentPart:
+    """OpenAI's form: {"input_audio": {"data": base64 of the file, "format": "wav"|...}}."""
+    param = f"{param}.input_audio"
+    value = part.get("input_audio")
+    if not isinstance(value, dict) or not isinstance(value.get("data"), str):
+        raise invalid("input_audio part needs {'data': base64, 'format': ...}", param)
+    fmt = value.get("format")
+    if fmt not in AUDIO_FORMATS:
+        raise invalid(f"input_audio format must be one of {', '.join(AUDIO_FORMATS)}", param)
+    try:
+        data = base64.b64decode(value["data"], validate=True)
+    except (binascii.Error, ValueError):
+        raise invalid("input_audio data is not valid base64", f"{param}.data") from None
+    audio = common_pb2.Audio(data=data, mime_type=AUDIO_FORMATS[fmt])
+    return inference_pb2.ContentPart(audio=audio)
 
 
 def _image_embeds_part(part: dict, param: str) -> inference_pb2.ContentPart:
@@ -114,10 +136,12 @@ def _content(content: Any, param: str) -> list[inference_pb2.ContentPart]:
             parts.append(inference_pb2.ContentPart(**{field: media}))
         elif kind == "image_embeds":
             parts.append(_image_embeds_part(part, where))
+        elif kind == "input_audio":
+            parts.append(_input_audio_part(part, where))
         else:
             raise invalid(
                 f"unsupported content part type {kind!r}: use 'text', 'image_url', "
-                "'video_url' or 'image_embeds'",
+                "'video_url', 'audio_url', 'input_audio' or 'image_embeds'",
                 f"{where}.type",
             )
     return parts

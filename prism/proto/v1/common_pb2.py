@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15prism/v1/common.proto\x12\x08prism.v1\"C\n\x05Image\x12\r\n\x03url\x18\x01 \x01(\tH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\x11\n\tmime_type\x18\x03 \x01(\tB\x08\n\x06source\"C\n\x05Video\x12\r\n\x03url\x18\x01 \x01(\tH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\x11\n\tmime_type\x18\x03 \x01(\tB\x08\n\x06source\"T\n\x0eImageEmbedding\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\r\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x16\n\x0eimage_grid_thw\x18\x04 \x03(\r\"\xdf\x06\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x04\x88\x01\x01\x12\x12\n\nmin_tokens\x18\x06 \x01(\r\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x16\n\x0estop_token_ids\x18\t \x03(\r\x12\x12\n\nignore_eos\x18\n \x01(\x08\x12\x1d\n\x10presence_penalty\x18\x0b \x01(\x02H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0c \x01(\x02H\x07\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\r \x01(\x02H\x08\x88\x01\x01\x12\t\n\x01n\x18\x0e \x01(\r\x12\"\n\x1ainclude_stop_str_in_output\x18\x0f \x01(\x08\x12\x15\n\x08logprobs\x18\x10 \x01(\rH\t\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x11 \x01(\rH\n\x88\x01\x01\x12;\n\nlogit_bias\x18\x12 \x03(\x0b\x32\'.prism.v1.SamplingParams.LogitBiasEntry\x12\x35\n\x11structured_output\x18\x13 \x01(\x0b\x32\x1a.prism.v1.StructuredOutput\x12 \n\x13skip_special_tokens\x18\x14 \x01(\x08H\x0b\x88\x01\x01\x12\x1c\n\x0fstream_interval\x18\x15 \x01(\rH\x0c\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\r\n\x0b_max_tokensB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobsB\x16\n\x14_skip_special_tokensB\x12\n\x10_stream_interval\"\xab\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12#\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x11.prism.v1.ChoicesH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x12\x18\n\x0estructural_tag\x18\x06 \x01(\tH\x00\x42\x06\n\x04kind\"\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"N\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12\x0c\n\x04rank\x18\x04 \x01(\r\"^\n\x10PositionLogprobs\x12%\n\x05token\x18\x01 \x01(\x0b\x32\x16.prism.v1.TokenLogprob\x12#\n\x03top\x18\x02 \x03(\x0b\x32\x16.prism.v1.TokenLogprob\"\x80\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\x12\x18\n\x10reasoning_tokens\x18\x05 \x01(\r\"\x0c\n\nCallCancel\"<\n\nCallStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0f\n\x07\x64\x65tails\x18\x03 \x01(\x0c*\x96\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15prism/v1/common.proto\x12\x08prism.v1\"C\n\x05Image\x12\r\n\x03url\x18\x01 \x01(\tH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\x11\n\tmime_type\x18\x03 \x01(\tB\x08\n\x06source\"C\n\x05Video\x12\r\n\x03url\x18\x01 \x01(\tH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\x11\n\tmime_type\x18\x03 \x01(\tB\x08\n\x06source\"C\n\x05\x41udio\x12\r\n\x03url\x18\x01 \x01(\tH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12\x11\n\tmime_type\x18\x03 \x01(\tB\x08\n\x06source\"T\n\x0eImageEmbedding\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\r\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x16\n\x0eimage_grid_thw\x18\x04 \x03(\r\"\xdf\x06\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x12\n\x05min_p\x18\x04 \x01(\x02H\x03\x88\x01\x01\x12\x17\n\nmax_tokens\x18\x05 \x01(\rH\x04\x88\x01\x01\x12\x12\n\nmin_tokens\x18\x06 \x01(\r\x12\x11\n\x04seed\x18\x07 \x01(\x03H\x05\x88\x01\x01\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x16\n\x0estop_token_ids\x18\t \x03(\r\x12\x12\n\nignore_eos\x18\n \x01(\x08\x12\x1d\n\x10presence_penalty\x18\x0b \x01(\x02H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x0c \x01(\x02H\x07\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\r \x01(\x02H\x08\x88\x01\x01\x12\t\n\x01n\x18\x0e \x01(\r\x12\"\n\x1ainclude_stop_str_in_output\x18\x0f \x01(\x08\x12\x15\n\x08logprobs\x18\x10 \x01(\rH\t\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x11 \x01(\rH\n\x88\x01\x01\x12;\n\nlogit_bias\x18\x12 \x03(\x0b\x32\'.prism.v1.SamplingParams.LogitBiasEntry\x12\x35\n\x11structured_output\x18\x13 \x01(\x0b\x32\x1a.prism.v1.StructuredOutput\x12 \n\x13skip_special_tokens\x18\x14 \x01(\x08H\x0b\x88\x01\x01\x12\x1c\n\x0fstream_interval\x18\x15 \x01(\rH\x0c\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\r\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\r\n\x0b_max_tokensB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobsB\x16\n\x14_skip_special_tokensB\x12\n\x10_stream_interval\"\xab\x01\n\x10StructuredOutput\x12\x15\n\x0bjson_schema\x18\x01 \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\x02 \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12#\n\x06\x63hoice\x18\x04 \x01(\x0b\x32\x11.prism.v1.ChoicesH\x00\x12\x11\n\x07grammar\x18\x05 \x01(\tH\x00\x12\x18\n\x0estructural_tag\x18\x06 \x01(\tH\x00\x42\x06\n\x04kind\"\x1a\n\x07\x43hoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"N\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\r\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12\x0c\n\x04rank\x18\x04 \x01(\r\"^\n\x10PositionLogprobs\x12%\n\x05token\x18\x01 \x01(\x0b\x32\x16.prism.v1.TokenLogprob\x12#\n\x03top\x18\x02 \x03(\x0b\x32\x16.prism.v1.TokenLogprob\"\x80\x01\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\x12\x14\n\x0ctotal_tokens\x18\x03 \x01(\r\x12\x15\n\rcached_tokens\x18\x04 \x01(\r\x12\x18\n\x10reasoning_tokens\x18\x05 \x01(\r\"\x0c\n\nCallCancel\"<\n\nCallStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0f\n\x07\x64\x65tails\x18\x03 \x01(\x0c*\x96\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,30 +33,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=1711
-  _globals['_FINISHREASON']._serialized_end=1861
+  _globals['_FINISHREASON']._serialized_start=1780
+  _globals['_FINISHREASON']._serialized_end=1930
   _globals['_IMAGE']._serialized_start=35
   _globals['_IMAGE']._serialized_end=102
   _globals['_VIDEO']._serialized_start=104
   _globals['_VIDEO']._serialized_end=171
-  _globals['_IMAGEEMBEDDING']._serialized_start=173
-  _globals['_IMAGEEMBEDDING']._serialized_end=257
-  _globals['_SAMPLINGPARAMS']._serialized_start=260
-  _globals['_SAMPLINGPARAMS']._serialized_end=1123
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=862
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=910
-  _globals['_STRUCTUREDOUTPUT']._serialized_start=1126
-  _globals['_STRUCTUREDOUTPUT']._serialized_end=1297
-  _globals['_CHOICES']._serialized_start=1299
-  _globals['_CHOICES']._serialized_end=1325
-  _globals['_TOKENLOGPROB']._serialized_start=1327
-  _globals['_TOKENLOGPROB']._serialized_end=1405
-  _globals['_POSITIONLOGPROBS']._serialized_start=1407
-  _globals['_POSITIONLOGPROBS']._serialized_end=1501
-  _globals['_USAGE']._serialized_start=1504
-  _globals['_USAGE']._serialized_end=1632
-  _globals['_CALLCANCEL']._serialized_start=1634
-  _globals['_CALLCANCEL']._serialized_end=1646
-  _globals['_CALLSTATUS']._serialized_start=1648
-  _globals['_CALLSTATUS']._serialized_end=1708
+  _globals['_AUDIO']._serialized_start=173
+  _globals['_AUDIO']._serialized_end=240
+  _globals['_IMAGEEMBEDDING']._serialized_start=242
+  _globals['_IMAGEEMBEDDING']._serialized_end=326
+  _globals['_SAMPLINGPARAMS']._serialized_start=329
+  _globals['_SAMPLINGPARAMS']._serialized_end=1192
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=931
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=979
+  _globals['_STRUCTUREDOUTPUT']._serialized_start=1195
+  _globals['_STRUCTUREDOUTPUT']._serialized_end=1366
+  _globals['_CHOICES']._serialized_start=1368
+  _globals['_CHOICES']._serialized_end=1394
+  _globals['_TOKENLOGPROB']._serialized_start=1396
+  _globals['_TOKENLOGPROB']._serialized_end=1474
+  _globals['_POSITIONLOGPROBS']._serialized_start=1476
+  _globals['_POSITIONLOGPROBS']._serialized_end=1570
+  _globals['_USAGE']._serialized_start=1573
+  _globals['_USAGE']._serialized_end=1701
+  _globals['_CALLCANCEL']._serialized_start=1703
+  _globals['_CALLCANCEL']._serialized_end=1715
+  _globals['_CALLSTATUS']._serialized_start=1717
+  _globals['_CALLSTATUS']._serialized_end=1777
 # @@protoc_insertion_point(module_scope)

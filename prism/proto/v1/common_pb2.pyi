@@ -40,6 +40,16 @@ class Video(_message.Message):
     mime_type: str
     def __init__(self, url: _Optional[str] = ..., data: _Optional[bytes] = ..., mime_type: _Optional[str] = ...) -> None: ...
 
+class Audio(_message.Message):
+    __slots__ = ("url", "data", "mime_type")
+    URL_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
+    url: str
+    data: bytes
+    mime_type: str
+    def __init__(self, url: _Optional[str] = ..., data: _Optional[bytes] = ..., mime_type: _Optional[str] = ...) -> None: ...
+
 class ImageEmbedding(_message.Message):
     __slots__ = ("dtype", "shape", "data", "image_grid_thw")
     DTYPE_FIELD_NUMBER: _ClassVar[int]

@@ -35,16 +35,18 @@ TOOL_CHOICE_MODE_AUTO: ToolChoiceMode
 TOOL_CHOICE_MODE_REQUIRED: ToolChoiceMode
 
 class ContentPart(_message.Message):
-    __slots__ = ("text", "image", "video", "image_embedding")
+    __slots__ = ("text", "image", "video", "image_embedding", "audio")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     VIDEO_FIELD_NUMBER: _ClassVar[int]
     IMAGE_EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    AUDIO_FIELD_NUMBER: _ClassVar[int]
     text: str
     image: _common_pb2.Image
     video: _common_pb2.Video
     image_embedding: _common_pb2.ImageEmbedding
-    def __init__(self, text: _Optional[str] = ..., image: _Optional[_Union[_common_pb2.Image, _Mapping]] = ..., video: _Optional[_Union[_common_pb2.Video, _Mapping]] = ..., image_embedding: _Optional[_Union[_common_pb2.ImageEmbedding, _Mapping]] = ...) -> None: ...
+    audio: _common_pb2.Audio
+    def __init__(self, text: _Optional[str] = ..., image: _Optional[_Union[_common_pb2.Image, _Mapping]] = ..., video: _Optional[_Union[_common_pb2.Video, _Mapping]] = ..., image_embedding: _Optional[_Union[_common_pb2.ImageEmbedding, _Mapping]] = ..., audio: _Optional[_Union[_common_pb2.Audio, _Mapping]] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content", "tool_calls", "tool_call_id")

@@ -169,18 +169,20 @@ class VisionEncoder:
     ):
         self.config = AutoConfig.from_pretrained(model)
         processor = AutoProcessor.from_pretrained(model)
-        self.image_processor = processor.image_processor
+        self.image_processor = getattr(processor, "image_processor", None)
         self.video_processor = getattr(processor, "video_processor", None)
         self.videos = videos
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.config, self.device)
-        self.model = load_vision_model(model, self.device, self.dtype)
         self._lock = threading.Lock()
         # How each modality the model takes is encoded, by modality name: a batch of items'
-        # bytes to their embeddings.
-        self.encoders: dict[str, Callable[[Sequence[bytes]], list[Embedding]]] = {
-            IMAGE.name: self.encode
-        }
+        # bytes to their embeddings. A model that sees nothing (Qwen2-Audio) has none: its
+        # encoder serves, and the workers encode the audio.
+        self.encoders: dict[str, Callable[[Sequence[bytes]], list[Embedding]]] = {}
+        if self.image_processor is None:
+            return
+        self.model = load_vision_model(model, self.device, self.dtype)
+        self.encoders[IMAGE.name] = self.encode
         if self.video_processor is not None:
             self.encoders[VIDEO.name] = self.encode_videos
 

@@ -17,10 +17,10 @@ from prism.engine.chat import postprocess_messages
 from prism.engine.parsing import ChatParsing, Parsers
 from prism.media.embeds import IMAGE_EMBEDS
 from prism.media.fetch import MediaLoader
+from prism.media.image import IMAGE
 from prism.media.modalities import BY_PART, MODALITIES
 from prism.media.modality import Modality
 from prism.media.prompt import PromptMedia
-from prism.media.video import VIDEO
 from prism.modes import Mode
 from prism.proto.stage.v1 import encoder_pb2
 from prism.proto.v1 import inference_pb2
@@ -120,7 +120,7 @@ class ChatRenderer:
                 if kind is None:
                     raise invalid("content part is empty", where)
                 if role != "user":
-                    raise invalid("images and videos are allowed in user messages only", where)
+                    raise invalid("media are allowed in user messages only", where)
                 modality = BY_PART[kind]
                 # The chat template's part: embeddings stand where their modality's file would.
                 parts.append({"type": modality.name})
@@ -129,12 +129,12 @@ class ChatRenderer:
                         checked_embedding(part.image_embedding, self.inputs, where)
                     )
                     continue
-                # Named as OpenAI's request names it: image_url, video_url.
+                # Named as OpenAI's request names it: image_url, video_url, audio_url.
                 param = f"{where}.{modality.name}_url"
-                # Only videos are refused here: every model served takes images, which
+                # Images are not refused here: every model served takes them, and they
                 # are held to the prompt's placeholders.
-                if modality is VIDEO and self.inputs.token(VIDEO) is None:
-                    raise invalid("this model does not accept video", param)
+                if modality is not IMAGE and self.inputs.token(modality) is None:
+                    raise invalid(f"this model does not accept {modality.name}", param)
                 media.files.setdefault(modality.name, []).append(
                     (getattr(part, modality.part), param)
                 )

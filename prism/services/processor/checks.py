@@ -13,6 +13,7 @@ from transformers import PreTrainedTokenizerBase
 
 from prism.engine.sampling import check_structured_output, to_vllm
 from prism.media import embeds
+from prism.media.audio import AUDIO
 from prism.media.embeds import IMAGE_EMBEDS
 from prism.media.image import IMAGE
 from prism.media.modalities import BY_PART, MODALITIES
@@ -85,6 +86,9 @@ def check_counts(counts: Mapping[str, int], policy: MediaPolicy, mode: Mode) -> 
         raise invalid("a request cannot mix images and image_embeds", "messages")
     if embeddings and counts.get(VIDEO.part, 0) and not mode.has_encoder:
         raise invalid(f"in {mode.name} a request with image_embeds takes no videos", "messages")
+    if embeddings and counts.get(AUDIO.part, 0):
+        # Its engine encodes the audio from the file, and takes files or embeddings.
+        raise invalid("a request with image_embeds takes no audio", "messages")
     for modality in MODALITIES:
         # Embeddings stand in for their modality's files and count against the same cap.
         found = sum(n for part, n in counts.items() if BY_PART[part].cap == modality.cap)

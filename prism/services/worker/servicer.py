@@ -35,6 +35,7 @@ from prism.engine.types import (
     TokensPrompt,
     VLLMClientError,
 )
+from prism.media.audio import AUDIO, AudioDecoder
 from prism.media.image import IMAGE, decode_image
 from prism.media.modalities import MODALITIES
 from prism.media.modality import Modality
@@ -76,11 +77,16 @@ def _uuids(
     return {m.name: [uuid(m, item) for item in items] for m, items in groups if items}
 
 
-def _decoders(videos: VideoDecoder | None) -> dict[str, Callable[[bytes], Any]]:
+def _decoders(
+    videos: VideoDecoder | None, audios: AudioDecoder | None
+) -> dict[str, Callable[[bytes], Any]]:
     """How a worker decodes each modality's files as the engine takes them, by modality
-    name: videos only where it samples them."""
+    name: videos and audio only where it decodes them."""
+    decoders: dict[str, Callable[[bytes], Any]] = {IMAGE.name: decode_image}
+    if audios is not None:
+        decoders[AUDIO.name] = audios.decode
     if videos is None:
-        return {IMAGE.name: decode_image}
+        return decoders
 
     def decode_video(data: bytes) -> Any:
         try:
@@ -88,7 +94,7 @@ def _decoders(videos: VideoDecoder | None) -> dict[str, Callable[[bytes], Any]]:
         except ValueError as exc:
             raise ValueError(f"video cannot be decoded: {exc}") from None
 
-    return {IMAGE.name: decode_image, VIDEO.name: decode_video}
+    return {**decoders, VIDEO.name: decode_video}
 
 
 def engine_logprobs(flat: FlatLogprobs | None, top: int) -> list[engine_pb2.EngineLogprobs]:
@@ -147,11 +153,12 @@ class EngineServicer:
         transfer: Transfer | None = None,
         max_in_flight: int = 0,
         videos: VideoDecoder | None = None,
+        audios: AudioDecoder | None = None,
     ):
         self.engine = engine
         self.role = role
         self.transfer = transfer
-        self.decoders = _decoders(videos)
+        self.decoders = _decoders(videos, audios)
         # Running request ids -> whether an Abort came for them.
         self._running: dict[str, bool] = {}
         # When the engine last produced an output: traffic proves it generates.
@@ -409,7 +416,8 @@ async def _serve(config: WorkerStageConfig, directory: Path) -> None:
         else None
     )
     videos = VideoDecoder.for_model(config.model.model, media.video_frames, media.video_fps)
-    servicer = EngineServicer(engine, role, transfer, config.limit.max_in_flight, videos)
+    audios = AudioDecoder.for_model(config.model.model)
+    servicer = EngineServicer(engine, role, transfer, config.limit.max_in_flight, videos, audios)
     collectors = [telemetry.transfer_collector(transfer)] if transfer else []
     collectors.append(
         telemetry.gauge(

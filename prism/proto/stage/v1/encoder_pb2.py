@@ -26,21 +26,21 @@ from prism.proto.stage.v1 import tensor_pb2 as prism_dot_stage_dot_v1_dot_tensor
 from prism.proto.v1 import common_pb2 as prism_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cprism/stage/v1/encoder.proto\x12\x0eprism.stage.v1\x1a\x1bprism/stage/v1/tensor.proto\x1a\x15prism/v1/common.proto\"e\n\rEncodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1f\n\x06images\x18\x02 \x03(\x0b\x32\x0f.prism.v1.Image\x12\x1f\n\x06videos\x18\x03 \x03(\x0b\x32\x0f.prism.v1.Video\"E\n\x0e\x45ncodeResponse\x12\x33\n\nembeddings\x18\x01 \x01(\x0b\x32\x1f.prism.stage.v1.MediaEmbeddings\"s\n\x0fMediaEmbeddings\x12/\n\x06images\x18\x01 \x03(\x0b\x32\x1f.prism.stage.v1.EmbeddingHandle\x12/\n\x06videos\x18\x02 \x03(\x0b\x32\x1f.prism.stage.v1.EmbeddingHandle\"\x9b\x01\n\x0f\x45mbeddingHandle\x12\x34\n\nembeddings\x18\x01 \x01(\x0b\x32 .prism.stage.v1.TensorDescriptor\x12\x14\n\x0c\x63ontent_hash\x18\x02 \x01(\t\x12\x10\n\x08grid_thw\x18\x03 \x03(\r\x12\x0e\n\x06\x63\x61\x63hed\x18\x04 \x01(\x08\x12\x1a\n\x12second_per_grid_ts\x18\x05 \x01(\x02\x32Y\n\x0e\x45ncoderService\x12G\n\x06\x45ncode\x12\x1d.prism.stage.v1.EncodeRequest\x1a\x1e.prism.stage.v1.EncodeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cprism/stage/v1/encoder.proto\x12\x0eprism.stage.v1\x1a\x1bprism/stage/v1/tensor.proto\x1a\x15prism/v1/common.proto\"\x86\x01\n\rEncodeRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x1f\n\x06images\x18\x02 \x03(\x0b\x32\x0f.prism.v1.Image\x12\x1f\n\x06videos\x18\x03 \x03(\x0b\x32\x0f.prism.v1.Video\x12\x1f\n\x06\x61udios\x18\x04 \x03(\x0b\x32\x0f.prism.v1.Audio\"E\n\x0e\x45ncodeResponse\x12\x33\n\nembeddings\x18\x01 \x01(\x0b\x32\x1f.prism.stage.v1.MediaEmbeddings\"\xa4\x01\n\x0fMediaEmbeddings\x12/\n\x06images\x18\x01 \x03(\x0b\x32\x1f.prism.stage.v1.EmbeddingHandle\x12/\n\x06videos\x18\x02 \x03(\x0b\x32\x1f.prism.stage.v1.EmbeddingHandle\x12/\n\x06\x61udios\x18\x03 \x03(\x0b\x32\x1f.prism.stage.v1.EmbeddingHandle\"\x9b\x01\n\x0f\x45mbeddingHandle\x12\x34\n\nembeddings\x18\x01 \x01(\x0b\x32 .prism.stage.v1.TensorDescriptor\x12\x14\n\x0c\x63ontent_hash\x18\x02 \x01(\t\x12\x10\n\x08grid_thw\x18\x03 \x03(\r\x12\x0e\n\x06\x63\x61\x63hed\x18\x04 \x01(\x08\x12\x1a\n\x12second_per_grid_ts\x18\x05 \x01(\x02\x32Y\n\x0e\x45ncoderService\x12G\n\x06\x45ncode\x12\x1d.prism.stage.v1.EncodeRequest\x1a\x1e.prism.stage.v1.EncodeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'prism.stage.v1.encoder_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ENCODEREQUEST']._serialized_start=100
-  _globals['_ENCODEREQUEST']._serialized_end=201
-  _globals['_ENCODERESPONSE']._serialized_start=203
-  _globals['_ENCODERESPONSE']._serialized_end=272
-  _globals['_MEDIAEMBEDDINGS']._serialized_start=274
-  _globals['_MEDIAEMBEDDINGS']._serialized_end=389
-  _globals['_EMBEDDINGHANDLE']._serialized_start=392
-  _globals['_EMBEDDINGHANDLE']._serialized_end=547
-  _globals['_ENCODERSERVICE']._serialized_start=549
-  _globals['_ENCODERSERVICE']._serialized_end=638
+  _globals['_ENCODEREQUEST']._serialized_start=101
+  _globals['_ENCODEREQUEST']._serialized_end=235
+  _globals['_ENCODERESPONSE']._serialized_start=237
+  _globals['_ENCODERESPONSE']._serialized_end=306
+  _globals['_MEDIAEMBEDDINGS']._serialized_start=309
+  _globals['_MEDIAEMBEDDINGS']._serialized_end=473
+  _globals['_EMBEDDINGHANDLE']._serialized_start=476
+  _globals['_EMBEDDINGHANDLE']._serialized_end=631
+  _globals['_ENCODERSERVICE']._serialized_start=633
+  _globals['_ENCODERSERVICE']._serialized_end=722
 # @@protoc_insertion_point(module_scope)

@@ -9,14 +9,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class EncodeRequest(_message.Message):
-    __slots__ = ("request_id", "images", "videos")
+    __slots__ = ("request_id", "images", "videos", "audios")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     VIDEOS_FIELD_NUMBER: _ClassVar[int]
+    AUDIOS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     images: _containers.RepeatedCompositeFieldContainer[_common_pb2.Image]
     videos: _containers.RepeatedCompositeFieldContainer[_common_pb2.Video]
-    def __init__(self, request_id: _Optional[str] = ..., images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ..., videos: _Optional[_Iterable[_Union[_common_pb2.Video, _Mapping]]] = ...) -> None: ...
+    audios: _containers.RepeatedCompositeFieldContainer[_common_pb2.Audio]
+    def __init__(self, request_id: _Optional[str] = ..., images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ..., videos: _Optional[_Iterable[_Union[_common_pb2.Video, _Mapping]]] = ..., audios: _Optional[_Iterable[_Union[_common_pb2.Audio, _Mapping]]] = ...) -> None: ...
 
 class EncodeResponse(_message.Message):
     __slots__ = ("embeddings",)
@@ -25,12 +27,14 @@ class EncodeResponse(_message.Message):
     def __init__(self, embeddings: _Optional[_Union[MediaEmbeddings, _Mapping]] = ...) -> None: ...
 
 class MediaEmbeddings(_message.Message):
-    __slots__ = ("images", "videos")
+    __slots__ = ("images", "videos", "audios")
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     VIDEOS_FIELD_NUMBER: _ClassVar[int]
+    AUDIOS_FIELD_NUMBER: _ClassVar[int]
     images: _containers.RepeatedCompositeFieldContainer[EmbeddingHandle]
     videos: _containers.RepeatedCompositeFieldContainer[EmbeddingHandle]
-    def __init__(self, images: _Optional[_Iterable[_Union[EmbeddingHandle, _Mapping]]] = ..., videos: _Optional[_Iterable[_Union[EmbeddingHandle, _Mapping]]] = ...) -> None: ...
+    audios: _containers.RepeatedCompositeFieldContainer[EmbeddingHandle]
+    def __init__(self, images: _Optional[_Iterable[_Union[EmbeddingHandle, _Mapping]]] = ..., videos: _Optional[_Iterable[_Union[EmbeddingHandle, _Mapping]]] = ..., audios: _Optional[_Iterable[_Union[EmbeddingHandle, _Mapping]]] = ...) -> None: ...
 
 class EmbeddingHandle(_message.Message):
     __slots__ = ("embeddings", "content_hash", "grid_thw", "cached", "second_per_grid_ts")

@@ -28,20 +28,24 @@ class GenerateRequest(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., files: _Optional[_Union[MediaFiles, _Mapping]] = ..., embeddings: _Optional[_Union[_encoder_pb2.MediaEmbeddings, _Mapping]] = ..., layouts: _Optional[_Union[MediaLayouts, _Mapping]] = ..., kv_transfer_params: _Optional[_Union[KvTransferParams, _Mapping]] = ...) -> None: ...
 
 class MediaFiles(_message.Message):
-    __slots__ = ("images", "videos")
+    __slots__ = ("images", "videos", "audios")
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     VIDEOS_FIELD_NUMBER: _ClassVar[int]
+    AUDIOS_FIELD_NUMBER: _ClassVar[int]
     images: _containers.RepeatedCompositeFieldContainer[_common_pb2.Image]
     videos: _containers.RepeatedCompositeFieldContainer[_common_pb2.Video]
-    def __init__(self, images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ..., videos: _Optional[_Iterable[_Union[_common_pb2.Video, _Mapping]]] = ...) -> None: ...
+    audios: _containers.RepeatedCompositeFieldContainer[_common_pb2.Audio]
+    def __init__(self, images: _Optional[_Iterable[_Union[_common_pb2.Image, _Mapping]]] = ..., videos: _Optional[_Iterable[_Union[_common_pb2.Video, _Mapping]]] = ..., audios: _Optional[_Iterable[_Union[_common_pb2.Audio, _Mapping]]] = ...) -> None: ...
 
 class MediaLayouts(_message.Message):
-    __slots__ = ("images", "videos")
+    __slots__ = ("images", "videos", "audios")
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     VIDEOS_FIELD_NUMBER: _ClassVar[int]
+    AUDIOS_FIELD_NUMBER: _ClassVar[int]
     images: _containers.RepeatedCompositeFieldContainer[MediaLayout]
     videos: _containers.RepeatedCompositeFieldContainer[MediaLayout]
-    def __init__(self, images: _Optional[_Iterable[_Union[MediaLayout, _Mapping]]] = ..., videos: _Optional[_Iterable[_Union[MediaLayout, _Mapping]]] = ...) -> None: ...
+    audios: _containers.RepeatedCompositeFieldContainer[MediaLayout]
+    def __init__(self, images: _Optional[_Iterable[_Union[MediaLayout, _Mapping]]] = ..., videos: _Optional[_Iterable[_Union[MediaLayout, _Mapping]]] = ..., audios: _Optional[_Iterable[_Union[MediaLayout, _Mapping]]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
     __slots__ = ("token_ids", "first", "last", "logprobs")
