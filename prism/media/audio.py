@@ -51,8 +51,6 @@ class LoadedAudio:
     sample_rate: int
     channels: int
     seconds: float
-    # The decoded mono samples (float32) at `sample_rate`, as vLLM's loader returns them.
-    samples: Any = None
 
     def to_proto(self) -> common_pb2.Audio:
         return common_pb2.Audio(data=self.data, mime_type=self.mime_type)
@@ -163,7 +161,9 @@ def check_audio(data: bytes, limits: AudioLimits, param: str) -> LoadedAudio:
             f"audio is cut short: its header says {seconds:.2f} s, {decoded:.2f} s decode",
             param,
         )
-    return LoadedAudio(data, mime_type, codec, int(decoded_rate), channels, decoded, samples)
+    # The samples go: the engine's worker decodes the bytes again, and a long clip's
+    # samples would outweigh its file many times over while the request lasts.
+    return LoadedAudio(data, mime_type, codec, int(decoded_rate), channels, decoded)
 
 
 class AudioDecoder:

@@ -8,7 +8,7 @@ import pytest
 import soundfile
 from support.content import png
 
-from prism.media.audio import check_audio
+from prism.media.audio import AudioDecoder, check_audio
 from prism.media.policy import AudioLimits
 from prism.rpc.errors import PrismError
 
@@ -36,17 +36,27 @@ def audio(fmt: str = "WAV", subtype: str | None = None, **shape) -> bytes:
     ("MP3", None, "audio/mpeg", "MP3"),
 ])  # fmt: skip
 def test_accepted_audio_is_decoded_to_mono_at_its_own_rate(fmt, subtype, mime, codec):
-    checked = check_audio(audio(fmt, subtype), AudioLimits(), PARAM)
+    data = audio(fmt, subtype)
+    checked = check_audio(data, AudioLimits(), PARAM)
     assert (checked.mime_type, checked.codec, checked.sample_rate) == (mime, codec, RATE)
-    assert checked.samples.dtype == np.float32 and checked.samples.ndim == 1
     # Lossy codecs pad a frame or two; PCM and FLAC are exact.
     assert checked.seconds == pytest.approx(1.0, abs=0.1 if codec in ("MP3", "Vorbis") else 0)
+    samples, rate = AudioDecoder().decode(data)
+    assert rate == RATE and samples.dtype == np.float32 and samples.ndim == 1
 
 
 def test_stereo_is_averaged_as_vllm_does():
-    checked = check_audio(audio(channels=2), AudioLimits(), PARAM)
-    assert checked.channels == 2 and checked.samples.shape == (RATE,)
-    assert np.allclose(checked.samples, tone(), atol=1e-4)
+    data = audio(channels=2)
+    assert check_audio(data, AudioLimits(), PARAM).channels == 2
+    samples, _ = AudioDecoder().decode(data)
+    assert samples.shape == (RATE,) and np.allclose(samples, tone(), atol=1e-4)
+
+
+def test_a_clip_is_resampled_to_the_models_rate():
+    samples, rate = AudioDecoder(16000).decode(audio(rate=44100))
+    assert rate == 16000 and len(samples) == 16000
+    # The tone survives: its strongest frequency is still 440 Hz.
+    assert np.argmax(np.abs(np.fft.rfft(samples))) == 440
 
 
 def _claims(data: bytes, seconds: int) -> bytes:
