@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -71,6 +71,10 @@ class Service:
         self._servicer = getattr(generated, f"{descriptor.name}Servicer")()
         self._batches: list[multiplex.MultiplexServer] = []
         self._on_drain: list[Callable[[], None]] = []
+        self._draining = False
+        self._admitted = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     def stream(
         self, name: str, handler: StreamHandler, admit: bool = True, timed: bool = False
@@ -135,11 +139,33 @@ class Service:
         self._on_drain.append(callback)
 
     def drain(self) -> None:
-        """Batched streams take no new calls and end once theirs are done."""
+        """New requests are refused (UNAVAILABLE, so callers go elsewhere); batched streams
+        end once their calls are done."""
+        self._draining = True
         for batches in self._batches:
             batches.drain()
         for callback in self._on_drain:
             callback()
+
+    async def idle(self) -> None:
+        """Returns once no request it admitted is running."""
+        await self._idle.wait()
+
+    @contextlib.contextmanager
+    def _admit(self) -> Iterator[None]:
+        # Refused here, not by gRPC's own shutdown: a call that reaches a server whose
+        # shutdown has begun is cancelled, which tells its caller nothing.
+        if self._draining:
+            raise PrismError(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
+        with self.limit.admit():
+            self._admitted += 1
+            self._idle.clear()
+            try:
+                yield
+            finally:
+                self._admitted -= 1
+                if not self._admitted:
+                    self._idle.set()
 
     async def _run(
         self, method: _Method, request: Any, metadata: Mapping[str, str], emit: Emit
@@ -159,7 +185,7 @@ class Service:
             set_status_on_exception=False,
         ) as span:
             try:
-                with self.limit.admit() if method.admit else contextlib.nullcontext():
+                with self._admit() if method.admit else contextlib.nullcontext():
                     # Closed when the call ends, also where a cancel lands outside the
                     # handler (a plain call's write): what it holds is freed now, not when
                     # it is collected.

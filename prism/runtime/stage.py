@@ -4,17 +4,19 @@ Start-up: tracing, the gRPC server (health, reflection, load), the metrics endpo
 SERVING, then the registry, so that no peer is sent here before this stage answers. A
 warm spare (--standby) holds SERVING back until SIGUSR1.
 Drain, on SIGINT or SIGTERM or when a task of the stage fails: NOT_SERVING, out of the
-registry, batched streams take no new calls, and calls in flight get the grace period to
-finish; a stage whose task failed then exits with an error (StageFailed).
+registry, new requests refused (UNAVAILABLE), and those in flight get the grace period to
+finish before the servers stop; a stage whose task failed then exits with an error (StageFailed).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import logging
 import signal
+import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -167,11 +169,10 @@ class Stage:
                 door.close()
             for registry in registries:
                 await registry.deregister()
+            grace = await _let_requests_finish(replicas, address.shutdown_grace_s)
             # The doors' requests call the services in this process: the stage ends
             # once they are done too.
-            stopping = [
-                asyncio.create_task(server.stop(address.shutdown_grace_s)) for server in servers
-            ]
+            stopping = [asyncio.create_task(server.stop(grace)) for server in servers]
             await asyncio.wait([*stopping, *opened])
             await asyncio.gather(*stopping)
             if failure is not None:
@@ -198,6 +199,16 @@ class Stage:
             modes=modes,
             health_port=self.config.metrics.health_port,
         )
+
+
+async def _let_requests_finish(replicas: Sequence[Replica], grace: float) -> float:
+    """Waits up to `grace` seconds for the requests the draining services admitted,
+    before gRPC's shutdown, which cancels whatever reaches it; the grace left."""
+    started = time.monotonic()
+    idle = [service.idle() for replica in replicas for service in replica.services]
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.gather(*idle), grace)
+    return max(0.0, grace - (time.monotonic() - started))
 
 
 def _await_promotion(role: str, servers: Sequence[Server]) -> None:

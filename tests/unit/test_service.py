@@ -131,6 +131,34 @@ def test_one_in_flight_limit_counts_the_calls_of_both_forms():
     assert done == (["wait", ""], None) and after == (["a", ""], None)
 
 
+def test_a_draining_service_refuses_new_requests_and_is_idle_once_its_own_are_done():
+    async def main():
+        handlers = Handlers()
+        async with served(handlers) as (stub, batched):
+            waiting = stub.Chat(chat("wait"))
+            while not handlers.request_ids:
+                await asyncio.sleep(0.01)
+            handlers.service.drain()
+            refused_plain = await words(stub.Chat(chat("a")))
+            refused_batched = await words(batched.call(chat("a")))
+            models = await stub.ListModels(inference_pb2.ListModelsRequest())
+            idle = asyncio.ensure_future(handlers.service.idle())
+            await asyncio.sleep(0.05)
+            busy = not idle.done()
+            handlers.go.set()
+            done = await words(waiting)
+            await asyncio.wait_for(idle, 5)
+        return refused_plain, refused_batched, models, busy, done
+
+    refused_plain, refused_batched, models, busy, done = asyncio.run(main())
+    for texts, error in (refused_plain, refused_batched):
+        assert texts == [] and error is not None
+        assert error.code == grpc.StatusCode.UNAVAILABLE, error
+    # What it admitted before the drain runs to its end; what it does not admit is served.
+    assert [m.id for m in models.models] == ["m"]
+    assert busy and done == (["wait", ""], None)
+
+
 def count(status: str) -> float:
     return (
         REGISTRY.get_sample_value("prism_requests_total", {"endpoint": "Chat", "status": status})
