@@ -78,7 +78,7 @@ _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5
 # The encoder's forward passes (the histogram's count) and the items each one encoded.
 ENCODER_BATCH_ITEMS = Histogram(
     "prism_encoder_batch_items",
-    "Items encoded by one vision forward pass, by modality",
+    "Items encoded by one forward pass of a tower, by modality",
     ["modality"],
     buckets=(1, 2, 4, 8, 16, 32, 64, 128),
 )

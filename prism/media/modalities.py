@@ -13,8 +13,5 @@ from prism.media.video import VIDEO
 # The modalities that arrive as files, in the order their items travel everywhere: a
 # stage proto holds each one's items in its own field, images before videos before audios.
 MODALITIES: tuple[Modality, ...] = (IMAGE, VIDEO, AUDIO)
-# Those an encoder stage encodes; a request with others goes to the worker as files, which
-# its engine encodes.
-ENCODED: tuple[Modality, ...] = (IMAGE, VIDEO)
 # Every modality by the `ContentPart` field it arrives in.
 BY_PART: dict[str, Modality] = {m.part: m for m in (*MODALITIES, IMAGE_EMBEDS)}

@@ -7,7 +7,7 @@ from typing import Any
 
 from prism.media.audio import LoadedAudio
 from prism.media.image import LoadedImage
-from prism.media.modalities import ENCODED, MODALITIES
+from prism.media.modalities import MODALITIES
 from prism.media.modality import Modality
 from prism.media.video import LoadedVideo
 from prism.proto.stage.v1 import encoder_pb2
@@ -34,8 +34,3 @@ class PromptMedia:
     @property
     def has_files(self) -> bool:
         return any(self.files(modality) for modality in MODALITIES)
-
-    @property
-    def encodable(self) -> bool:
-        """Whether an encoder stage takes every file (none is audio, say)."""
-        return not any(self.files(m) for m in MODALITIES if m not in ENCODED)

@@ -1,6 +1,6 @@
-"""The encoder's vision path: only the vision modules' weights are read, from single-file
-and sharded checkpoints under either naming, and it encodes exactly as the whole model
-that transformers loads."""
+"""The encoder's towers: only the towers' weights are read, from single-file and sharded
+checkpoints under either naming; the vision path encodes exactly as the whole model that
+transformers loads, and the audio path gives each clip the tokens the processor counts."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import shutil
 import PIL.Image
 import pytest
 import torch
-from transformers import AutoModelForImageTextToText
+from support.content import audio
+from transformers import AutoModelForImageTextToText, AutoProcessor
 
-from prism.services.encoder.vision import (
-    VisionEncoder,
+from prism.services.encoder.towers import (
+    MediaEncoder,
     checkpoint_names,
     resolve_device,
     resolve_dtype,
@@ -49,7 +50,7 @@ def test_checkpoint_names_are_matched_to_the_modules_own():
 @pytest.mark.parametrize("family", ["llava", "qwen2-vl"])
 def test_the_vision_path_alone_encodes_as_the_whole_model(models, family):
     model = str(models[family])
-    vision = VisionEncoder(model)
+    vision = MediaEncoder(model)
     assert vision.model.language_model is None
     ours = vision.encode([png(1), png(2, (90, 60))])
     whole = AutoModelForImageTextToText.from_pretrained(model, dtype=torch.float32).eval()
@@ -71,20 +72,43 @@ def test_a_sharded_checkpoint_in_transformers_naming_loads_the_same(models, tmp_
             shutil.copy(models["qwen2-vl"] / name, tmp_path / name)
     assert (tmp_path / "model.safetensors.index.json").exists()
     assert len(list(tmp_path.glob("model-*.safetensors"))) > 2
-    sharded, single = VisionEncoder(str(tmp_path)), VisionEncoder(model)
+    sharded, single = MediaEncoder(str(tmp_path)), MediaEncoder(model)
     (a,), (b,) = sharded.encode([png(3)]), single.encode([png(3)])
     assert torch.equal(a.tensor, b.tensor)
 
 
-def test_a_checkpoint_without_the_vision_weights_is_refused(models, tmp_path):
+def test_a_checkpoint_without_the_tower_weights_is_refused(models, tmp_path):
     shutil.copytree(models["llava"], tmp_path, dirs_exist_ok=True)
     from safetensors.torch import load_file, save_file
 
     weights = load_file(tmp_path / "model.safetensors")
     del weights["multi_modal_projector.linear_2.weight"]
     save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
-    with pytest.raises(ValueError, match="lacks 1 vision weights"):
-        VisionEncoder(str(tmp_path))
+    with pytest.raises(ValueError, match="lacks 1 tower weights"):
+        MediaEncoder(str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def qwen2_audio(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from prism.devtools.tiny_models import build
+
+    return str(build("qwen2-audio", tmp_path_factory.mktemp("qwen2-audio"), seed=0))
+
+
+def test_the_audio_path_reads_only_its_tower_and_sizes_each_clip_as_the_processor(qwen2_audio):
+    model = qwen2_audio
+    encoder = MediaEncoder(model)
+    assert list(encoder.encoders) == ["audio"] and encoder.model.language_model is None
+    clips = [audio(1, seconds=0.5), audio(2, seconds=2.0)]
+    together = encoder.encode_audios(clips)
+    processor = AutoProcessor.from_pretrained(model)
+    for clip, embedding in zip(clips, together, strict=True):
+        samples, _ = encoder.audio.decoder.decode(clip)
+        ids = processor(text=["<|AUDIO|>"], audio=[samples])["input_ids"][0]
+        assert embedding.tensor.shape[0] == list(ids).count(processor.audio_token_id)
+    assert {e.tensor.shape[1] for e in together} == {encoder.config.text_config.hidden_size}
+    # A clip's embeddings are its own, whatever it is batched with.
+    assert torch.equal(encoder.encode_audios(clips[1:])[0].tensor, together[1].tensor)
 
 
 class Config:

@@ -2,8 +2,9 @@
 `openai` SDK in every mode, answered exactly as one offline vLLM engine answers; and audio
 the mesh refuses, with the mesh serving on.
 
-Its own tiny Qwen2-Audio, oracle and meshes, one mesh at a time. The encoders take no
-audio: in E/PD and E/P/D the worker (or prefill) encodes a request's audio from the file.
+Its own tiny Qwen2-Audio, oracle and meshes, one mesh at a time. In E/PD and E/P/D the
+encoder runs the audio tower and the worker (or prefill) reads the clips' embeddings; in
+EPD and EP/D the worker (or prefill) hears the clip itself.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ CASES = {
     # At 44.1 kHz: the worker resamples it to the model's 16 kHz (vLLM's resampler).
     "resampled": ("chat", user(input_audio_part(audio(7, rate=44100)), "Resampled?"), 12),
 }
+CLIPS = 5
 
 
 def resampled_by_hand() -> dict[str, tuple]:
@@ -82,10 +84,25 @@ def test_the_audio_changes_the_answer(expected):
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_audio_answers_as_offline_vllm(audio_mesh, expected, stream):
+    looked_up = encoder_lookups(audio_mesh)
     for name, case in CASES.items():
         text, usage = ask_case(audio_mesh, case, stream)
         assert text == expected[name]["text"], (name, audio_mesh.mode)
         assert usage.prompt_tokens == expected[name]["prompt_tokens"], name
+    if audio_mesh.mode in ("e/pd", "e/p/d"):
+        # Every clip was the encoder's (encoded, or met before and cached), none the
+        # worker's for want of an encoder.
+        assert encoder_lookups(audio_mesh) - looked_up == CLIPS
+        assert audio_mesh.metric("front", "prism_encode_fallbacks_total") == 0
+
+
+def encoder_lookups(mesh) -> float:
+    if mesh.mode not in ("e/pd", "e/p/d"):
+        return 0.0
+    return sum(
+        mesh.metric("encoder", f"prism_embedding_cache_{outcome}_total")
+        for outcome in ("hits", "misses")
+    )
 
 
 def test_hostile_audio_gets_a_4xx_and_the_mesh_serves_on(audio_mesh, expected):

@@ -28,7 +28,7 @@ from prism.rpc.channel import check_health, sync_channel
 from prism.rpc.errors import PrismError
 from prism.runtime import processes
 from prism.runtime.ports import free_port
-from prism.services.encoder.vision import VisionEncoder
+from prism.services.encoder.towers import MediaEncoder
 from prism.transfer.nixl import NixlTransfer
 
 POOL = "prism_nixl_pool_bytes_in_use"
@@ -84,7 +84,7 @@ def test_embeddings_read_over_nixl_equal_transformers(encoder, models):
         tensors = [reader.fetch(handle.embeddings) for handle in reply.embeddings.images]
     finally:
         reader.close()
-    expected = VisionEncoder(str(models["llava"])).encode([image, png(22)])
+    expected = MediaEncoder(str(models["llava"])).encode([image, png(22)])
     for tensor, want in zip(tensors, expected, strict=True):
         assert tensor.shape == (16, 128) and torch.equal(tensor, want.tensor)
     # Both notifications arrived: the encoder freed both slices.
@@ -161,20 +161,20 @@ def test_concurrent_requests_for_distinct_images_share_forward_passes(batching_e
         tensors = [reader.fetch(reply.embeddings.images[0].embeddings) for reply in replies]
     finally:
         reader.close()
-    expected = VisionEncoder(str(models["llava"])).encode(images)
+    expected = MediaEncoder(str(models["llava"])).encode(images)
     for tensor, want in zip(tensors, expected, strict=True):
         assert torch.equal(tensor, want.tensor)
 
 
 PEAK_MEMORY = """
 import re, sys
-from prism.services.encoder.vision import VisionEncoder
+from prism.services.encoder.towers import MediaEncoder
 
 def peak_mib():
     return int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read()).group(1)) // 1024
 
 before = peak_mib()
-VisionEncoder(sys.argv[1])
+MediaEncoder(sys.argv[1])
 print(peak_mib() - before)
 """
 

@@ -13,7 +13,7 @@ import safetensors.torch
 from conftest import ask_case, start_mesh
 from support.content import data_url, image_part, png, user
 
-from prism.services.encoder.vision import VisionEncoder
+from prism.services.encoder.towers import MediaEncoder
 
 PARAM = "messages[0].content[0].image_embeds"
 
@@ -25,11 +25,11 @@ def embeds_mesh(request, models, tmp_path_factory):
     running = start_mesh(
         family, mode, models[family], tmp_path_factory.mktemp("logs"), enable_mm_embeds=True
     )
-    yield running, VisionEncoder(str(models[family]))
+    yield running, MediaEncoder(str(models[family]))
     running.stop()
 
 
-def embeds_part(vision: VisionEncoder, seed: int) -> dict:
+def embeds_part(vision: MediaEncoder, seed: int) -> dict:
     """The part a client sends for image `png(seed)`: the model's own embeddings of it."""
     (embedding,) = vision.encode([png(seed)])
     encoded = base64.b64encode(safetensors.torch.save({"embeds": embedding.tensor})).decode()

@@ -1,5 +1,5 @@
 """The encoder stage: `EncoderService` runs the vision tower and projector in torch, on the
-accelerator when there is one (prism.services.encoder.vision).
+accelerator when there is one (prism.services.encoder.towers).
 
 Items of concurrent requests are encoded together, and an item in flight or met before
 is encoded once (prism.services.encoder.batching; an LRU cache keyed by the model, the

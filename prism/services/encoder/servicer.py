@@ -18,7 +18,7 @@ from prism.rpc.errors import invalid
 from prism.rpc.server import InFlightLimit
 from prism.runtime.service import Service
 from prism.services.encoder.batching import Batcher
-from prism.services.encoder.vision import Embedding, VisionEncoder
+from prism.services.encoder.towers import Embedding, MediaEncoder
 from prism.tracing import tracer
 from prism.transfer import Transfer
 
@@ -31,7 +31,7 @@ class EncoderServicer:
 
     def __init__(
         self,
-        vision: VisionEncoder,
+        vision: MediaEncoder,
         agent: Transfer,
         loader: MediaLoader,
         cache: ByteLru[Embedding],

@@ -18,7 +18,7 @@ from prism.media.video import VideoDecoder
 from prism.modes import modes_served
 from prism.runtime.stage import Stage
 from prism.services.encoder.servicer import EncoderServicer
-from prism.services.encoder.vision import Embedding, VisionEncoder
+from prism.services.encoder.towers import Embedding, MediaEncoder
 from prism.transfer import Transfer, open_transfer
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ async def serve(config: EncoderStageConfig) -> None:
     own, model, media = config.encoder, config.model.model, config.media
     stage = Stage(config, "encoder")
     videos = VideoDecoder.for_model(model, media.video_frames, media.video_fps)
-    vision = await asyncio.to_thread(VisionEncoder, model, own.device, own.dtype, videos=videos)
+    vision = await asyncio.to_thread(MediaEncoder, model, own.device, own.dtype, videos=videos)
     log.info("vision path on %s in %s", vision.device, vision.dtype)
     if config.sim_encoder.sim_encode_ms:
         per_item = config.sim_encoder.sim_encode_ms / 1000

@@ -108,9 +108,8 @@ class Pipeline:
         sampling: common_pb2.SamplingParams,
         call: StageCalls,
     ) -> AsyncIterator[engine_pb2.GenerateResponse]:
-        """Encodes the media if the mode has an encoder that takes them all (the worker
-        encodes them where no encoder can: prism.services.processor.encode_fallback; and a
-        request with audio, which encoders do not take, whole); then the worker replies."""
+        """Encodes the media if the mode has an encoder (the worker encodes them where no
+        encoder can: prism.services.processor.encode_fallback); then the worker replies."""
         request = engine_pb2.GenerateRequest(
             request_id=request_id, prompt_token_ids=prompt_ids, sampling=sampling
         )
@@ -118,7 +117,7 @@ class Pipeline:
             # The processor admits no pixels beside them, and no videos without an encoder.
             IMAGE_EMBEDS.items(request.embeddings).extend(media.image_embeddings)
         embeddings = None
-        if media.has_files and self.mode.has_encoder and media.encodable:
+        if media.has_files and self.mode.has_encoder:
             embeddings = await self.fallback.encoded(
                 lambda: self._encode(request_id, media, call), call
             )
@@ -137,7 +136,7 @@ class Pipeline:
     async def _encode(
         self, request_id: str, media: PromptMedia, call: StageCalls
     ) -> encoder_pb2.MediaEmbeddings:
-        """The embeddings of the request's images and videos, in prompt order. Under `kv`
+        """The embeddings of the request's images, videos and audios, in prompt order. Under `kv`
         routing each item goes to the encoder that owns its content hash, whose cache may
         hold it: items of several owners take a call to each, one after the other (a call
         at a time is what an Abort cancels). Otherwise one call encodes them all."""

@@ -1,10 +1,10 @@
-"""A checkpoint's vision path (vision tower + projector) on one device, in one dtype, with
-the family's own HF image and video processors.
+"""A checkpoint's media paths (its vision or audio tower + projector) on one device, in one
+dtype, with the family's own HF image and video processors and audio feature extractor.
 
-Only the vision modules' weights are ever read: the model is built on the meta device,
-the language model dropped before anything is allocated, and the vision modules' tensors
-taken from the checkpoint's safetensors one by one. A 7B checkpoint's encoder then holds
-its 0.3-0.7B vision parameters, not the 7B it would load and throw away.
+Only the towers' weights are ever read: the model is built on the meta device, the
+language model dropped before anything is allocated, and the towers' tensors taken from
+the checkpoint's safetensors one by one. A 7B checkpoint's encoder then holds its
+0.3-0.7B tower parameters, not the 7B it would load and throw away.
 """
 
 from __future__ import annotations
@@ -17,13 +17,15 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+from transformers import AutoConfig, AutoModelForMultimodalLM, AutoProcessor
 from transformers.utils import cached_file
 
+from prism.media.audio import AUDIO, AudioDecoder
 from prism.media.image import IMAGE, decode_image
 from prism.media.modality import Modality
 from prism.media.video import VIDEO, VideoDecoder
 from prism.rpc.errors import invalid
+from prism.services.encoder.audio import AudioPath
 from prism.transfer.tensors import DTYPES
 
 SINGLE_FILE = "model.safetensors"
@@ -109,12 +111,12 @@ def checkpoint_names(names: Iterable[str], module: str, own: set[str]) -> dict[s
     return found
 
 
-def load_vision_model(model: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
-    """The model's inner module (`model.model`) with its vision modules on `device` and no
-    language model, never having allocated the language model's weights."""
+def load_media_model(model: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """The model's inner module (`model.model`) with its towers and projectors on `device`
+    and no language model, never having allocated the language model's weights."""
     config = AutoConfig.from_pretrained(model)
     with torch.device("meta"):
-        full = AutoModelForImageTextToText.from_config(config, dtype=dtype)
+        full = AutoModelForMultimodalLM.from_config(config, dtype=dtype)
     full.eval()
     inner = full.model
     inner.language_model = None
@@ -137,7 +139,7 @@ def load_vision_model(model: str, device: torch.device, dtype: torch.dtype) -> t
     missing = {f"{m}.{own}" for m, names in wanted.items() for own in names} - set(loaded)
     if missing:
         raise ValueError(
-            f"{model}: the checkpoint lacks {len(missing)} vision weights, e.g. "
+            f"{model}: the checkpoint lacks {len(missing)} tower weights, e.g. "
             f"{sorted(missing)[:3]}"
         )
     # The tensors read become the parameters: no second copy of the weights, ever.
@@ -154,11 +156,12 @@ def load_vision_model(model: str, device: torch.device, dtype: torch.dtype) -> t
     return inner
 
 
-class VisionEncoder:
-    """The family's own HF image and video processors and vision path (tower + projector).
-    Videos are sampled by `videos` (as vLLM samples them for the model), where the model
-    takes video at all. One forward pass runs at a time: on one device, concurrent passes
-    only contend, and the batcher (prism.services.encoder.batching) makes big ones."""
+class MediaEncoder:
+    """The family's own HF image and video processors and vision path (tower + projector),
+    or its audio feature extractor and audio path. Videos are sampled by `videos` (as vLLM
+    samples them for the model), where the model takes video at all. One forward pass runs
+    at a time: on one device, concurrent passes only contend, and the batcher
+    (prism.services.encoder.batching) makes big ones."""
 
     def __init__(
         self,
@@ -171,20 +174,25 @@ class VisionEncoder:
         processor = AutoProcessor.from_pretrained(model)
         self.image_processor = getattr(processor, "image_processor", None)
         self.video_processor = getattr(processor, "video_processor", None)
+        feature_extractor = getattr(processor, "feature_extractor", None)
         self.videos = videos
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.config, self.device)
         self._lock = threading.Lock()
         # How each modality the model takes is encoded, by modality name: a batch of items'
-        # bytes to their embeddings. A model that sees nothing (Qwen2-Audio) has none: its
-        # encoder serves, and the workers encode the audio.
+        # bytes to their embeddings.
         self.encoders: dict[str, Callable[[Sequence[bytes]], list[Embedding]]] = {}
-        if self.image_processor is None:
+        if self.image_processor is None and feature_extractor is None:
             return
-        self.model = load_vision_model(model, self.device, self.dtype)
-        self.encoders[IMAGE.name] = self.encode
+        self.model = load_media_model(model, self.device, self.dtype)
+        if self.image_processor is not None:
+            self.encoders[IMAGE.name] = self.encode
         if self.video_processor is not None:
             self.encoders[VIDEO.name] = self.encode_videos
+        if feature_extractor is not None:
+            decoder = AudioDecoder(feature_extractor.sampling_rate)
+            self.audio = AudioPath(self.model, feature_extractor, decoder, self._on_device)
+            self.encoders[AUDIO.name] = self.encode_audios
 
     def takes(self, modality: Modality) -> bool:
         return modality.name in self.encoders
@@ -241,6 +249,11 @@ class VisionEncoder:
             replace(embedding, second_per_grid_ts=patch / sampled_fps(metadata))
             for embedding, (_, metadata) in zip(embeddings, decoded, strict=True)
         ]
+
+    def encode_audios(self, clips: Sequence[bytes]) -> list[Embedding]:
+        features, frames = self.audio.features(clips)
+        with self._lock, torch.inference_mode():
+            return [Embedding(tensor) for tensor in self.audio(features, frames)]
 
 
 def sampled_fps(metadata: dict) -> float:
