@@ -50,7 +50,12 @@ class LoadedAudio:
     codec: str
     sample_rate: int
     channels: int
-    seconds: float
+    # Its samples, decoded to mono at `sample_rate`.
+    frames: int
+
+    @property
+    def seconds(self) -> float:
+        return self.frames / self.sample_rate
 
     def to_proto(self) -> common_pb2.Audio:
         return common_pb2.Audio(data=self.data, mime_type=self.mime_type)
@@ -163,7 +168,7 @@ def check_audio(data: bytes, limits: AudioLimits, param: str) -> LoadedAudio:
         )
     # The samples go: the engine's worker decodes the bytes again, and a long clip's
     # samples would outweigh its file many times over while the request lasts.
-    return LoadedAudio(data, mime_type, codec, int(decoded_rate), channels, decoded)
+    return LoadedAudio(data, mime_type, codec, int(decoded_rate), channels, len(samples))
 
 
 class AudioDecoder:

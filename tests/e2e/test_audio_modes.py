@@ -71,7 +71,10 @@ def expected(model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
 def audio_mesh(request, model, expected, tmp_path_factory):
     # `expected` first: the oracle's engine is gone before the mesh's start.
     logs = tmp_path_factory.mktemp("logs")
-    running = start_mesh(FAMILY, request.param, model, logs, max_audio_seconds=30)
+    # E/P/D routes by KV: the prompt's block keys count each clip's tokens.
+    routing = "kv" if request.param == "e/p/d" else "round-robin"
+    running = start_mesh(FAMILY, request.param, model, logs, max_audio_seconds=30,
+                         routing=routing)  # fmt: skip
     yield running
     running.stop()
 
