@@ -39,7 +39,8 @@ test-net:
 
 # Not a test: Prism in each mode against `vllm serve` at concurrency 1, 8 and 32 with an image
 # per request (bench/results/latest.json), then EPD, E/PD and E/P/D with a video per request
-# (bench/results/video.json), then vLLM's own client (`vllm bench serve`, sampled) against
+# (bench/results/video.json), then every mode with a clip of audio per request
+# (bench/results/audio.json), then vLLM's own client (`vllm bench serve`, sampled) against
 # every mode and `vllm serve`, two rounds (bench/results/vllm_bench.json); all in
 # docs/benchmarks.md.
 bench:
@@ -48,6 +49,9 @@ bench:
 	$(PY) -m bench.serve --model models/tiny-llava
 	$(PY) -m bench.serve --model models/tiny-qwen2-vl --load video --modes epd,e/pd,e/p/d \
 		--concurrency 1,8 --requests 128
+	$(PY) -m prism.cli model build --family qwen2-audio --out models/tiny-qwen2-audio >/dev/null
+	$(PY) -m bench.serve --model models/tiny-qwen2-audio --load audio \
+		--modes epd,e/pd,e/p/d,ep/d --concurrency 1,8 --requests 128
 	$(PY) -m bench.vllm_bench --model models/tiny-llava
 
 # Not a test: Prism's modes beside the anchors of their shape, one run, three rounds: NVIDIA

@@ -1,6 +1,6 @@
 """Prism in each mode against `vllm serve` on the same model, the same machine, the same load.
 
-    .venv/bin/python -m bench.serve --model DIR [--load image|video]
+    .venv/bin/python -m bench.serve --model DIR [--load image|video|audio]
         [--modes epd,e/pd,e/p/d,ep/d] [--concurrency 1,8,32] [--requests 256]
         [--max-tokens 32] [--out JSON] [--doc docs/benchmarks.md] [--profile DIR]
         [--rounds N] [--repeats 16]
@@ -11,16 +11,18 @@ engine core process, so that the ratio to it is the mesh's own cost), then a
 Prism mesh per mode; with `--rounds N`, all of them N times in turn, and the report gives
 medians (each ratio the median of those measured within a round, beside its anchor).
 Each gets the same fixed set of streaming chat requests, one image (or, with `--load
-video`, one 16-frame video) each, at every concurrency level (a bounded count per level,
-after a warm-up), from the asyncio client below: requests/s, output tokens/s, time to
-first token and inter-token latency (p50, p99), and each Prism run's ratios to `vllm serve`
-measured in the same run. For the modes that move tensors, the share of request time spent
-in NIXL reads.
-The video load measures the embedding cache too: `--repeats` videos, each sent twice at
-concurrency 1 under different questions, and the time to first token of each sending.
+video`, one 16-frame video; with `--load audio`, one 2 s clip as `input_audio`) each, at
+every concurrency level (a bounded count per level, after a warm-up), from the asyncio
+client below: requests/s, output tokens/s, time to first token and inter-token latency
+(p50, p99), and each Prism run's ratios to `vllm serve` measured in the same run. For the
+modes that move tensors, the share of request time spent in NIXL reads.
+The video and audio loads measure the embedding cache too: `--repeats` items, each sent
+twice at concurrency 1 under different questions, and the time to first token of each
+sending.
 Not a test: results go to `--out` (JSON; by default bench/results/latest.json for images,
-bench/results/video.json for videos), and `--doc` is rendered again from the results files
-with them (bench/render.py), the image load's figures beside it.
+bench/results/video.json for videos, bench/results/audio.json for audio), and `--doc` is
+rendered again from the results files with them (bench/render.py), the image load's
+figures beside it.
 With `--profile`, py-spy records each Prism stage's Python process during the highest
 concurrency level (of the last round) and writes one flame graph (SVG) per stage there.
 """
@@ -54,7 +56,7 @@ from bench.lib.servers import (
 from bench.lib.shapes import DYNAMO_AGG, DYNAMO_E_PD, DYNAMO_PD, slug
 from bench.lib.stats import anchor_pairs, median_ratios, medians, shape_pairs
 
-LOADS = ("image", "video")
+LOADS = ("image", "video", "audio")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -65,9 +67,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--requests", type=int, default=256, help="per concurrency level")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--load", choices=LOADS, default="image")
-    parser.add_argument(
-        "--repeats", type=int, default=16, help="video load: videos sent twice (cache hits)"
-    )
+    parser.add_argument("--repeats", type=int, default=16, help="video, audio: items sent twice")
     parser.add_argument("--out", type=Path, help="default: bench/results/<load>.json")
     parser.add_argument("--doc", default="docs/benchmarks.md")
     parser.add_argument("--profile", type=Path, help="write py-spy flame graphs here")
@@ -113,8 +113,11 @@ def level_loads(args: argparse.Namespace, round_: int) -> dict[int, tuple[list, 
 
 def starters(args: argparse.Namespace, logs: Path) -> list[Callable[[], Server]]:
     """What starts each server, in the order they run in every round."""
-    # The same caps as a Prism mesh's defaults (--max-images 8, --max-videos 4).
-    limits = {"image": 8} if args.load == "image" else {"image": 8, "video": 4}
+    # The same caps as a Prism mesh's defaults (--max-images 8, --max-videos 4,
+    # --max-audios 4).
+    limits = {"image": {"image": 8}, "video": {"image": 8, "video": 4}, "audio": {"audio": 4}}[
+        args.load
+    ]
     out = [lambda: start_vllm(args.model, logs / "vllm-serve.log", limits)]
     if args.anchors:
         if not DYNAMO_PYTHON.exists():
@@ -212,7 +215,7 @@ def check_parity(
 
 
 def resent_once(server: Server, args: argparse.Namespace, round_: int) -> dict:
-    """The video load's media sent twice each, one request at a time."""
+    """The video or audio load's media sent twice each, one request at a time."""
     first = round_ * 10_000_000 + 9_000_000
     pairs = repeats(args.model, range(first, first + args.repeats), args.max_tokens, args.load)
     row = asyncio.run(resend(server.base_url, pairs))
@@ -243,7 +246,7 @@ def run_rounds(
             try:
                 check_parity(server, args, expected, tally)
                 rows += run_server(server, level_loads(args, round_), profile)
-                if args.load == "video" and args.repeats:
+                if args.load != "image" and args.repeats:
                     resends.append(resent_once(server, args, round_))
             except ServerFailed as exc:
                 tally.failed[index] = f"{server.name} failed: {exc}"

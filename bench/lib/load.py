@@ -1,5 +1,5 @@
-"""The load: streaming chat requests with an image or a video each, and the asyncio client
-that sends them and times every token."""
+"""The load: streaming chat requests with an image, a video or a clip of audio each, and
+the asyncio client that sends them and times every token."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import aiohttp
 import numpy as np
 from PIL import Image
 
-from bench.lib.shapes import VIDEO_FPS, VIDEO_FRAMES
+from bench.lib.shapes import AUDIO_RATE, AUDIO_SECONDS, VIDEO_FPS, VIDEO_FRAMES
 from bench.lib.stats import percentile
 from prism.media.video import encode_video
 
@@ -36,7 +36,19 @@ def video_url(seed: int) -> str:
     return "data:video/mp4;base64," + base64.b64encode(data).decode()
 
 
+def wav_base64(seed: int) -> str:
+    """Noise, different for every seed, as 16-bit mono WAV."""
+    import soundfile
+
+    samples = np.random.RandomState(seed).uniform(-0.5, 0.5, int(AUDIO_SECONDS * AUDIO_RATE))
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples.astype(np.float32), AUDIO_RATE, format="WAV")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
 def media_part(load: str, seed: int) -> dict:
+    if load == "audio":
+        return {"type": "input_audio", "input_audio": {"data": wav_base64(seed), "format": "wav"}}
     if load == "video":
         return {"type": "video_url", "video_url": {"url": video_url(seed)}}
     return {"type": "image_url", "image_url": {"url": image_url(seed)}}
@@ -55,7 +67,7 @@ def chat(model: str, content: list[dict], max_tokens: int) -> dict:
 
 
 def requests(model: str, seeds: range, max_tokens: int, load: str = "image") -> list[dict]:
-    """A fixed load: a chat per seed, each with its own image or video and question."""
+    """A fixed load: a chat per seed, each with its own image, video or clip and question."""
     return [
         chat(
             model,

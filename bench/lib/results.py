@@ -17,6 +17,7 @@ DIR = Path("bench/results")
 RECORDS = {
     "image": DIR / "latest.json",
     "video": DIR / "video.json",
+    "audio": DIR / "audio.json",
     "anchors": DIR / "anchors.json",
     "scale": DIR / "scale.json",
     "routing": DIR / "routing.json",

@@ -18,6 +18,9 @@ SHAPES = {"epd": (DYNAMO_AGG,), "e/pd": (DYNAMO_E_PD,), "ep/d": (DYNAMO_PD, "vll
 TAX = {"e/p/d": ("epd",), "ep/d": ("epd",)}
 # A short clip, every frame of which Qwen2-VL's loader takes (it samples 2 frames a second).
 VIDEO_FRAMES, VIDEO_FPS = 16, 2.0
+# A short clip of audio at Qwen2-Audio's own rate: no server resamples it (vLLM on the CPU
+# has no resampler of its own).
+AUDIO_SECONDS, AUDIO_RATE = 2.0, 16000
 # bench/routing.py's conversations: words of each system prompt, question and answer.
 SYSTEM_WORDS, QUESTION_WORDS, ANSWER_WORDS = 900, 40, 60
 
