@@ -48,7 +48,7 @@ def _model_parser(sub: argparse._SubParsersAction) -> None:
     kind.add_argument(
         "--preset",
         help="the exact architecture of a published checkpoint (qwen2-vl-2b, qwen2-vl-7b, "
-        "llava-1.5-7b), its size and dtype, for GPU benchmarks",
+        "llava-1.5-7b, qwen2-audio-7b), its size and dtype, for GPU benchmarks",
     )
     build.add_argument("--out", required=True)
     build.add_argument("--seed", type=int, default=0)

@@ -2,11 +2,11 @@
 
 `build_preset` writes a directory that both `transformers` and vLLM load, shaped like the
 published checkpoint it copies: the same config (every size, layer and head count, rope and
-vision tower settings, vocabulary size and dtype), the image processor as the checkpoint
-configures it, and sharded safetensors weights. Only the tokenizer is not the real one (it
-cannot be downloaded here): it is the tiny models' trained tokenizer with the family's
-special tokens, and the embeddings keep the published vocabulary size, the rows past the
-tokenizer being padding.
+vision or audio tower settings, vocabulary size and dtype), the image processor or audio
+feature extractor as the checkpoint configures it, and sharded safetensors weights. Only
+the tokenizer is not the real one (it cannot be downloaded here): it is the tiny models'
+trained tokenizer with the family's special tokens, and the embeddings keep the published
+vocabulary size, the rows past the tokenizer being padding.
 
 The weights are random and are streamed shard by shard, so that building a 7B model needs
 about one shard of memory rather than the whole model.
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 from transformers import (
-    AutoModelForImageTextToText,
+    AutoModelForMultimodalLM,
     CLIPImageProcessor,
     GenerationConfig,
     LlavaConfig,
@@ -31,6 +31,8 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerFast,
     ProcessorMixin,
+    Qwen2AudioConfig,
+    Qwen2AudioProcessor,
     Qwen2VLConfig,
     Qwen2VLImageProcessor,
     Qwen2VLProcessor,
@@ -42,10 +44,13 @@ from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
 from prism.devtools.tiny_models import (
     LLAVA_TEMPLATE,
+    QWEN2_AUDIO_TEMPLATE,
     QWEN2_VL_TEMPLATE,
     WEIGHTS_FILE,
     _vllm_weight_name,
     llava_tokenizer,
+    qwen2_audio_extractor,
+    qwen2_audio_tokenizer,
     qwen_tokenizer,
 )
 
@@ -55,16 +60,17 @@ INDEX_FILE = "model.safetensors.index.json"
 
 @dataclass(frozen=True)
 class Preset:
-    """A published checkpoint's architecture. `text` and `vision` hold its config.json's
-    language model and vision tower fields (transformers 5 spelling); `family` names the
-    tiny_models family whose tokenizer and chat template stand in for the real ones."""
+    """A published checkpoint's architecture. `text` and `tower` hold its config.json's
+    language model and vision or audio tower fields (transformers 5 spelling); `family`
+    names the tiny_models family whose tokenizer and chat template stand in for the real
+    ones."""
 
     checkpoint: str
     family: str
     dtype: torch.dtype
     tie_word_embeddings: bool
     text: dict[str, Any]
-    vision: dict[str, Any]
+    tower: dict[str, Any]
 
     @property
     def description(self) -> str:
@@ -112,7 +118,7 @@ PRESETS: dict[str, Preset] = {
             "num_attention_heads": 12,
             "num_key_value_heads": 2,
         },
-        vision={**_QWEN2_VL_VISION, "hidden_size": 1536},
+        tower={**_QWEN2_VL_VISION, "hidden_size": 1536},
     ),
     "qwen2-vl-7b": Preset(
         checkpoint="Qwen/Qwen2-VL-7B-Instruct",
@@ -127,7 +133,7 @@ PRESETS: dict[str, Preset] = {
             "num_attention_heads": 28,
             "num_key_value_heads": 4,
         },
-        vision={**_QWEN2_VL_VISION, "hidden_size": 3584},
+        tower={**_QWEN2_VL_VISION, "hidden_size": 3584},
     ),
     "llava-1.5-7b": Preset(
         checkpoint="llava-hf/llava-1.5-7b-hf",
@@ -154,7 +160,7 @@ PRESETS: dict[str, Preset] = {
             "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
         },
         # CLIP ViT-L/14 at 336 pixels.
-        vision={
+        tower={
             "model_type": "clip_vision_model",
             "hidden_size": 1024,
             "intermediate_size": 4096,
@@ -168,6 +174,40 @@ PRESETS: dict[str, Preset] = {
             "initializer_range": 0.02,
         },
     ),
+    "qwen2-audio-7b": Preset(
+        checkpoint="Qwen/Qwen2-Audio-7B-Instruct",
+        family="qwen2-audio",
+        dtype=torch.bfloat16,
+        tie_word_embeddings=False,
+        # Qwen-7B's shape: the released config.json gives its vocabulary, feed-forward width
+        # and context, and leaves the rest at Qwen2's defaults, spelled out here.
+        text={
+            "model_type": "qwen2",
+            "vocab_size": 156032,
+            "hidden_size": 4096,
+            "intermediate_size": 11008,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 32,
+            "hidden_act": "silu",
+            "max_position_embeddings": 8192,
+            "rms_norm_eps": 1e-5,
+            "initializer_range": 0.02,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+        # Whisper-large-v3's encoder: 128 mel bins, a 30 s window (1500 positions).
+        tower={
+            "model_type": "qwen2_audio_encoder",
+            "num_mel_bins": 128,
+            "encoder_layers": 32,
+            "encoder_attention_heads": 20,
+            "encoder_ffn_dim": 5120,
+            "d_model": 1280,
+            "activation_function": "gelu",
+            "scale_embedding": False,
+            "max_source_positions": 1500,
+        },
+    ),
 }
 
 
@@ -178,13 +218,17 @@ def _preset(name: str) -> Preset:
 
 
 def _family_tokenizer(family: str) -> PreTrainedTokenizerFast:
-    return {"llava": llava_tokenizer, "qwen2-vl": qwen_tokenizer}[family]()
+    return {
+        "llava": llava_tokenizer,
+        "qwen2-vl": qwen_tokenizer,
+        "qwen2-audio": qwen2_audio_tokenizer,
+    }[family]()
 
 
 def _qwen2_vl_config(preset: Preset, tokenizer: PreTrainedTokenizerFast) -> PreTrainedConfig:
     ids = tokenizer.convert_tokens_to_ids
     return Qwen2VLConfig(
-        vision_config=preset.vision,
+        vision_config=preset.tower,
         text_config={
             **preset.text,
             "bos_token_id": ids("<|endoftext|>"),
@@ -201,9 +245,9 @@ def _qwen2_vl_config(preset: Preset, tokenizer: PreTrainedTokenizerFast) -> PreT
 
 
 def _llava_config(preset: Preset, tokenizer: PreTrainedTokenizerFast) -> PreTrainedConfig:
-    patches = preset.vision["image_size"] // preset.vision["patch_size"]
+    patches = preset.tower["image_size"] // preset.tower["patch_size"]
     return LlavaConfig(
-        vision_config=preset.vision,
+        vision_config=preset.tower,
         text_config={
             **preset.text,
             "bos_token_id": tokenizer.bos_token_id,
@@ -226,9 +270,9 @@ def _llava_config(preset: Preset, tokenizer: PreTrainedTokenizerFast) -> PreTrai
 def _qwen2_vl_processor(preset: Preset, tokenizer: PreTrainedTokenizerFast) -> ProcessorMixin:
     # The published preprocessor_config.json: min_pixels 3136 and max_pixels 12845056.
     common = {
-        "patch_size": preset.vision["patch_size"],
-        "merge_size": preset.vision["spatial_merge_size"],
-        "temporal_patch_size": preset.vision["temporal_patch_size"],
+        "patch_size": preset.tower["patch_size"],
+        "merge_size": preset.tower["spatial_merge_size"],
+        "temporal_patch_size": preset.tower["temporal_patch_size"],
         "size": {"shortest_edge": 3136, "longest_edge": 12845056},
         "image_mean": OPENAI_CLIP_MEAN,
         "image_std": OPENAI_CLIP_STD,
@@ -243,7 +287,7 @@ def _qwen2_vl_processor(preset: Preset, tokenizer: PreTrainedTokenizerFast) -> P
 
 
 def _llava_processor(preset: Preset, tokenizer: PreTrainedTokenizerFast) -> ProcessorMixin:
-    image = preset.vision["image_size"]
+    image = preset.tower["image_size"]
     return LlavaProcessor(
         image_processor=CLIPImageProcessor(
             size={"shortest_edge": image},
@@ -252,11 +296,34 @@ def _llava_processor(preset: Preset, tokenizer: PreTrainedTokenizerFast) -> Proc
             image_std=OPENAI_CLIP_STD,
         ),
         tokenizer=tokenizer,
-        patch_size=preset.vision["patch_size"],
+        patch_size=preset.tower["patch_size"],
         # CLIP's class token.
         num_additional_image_tokens=1,
         vision_feature_select_strategy="default",
         chat_template=LLAVA_TEMPLATE,
+    )
+
+
+def _qwen2_audio_config(preset: Preset, tokenizer: PreTrainedTokenizerFast) -> PreTrainedConfig:
+    ids = tokenizer.convert_tokens_to_ids
+    return Qwen2AudioConfig(
+        audio_config=preset.tower,
+        text_config={
+            **preset.text,
+            "bos_token_id": ids("<|endoftext|>"),
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+            "tie_word_embeddings": preset.tie_word_embeddings,
+        },
+        audio_token_index=ids("<|AUDIO|>"),
+        tie_word_embeddings=preset.tie_word_embeddings,
+        dtype=preset.dtype,
+    )
+
+
+def _qwen2_audio_processor(preset: Preset, tokenizer: PreTrainedTokenizerFast) -> ProcessorMixin:
+    return Qwen2AudioProcessor(
+        qwen2_audio_extractor(), tokenizer, chat_template=QWEN2_AUDIO_TEMPLATE
     )
 
 
@@ -270,6 +337,9 @@ class _Family:
 _FAMILIES = {
     "qwen2-vl": _Family("Qwen2VLForConditionalGeneration", _qwen2_vl_config, _qwen2_vl_processor),
     "llava": _Family("LlavaForConditionalGeneration", _llava_config, _llava_processor),
+    "qwen2-audio": _Family(
+        "Qwen2AudioForConditionalGeneration", _qwen2_audio_config, _qwen2_audio_processor
+    ),
 }
 
 
@@ -297,7 +367,7 @@ class _Weight:
 
 def _meta_model(config: PreTrainedConfig) -> PreTrainedModel:
     with torch.device("meta"):
-        return AutoModelForImageTextToText.from_config(config)
+        return AutoModelForMultimodalLM.from_config(config)
 
 
 def _weights(config: PreTrainedConfig, tokens: int | None) -> dict[str, _Weight]:

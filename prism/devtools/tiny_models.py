@@ -409,14 +409,24 @@ def _qwen2_5_vl(size: TextSize) -> tuple[PreTrainedModel, ProcessorMixin]:
     return model, _qwen_processor(Qwen2_5_VLProcessor, tokenizer)
 
 
-def _qwen2_audio(size: TextSize) -> tuple[PreTrainedModel, ProcessorMixin]:
-    tokenizer = _tokenizer(
+def qwen2_audio_tokenizer() -> PreTrainedTokenizerFast:
+    return _tokenizer(
         ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_bos|>", "<|AUDIO|>",
          "<|audio_eos|>"],
         QWEN2_AUDIO_TEMPLATE,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
     )  # fmt: skip
+
+
+def qwen2_audio_extractor() -> WhisperFeatureExtractor:
+    """Qwen2-Audio's released feature extractor: Whisper's, with 128 mel bins (16 kHz, a
+    30 s window, 10 ms hops)."""
+    return WhisperFeatureExtractor(feature_size=128, return_attention_mask=True)
+
+
+def _qwen2_audio(size: TextSize) -> tuple[PreTrainedModel, ProcessorMixin]:
+    tokenizer = qwen2_audio_tokenizer()
     config = Qwen2AudioConfig(
         # The released model's mel bins and 30 s window (1500 positions, which its encoder
         # requires of every input); a narrow, shallow tower.
@@ -438,8 +448,10 @@ def _qwen2_audio(size: TextSize) -> tuple[PreTrainedModel, ProcessorMixin]:
     )
     model = Qwen2AudioForConditionalGeneration(config)
     _scale([model.model.multi_modal_projector.linear])
-    extractor = WhisperFeatureExtractor(feature_size=128, return_attention_mask=True)
-    return model, Qwen2AudioProcessor(extractor, tokenizer, chat_template=QWEN2_AUDIO_TEMPLATE)
+    processor = Qwen2AudioProcessor(
+        qwen2_audio_extractor(), tokenizer, chat_template=QWEN2_AUDIO_TEMPLATE
+    )
+    return model, processor
 
 
 _BUILDERS: dict[str, Callable[[TextSize], tuple[PreTrainedModel, ProcessorMixin]]] = {

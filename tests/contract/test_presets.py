@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+from transformers import AutoConfig, AutoModelForMultimodalLM, AutoProcessor, AutoTokenizer
 
 from prism.devtools import presets
 from prism.devtools.presets import INDEX_FILE, PRESETS, Preset, build_preset, preset_config
@@ -19,12 +19,13 @@ PUBLISHED_PARAMETERS = {
     "qwen2-vl-2b": 2_208_985_600,
     "qwen2-vl-7b": 8_291_375_616,
     "llava-1.5-7b": 7_063_427_072,
+    "qwen2-audio-7b": 8_397_094_912,
 }
 
 
 def _meta_parameters(config) -> int:
     with torch.device("meta"):
-        model = AutoModelForImageTextToText.from_config(config)
+        model = AutoModelForMultimodalLM.from_config(config)
     # parameters() yields a tied weight once.
     return sum(parameter.numel() for parameter in model.parameters())
 
@@ -95,12 +96,36 @@ def test_llava_config_is_published() -> None:
     assert config.image_seq_length == 576
 
 
+def test_qwen2_audio_config_is_published() -> None:
+    config = preset_config("qwen2-audio-7b")
+    text, audio = config.text_config, config.audio_config
+    assert config.architectures == ["Qwen2AudioForConditionalGeneration"]
+    assert config.dtype == torch.bfloat16
+    assert not config.tie_word_embeddings
+    assert (text.hidden_size, text.num_hidden_layers, text.intermediate_size) == (4096, 32, 11008)
+    assert (text.num_attention_heads, text.num_key_value_heads) == (32, 32)
+    assert (text.vocab_size, text.max_position_embeddings) == (156032, 8192)
+    assert text.rms_norm_eps == 1e-5
+    assert text.rope_parameters["rope_theta"] == 10000
+    assert (audio.d_model, audio.encoder_layers, audio.encoder_attention_heads) == (1280, 32, 20)
+    assert (audio.encoder_ffn_dim, audio.num_mel_bins, audio.max_source_positions) == (
+        5120,
+        128,
+        1500,
+    )
+    assert (audio.activation_function, audio.scale_embedding) == ("gelu", False)
+
+
+PLACEHOLDERS = {"llava": "<image>", "qwen2-vl": "<|image_pad|>", "qwen2-audio": "<|AUDIO|>"}
+
+
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_special_token_ids_are_the_tokenizers(name: str) -> None:
     tokenizer = presets._family_tokenizer(PRESETS[name].family)
     config = preset_config(name, tokenizer)
-    image_token = "<image>" if PRESETS[name].family == "llava" else "<|image_pad|>"
-    assert config.image_token_id == tokenizer.convert_tokens_to_ids(image_token)
+    placeholder = tokenizer.convert_tokens_to_ids(PLACEHOLDERS[PRESETS[name].family])
+    audio = PRESETS[name].family == "qwen2-audio"
+    assert (config.audio_token_index if audio else config.image_token_id) == placeholder
     assert config.text_config.eos_token_id == tokenizer.eos_token_id
     assert max(tokenizer.all_special_ids) < len(tokenizer) < config.text_config.vocab_size
 
@@ -126,15 +151,19 @@ SHRUNK = {
         {**SHRUNK_TEXT, "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 2064},
         {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2},
     ),
+    "qwen2-audio-7b": (
+        {**SHRUNK_TEXT, "num_attention_heads": 2, "num_key_value_heads": 2, "vocab_size": 2080},
+        {"d_model": 64, "encoder_layers": 2, "encoder_attention_heads": 2, "encoder_ffn_dim": 128},
+    ),
 }
 SHARD_BYTES = 1 << 20
 
 
 def _shrunk(name: str) -> Preset:
     preset = PRESETS[name]
-    text, vision = SHRUNK[name]
+    text, tower = SHRUNK[name]
     return dataclasses.replace(
-        preset, text={**preset.text, **text}, vision={**preset.vision, **vision}
+        preset, text={**preset.text, **text}, tower={**preset.tower, **tower}
     )
 
 
@@ -157,7 +186,7 @@ def _saved(out: pathlib.Path) -> dict[str, torch.Tensor]:
 
 def test_checkpoint_loads_without_key_mismatches_in_the_preset_dtype(shrunk) -> None:
     _, preset, _, out = shrunk
-    model, info = AutoModelForImageTextToText.from_pretrained(out, output_loading_info=True)
+    model, info = AutoModelForMultimodalLM.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"]
     assert not info["unexpected_keys"]
     assert not info["mismatched_keys"]
@@ -190,7 +219,7 @@ def test_weights_are_sharded_and_named_as_save_pretrained_names_them(shrunk, tmp
         assert len(names) == 1 or sum(saved[name].nbytes for name in names) <= SHARD_BYTES
     # A materialised model of the same config, saved by transformers, renamed as the tiny
     # builder renames it for vLLM.
-    model = AutoModelForImageTextToText.from_config(config)
+    model = AutoModelForMultimodalLM.from_config(config)
     model.save_pretrained(tmp_path)
     expected = {_vllm_weight_name(name) for name in _saved(tmp_path)}
     assert set(saved) == expected
@@ -216,6 +245,20 @@ def test_norms_are_ones_biases_zeros_and_matrices_random(shrunk) -> None:
 def test_processor_is_configured_as_published(shrunk) -> None:
     _, preset, config, out = shrunk
     processor = AutoProcessor.from_pretrained(out)
+    loaded = AutoConfig.from_pretrained(out)
+    assert loaded.dtype == preset.dtype
+    assert _fields(loaded.to_dict()) == _fields(config.to_dict())
+    if preset.family == "qwen2-audio":
+        # The released preprocessor_config.json.
+        extractor = processor.feature_extractor
+        assert (extractor.sampling_rate, extractor.feature_size) == (16000, 128)
+        assert extractor.n_fft == 400
+        assert (extractor.hop_length, extractor.chunk_length, extractor.nb_max_frames) == (
+            160,
+            30,
+            3000,
+        )
+        return
     images = processor.image_processor
     assert list(images.image_mean) == pytest.approx([0.48145466, 0.4578275, 0.40821073])
     assert list(images.image_std) == pytest.approx([0.26862954, 0.26130258, 0.27577711])
@@ -228,9 +271,6 @@ def test_processor_is_configured_as_published(shrunk) -> None:
         assert processor.patch_size == 14
         assert processor.num_additional_image_tokens == 1
         assert processor.vision_feature_select_strategy == "default"
-    loaded = AutoConfig.from_pretrained(out)
-    assert loaded.dtype == preset.dtype
-    assert _fields(loaded.to_dict()) == _fields(config.to_dict())
 
 
 def _fields(config: dict[str, Any]) -> dict[str, Any]:
