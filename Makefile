@@ -1,7 +1,7 @@
 PY := .venv/bin/python
 
 .PHONY: setup demo test test-unit test-net lint protos check-protos bench bench-transfer bench-encoder bench-modes \
-	bench-routing bench-choices bench-anchors bench-scale bench-planner manifests docs bundle verify-gpu
+	bench-routing bench-choices bench-anchors bench-scale bench-planner bench-planner-vllm manifests docs bundle verify-gpu
 
 # Prism in .venv; checkov in .venv-checkov, apart (make lint).
 setup:
@@ -95,6 +95,12 @@ bench-routing:
 bench-planner:
 	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
 	$(PY) -m bench.planner --model models/tiny-llava
+
+# Not a test: the same step load on real vLLM engines (the tiny LLaVA), fixed splits of
+# three replicas against the planner; bench/results/planner-vllm.json.
+bench-planner-vllm:
+	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
+	$(PY) -m bench.planner --model models/tiny-llava --engine vllm --budget 3 --fixed 1+2,2+1
 
 # Not a test: TTFT and total latency of one request in each mode, on the tiny LLaVA.
 bench-choices:

@@ -1,9 +1,10 @@
 """The planner against fixed replica splits, on a load that steps from text chats to
-image-heavy requests and back: E/PD, simulated workers, encoders whose vision tower is
-made as slow as a larger one's (`--sim-encode-ms`).
+image-heavy requests and back: E/PD, simulated workers (or real vLLM engines with
+`--engine vllm`), encoders whose vision tower is made as slow as a larger one's
+(`--sim-encode-ms`).
 
-    .venv/bin/python -m bench.planner --model DIR [--phase-s 60] [--budget 4]
-        [--fixed 1+3,2+2,3+1] [--out JSON] [--doc docs/benchmarks.md]
+    .venv/bin/python -m bench.planner --model DIR [--engine sim|vllm] [--phase-s 60]
+        [--budget 4] [--fixed 1+3,2+2,3+1] [--out JSON] [--doc docs/benchmarks.md]
 
 The load is open (requests arrive at a rate, as users do, whatever the mesh's pace):
 text chats with long answers (the workers' load), then requests with several images and
@@ -34,6 +35,7 @@ from bench.lib.load import ServerFailed, image_url, one
 from bench.lib.metrics import counter
 from bench.lib.report import planner_section, publish
 from bench.lib.results import RECORDS, save, stamp
+from bench.lib.stats import percentile
 from bench.lib.text import words
 from prism.runtime.ports import free_port
 
@@ -69,14 +71,14 @@ class Load:
 class Served:
     """`prism serve` with `args`, until `stop`."""
 
-    def __init__(self, model: str, args: list[str], log: Path) -> None:
+    def __init__(self, model: str, engine: str, args: list[str], log: Path) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         status = log.with_suffix(".json")
         with open(log, "w") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "prism.cli", "--log-level", "info", "serve",
-                 "--mode", "e/pd", "--model", model, "--engine", "sim", "--front-workers", "1",
+                 "--mode", "e/pd", "--model", model, "--engine", engine, "--front-workers", "1",
                  "--http-port", str(self.port), "--status-file", str(status), *args],
                 stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
@@ -164,9 +166,13 @@ def summarize(name: str, run: dict, load: Load) -> dict:
         "replicas": run["replicas"],
     }
     for number, phase in enumerate(PHASES):
-        row[f"attainment_{number}_{phase}"] = attainment(
-            [o for o in outcomes if o["phase"] == number], load
-        )
+        within = [o for o in outcomes if o["phase"] == number]
+        row[f"attainment_{number}_{phase}"] = attainment(within, load)
+        # Which goal a phase missed, when it did.
+        answered = [o for o in within if o["ok"]]
+        for goal in ("ttft_s", "itl_s"):
+            values = [o[goal] for o in answered]
+            row[f"{goal}_p90_{number}_{phase}"] = percentile(values, 90) if values else None
     errors = sorted({o["error"] for o in outcomes if not o["ok"]})
     if errors:
         row["errors"] = errors[:5]
@@ -175,9 +181,11 @@ def summarize(name: str, run: dict, load: Load) -> dict:
 
 def mesh_flags(args: argparse.Namespace) -> list[str]:
     """The timing every run shares, and the goals."""
-    return ["--sim-max-num-seqs", str(args.seqs), "--sim-decode-step-ms", str(args.step_ms),
-            "--sim-encode-ms", str(args.encode_ms), "--ttft-slo-ms", str(args.ttft_slo_ms),
-            "--itl-slo-ms", str(args.itl_slo_ms)]  # fmt: skip
+    flags = ["--sim-encode-ms", str(args.encode_ms), "--ttft-slo-ms", str(args.ttft_slo_ms),
+             "--itl-slo-ms", str(args.itl_slo_ms)]  # fmt: skip
+    if args.engine == "sim":
+        flags += ["--sim-max-num-seqs", str(args.seqs), "--sim-decode-step-ms", str(args.step_ms)]
+    return flags
 
 
 def runs(args: argparse.Namespace) -> list[tuple[str, list[str], dict[str, int]]]:
@@ -202,6 +210,8 @@ def runs(args: argparse.Namespace) -> list[tuple[str, list[str], dict[str, int]]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
+    parser.add_argument("--engine", choices=("sim", "vllm"), default="sim",
+                        help="the workers' engine: simulated, or vLLM's tiny model")  # fmt: skip
     parser.add_argument("--phase-s", type=float, default=60.0)
     parser.add_argument("--rate", type=float, default=10.0, help="requests a second")
     parser.add_argument("--images", type=int, default=4, help="images per image request")
@@ -217,16 +227,17 @@ def main() -> None:
     parser.add_argument("--interval-s", type=float, default=1.0, help="the planner's interval")
     parser.add_argument("--cooldown-s", type=float, default=4.0)
     parser.add_argument("--warm-spares", type=int, default=1)
-    parser.add_argument("--out", type=Path, default=RECORDS["planner"])
+    parser.add_argument("--out", type=Path, help="default: the engine's record")
     parser.add_argument("--doc", type=Path, default=Path("docs/benchmarks.md"))
     args = parser.parse_args()
+    record = "planner" if args.engine == "sim" else f"planner_{args.engine}"
+    args.out = args.out or RECORDS[record]
     load = Load(args)
     logs = Path(tempfile.mkdtemp(prefix="prism-bench-planner-"))
     rows = []
     for name, flags, fixed in runs(args):
-        served = Served(
-            args.model, [*mesh_flags(args), *flags], logs / f"{name.replace(' ', '-')}.log"
-        )
+        log = logs / f"{name.replace(' ', '-')}.log"
+        served = Served(args.model, args.engine, [*mesh_flags(args), *flags], log)
         try:
             row = summarize(name, asyncio.run(drive(served, load, args.phase_s, fixed)), load)
         finally:
@@ -248,7 +259,7 @@ def main() -> None:
         "planner_vs_best_fixed": planned["attainment"] / max(best_fixed["attainment"], 1e-9),
     }
     save(args.out, result)
-    publish(args.doc, {"planner": result})
+    publish(args.doc, {record: result})
     print(planner_section(result))
     print(f"logs in {logs}")
 

@@ -35,8 +35,8 @@ def draw(directory: Path, rows: list[dict]) -> None:
         plt.close(figure)
 
 
-def draw_replicas(directory: Path, result: dict) -> None:
-    """benchmarks-planner.png: each run's replicas of each role over the step load."""
+def draw_replicas(path: Path, result: dict) -> None:
+    """The figure at `path`: each run's replicas of each role over the step load."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -62,5 +62,5 @@ def draw_replicas(directory: Path, result: dict) -> None:
     panes[0].legend(loc="upper right", fontsize=8)
     panes[-1].set_xlabel("seconds (" + " | ".join(result["phases"]) + ")")
     figure.tight_layout()
-    figure.savefig(directory / "benchmarks-planner.png", dpi=110)
+    figure.savefig(path, dpi=110)
     plt.close(figure)

@@ -361,14 +361,20 @@ def resent_lines(load: str, resent: list[dict]) -> list[str]:
 
 def planner_section(result: dict) -> str:
     settings = result["settings"]
+    real = settings.get("engine", "sim") == "vllm"
     count = settings.get("warm_spares", 0)
     spares = f"; {count} warm spare a role, started and not serving until promoted" if count else ""
+    workers = "real vLLM engines (the CPU build)"
+    if not real:
+        workers = (
+            f"simulated workers ({settings['seqs']} sequences each, "
+            f"{settings['step_ms']:g} ms a step)"
+        )
     lines = [
-        "## The planner on a step load",
+        "## The planner on a step load" + (", real engines" if real else ""),
         "",
-        f"Written by `make bench-planner` on {result['when']} ({result['machine']}). Model: "
-        f"{result['model']}; E/PD on simulated workers ({settings['seqs']} sequences each, "
-        f"{settings['step_ms']:g} ms a step), encoders whose vision tower takes "
+        f"Written by `make {planner_target(result)}` on {result['when']} ({result['machine']}). "
+        f"Model: {result['model']}; E/PD on {workers}, encoders whose vision tower takes "
         f"{settings['encode_ms']:g} ms more per image (`--sim-encode-ms`). The load is open, "
         f"{settings['rate']:g} requests/s, in three phases of {settings['phase_s']:g} s: "
         f"text chats answered in {settings['text_tokens']} tokens, then requests with "
@@ -378,10 +384,13 @@ def planner_section(result: dict) -> str:
         "requests that met both (a failed one did not). Fixed runs: encoders+workers, "
         f"{settings['budget']} replicas in all; the planner starts from one of each within "
         f"the same budget (interval {settings.get('interval_s', 2):g} s, cool-down "
-        f"{settings['cooldown_s']:g} s{spares}).",
+        f"{settings['cooldown_s']:g} s{spares}). Replicas, mean: those serving, sampled "
+        "every second (warm spares not counted).",
         "",
-        "| run | attainment | " + " | ".join(result["phases"]) + " | req/s | failed |",
-        "|---|---:|" + "---:|" * len(result["phases"]) + "---:|---:|",
+        "| run | attainment | "
+        + " | ".join(result["phases"])
+        + " | req/s | failed | replicas, mean |",
+        "|---|---:|" + "---:|" * len(result["phases"]) + "---:|---:|---:|",
     ]
     for row in result["rows"]:
         phases = " | ".join(
@@ -389,19 +398,37 @@ def planner_section(result: dict) -> str:
         )
         lines.append(
             f"| {row['run']} | {row['attainment']:.0%} | {phases} "
-            f"| {row['requests_per_s']:.2f} | {row['failed']} |"
+            f"| {row['requests_per_s']:.2f} | {row['failed']} | {mean_replicas(row):.2f} |"
         )
     lines += [
         "",
         f"The planner's attainment is {result['planner_vs_best_fixed']:.2f}x the best fixed "
         f"split's ({result['best_fixed']}).",
         "",
-        "![replicas over time](benchmarks-planner.png)",
+        f"![replicas over time]({planner_figure(result)})",
         "",
     ]
-    if (NOTES / "planner.md").exists():
-        lines.append((NOTES / "planner.md").read_text())
+    notes = NOTES / ("planner-vllm.md" if real else "planner.md")
+    if notes.exists():
+        lines.append(notes.read_text())
     return "\n".join(lines)
+
+
+def mean_replicas(row: dict) -> float:
+    """What a run cost: the replicas serving (warm spares not counted), on average over
+    its samples."""
+    samples = row["replicas"]
+    return sum(s["encoder"] + s["worker"] for s in samples) / max(1, len(samples))
+
+
+def planner_target(result: dict) -> str:
+    return "bench-planner-vllm" if result["settings"].get("engine") == "vllm" else "bench-planner"
+
+
+def planner_figure(result: dict) -> str:
+    """The file name of a planner run's figure, beside the page."""
+    real = result["settings"].get("engine") == "vllm"
+    return "benchmarks-planner-vllm.png" if real else "benchmarks-planner.png"
 
 
 # The sections after the loads', in the page's order, by the record each renders.
@@ -410,6 +437,7 @@ SECTIONS = {
     "scale": scale_section,
     "routing": routing_section,
     "planner": planner_section,
+    "planner_vllm": planner_section,
     "choices": choices_section,
     "vllm_bench": vllm_bench_section,
 }
@@ -430,5 +458,6 @@ def publish(doc: Path, latest: dict[str, dict[str, Any]] | None = None) -> None:
     doc.write_text(page(shown))
     if "image" in shown:
         draw(doc.parent, shown["image"]["rows"])
-    if "planner" in shown:
-        draw_replicas(doc.parent, shown["planner"])
+    for name in ("planner", "planner_vllm"):
+        if name in shown:
+            draw_replicas(doc.parent / planner_figure(shown[name]), shown[name])

@@ -24,6 +24,7 @@ RECORDS = {
     "choices": DIR / "choices.json",
     "vllm_bench": DIR / "vllm_bench.json",
     "planner": DIR / "planner.json",
+    "planner_vllm": DIR / "planner-vllm.json",
 }
 
 

@@ -111,7 +111,7 @@ class Planner:
                 change.role, self.state.desired[change.role], change.replicas, change.reason,
                 _ms(seen.ttft_s), _ms(seen.itl_s),
                 {role: _ms(s) for role, s in (seen.first_reply_s or {}).items()},
-                {role: round(seen.busy(role), 1) for role in self.roles.all},
+                {str(role): round(seen.busy(role), 1) for role in self.roles.all},
             )  # fmt: skip
             self.state.changed_at[change.role] = now
             self._apply(change)
