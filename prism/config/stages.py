@@ -24,6 +24,7 @@ from prism.config.common import (
 )
 from prism.config.flags import Flags, flag, nested
 from prism.config.planner import PlannerConfig
+from prism.gateway.openai.responses import store as responses
 from prism.modes import MODES, EngineRole
 from prism.registry.config import ConnectConfig, PeersConfig, RegistryConfig
 from prism.services.worker.sim_engine import SimConfig
@@ -182,6 +183,18 @@ class GatewayConfig(Flags):
         0,
         "also serve KServe v2 gRPC (inference.GRPCInferenceService, as Triton with its "
         "vLLM backend) on this port (0: not served)",
+    )
+    responses_store_size: int = flag(
+        responses.MAX_ENTRIES,
+        "responses the Responses API keeps for previous_response_id and GET (the oldest "
+        "goes first; 0: none kept)",
+    )
+    responses_ttl_s: float = flag(responses.TTL_S, "seconds a stored response is kept", metavar="S")
+    responses_store: str = flag(
+        "",
+        "a SQLite file for the stored responses, which fronts that share it all find "
+        "(default: this process's memory; prism serve --front-workers N gives its fronts one)",
+        metavar="PATH",
     )
 
 

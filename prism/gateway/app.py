@@ -19,6 +19,8 @@ from prism.gateway import health, middleware
 from prism.gateway.client import GrpcProcessorClient, ProcessorClient
 from prism.gateway.kserve import servicer as kserve
 from prism.gateway.openai import chat, completions, models
+from prism.gateway.openai.responses import router as responses
+from prism.gateway.openai.responses.store import ResponseStore
 from prism.registry import Instance, Registry, advertise_host, instance, open_registry
 from prism.routing import Router
 from prism.rpc.errors import PrismError
@@ -42,11 +44,13 @@ def create_app(
     kserve_address: str = "",
     shutdown_grace_s: float = 10.0,
     processor: ProcessorClient | None = None,
+    stored: ResponseStore | None = None,
 ) -> FastAPI:
     """The app, routing to the processors `router` finds (or calling `processor`, if
     given, with its own deadline); registered as `me` if given. With `api_key`, /v1
     requests need it as a Bearer token. With `kserve_address`, KServe v2 gRPC is served
-    there too, with the same key, bound and deadline."""
+    there too, with the same key, bound and deadline. `stored`: the Responses API's store
+    (by default, one in memory with the flags' defaults)."""
     processor = processor or GrpcProcessorClient(router, request_timeout)
     # One bound on generations in flight, whichever door they came in by.
     limit = InFlightLimit(max_in_flight, "generations")
@@ -62,12 +66,13 @@ def create_app(
     )
     app = FastAPI(title="Prism", lifespan=lifespan)
     app.state.processor = processor
+    app.state.responses = stored or ResponseStore()
     tracing.instrument_app(app, "gateway")
     # Outermost, so that the id is set before the request's span and every log line.
     app.add_middleware(middleware.FrontDoor, api_key=api_key, limit=limit)
     app.add_exception_handler(PrismError, middleware.prism_error)
     app.add_exception_handler(HTTPException, middleware.http_error)
-    for endpoints in (health, models, chat, completions):
+    for endpoints in (health, models, chat, completions, responses):
         app.include_router(endpoints.router)
     return app
 
@@ -136,6 +141,7 @@ def build(
         kserve_address=f"{host}:{kserve_port}" if kserve_port else "",
         shutdown_grace_s=shutdown_grace_s,
         processor=processor,
+        stored=ResponseStore.of(gateway),
     )
 
 

@@ -9,10 +9,11 @@ import dataclasses
 import functools
 import ipaddress
 import os
+import tempfile
 from collections.abc import Callable
 
 from prism.config.common import AddressConfig, LimitConfig, MetricsConfig
-from prism.config.stages import HttpConfig, MeshConfig, ProcessorConfig
+from prism.config.stages import GatewayConfig, HttpConfig, MeshConfig, ProcessorConfig
 from prism.modes import MeshRole
 from prism.ops.stage_process import StageProcess, grpc_stage, http_ok
 from prism.rpc.channel import check_health
@@ -89,7 +90,7 @@ def plan(
             env=env,
         )  # fmt: skip
         return [processor, gateway]
-    argv = [*argv, *http.to_argv(), *config.gateway.to_argv()]
+    argv = [*argv, *http.to_argv(), *_shared_store(config, workers, http).to_argv()]
     if workers == 1:
         front = grpc_stage("front", grpc_host, [*head, "front", *model(config), *argv],
                            port=config.serve.grpc_port, reach=reach)  # fmt: skip
@@ -116,6 +117,16 @@ def plan(
         front.env.update(env)
         shared.append(front)
     return shared
+
+
+def _shared_store(config: MeshConfig, workers: int, http: HttpConfig) -> GatewayConfig:
+    """The gateway's flags; fronts that share the ports share one response store too (a
+    follow-up reaches whichever the kernel picks), in a file named by the HTTP port, so
+    that a restart on it finds the conversations that have not expired."""
+    if workers == 1 or config.gateway.responses_store:
+        return config.gateway
+    path = os.path.join(tempfile.gettempdir(), f"prism-responses-{http.http_port}.sqlite3")
+    return dataclasses.replace(config.gateway, responses_store=path)
 
 
 def _front_healthy(own_health: str, doors_healthy: Callable[[], bool]) -> bool:

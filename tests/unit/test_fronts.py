@@ -42,6 +42,9 @@ def test_fronts_share_the_ports_and_the_bound_and_have_their_own_health():
         assert flag(stage.argv, "--max-in-flight") == ["33"]
         assert flag(stage.argv, "--consul-id-suffix") == [f"front-{i}"]
         assert flag(stage.argv, "--registry") == ["consul://127.0.0.1:8500"]
+    # One store of responses: a follow-up finds its first turn at any of them.
+    (store,) = {tuple(flag(stage.argv, "--responses-store")) for stage in shared}
+    assert store[0].endswith(f"prism-responses-{config.http.http_port}.sqlite3")
     health_ports = {flag(stage.argv, "--health-port")[0] for stage in shared}
     metrics = {stage.metrics_url for stage in shared}
     assert len(health_ports) == len(metrics) == 3
@@ -55,6 +58,7 @@ def test_one_front_keeps_its_name_and_the_whole_bound():
     (front,) = [s for s in plan(mesh_config("epd", "m", engine="sim")) if s.name == "front"]
     assert flag(front.argv, "--max-in-flight") == ["256"]
     assert "--reuse-port" not in front.argv and "--health-port" not in front.argv
+    assert "--responses-store" not in front.argv
 
 
 def test_a_split_front_is_one_gateway_and_one_processor():

@@ -1,0 +1,1 @@
+"""OpenAI's Responses API: its items as chat messages, its answer and events, its store."""

@@ -1,0 +1,105 @@
+"""Stored responses: what `previous_response_id` continues and `GET /v1/responses/{id}`
+returns, bounded in count and age. In SQLite (the standard library's): in this process's
+memory, or in a file that the fronts of one `prism serve --front-workers N` share (the
+kernel hands a follow-up to any of them)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+from prism.rpc.errors import PrismError
+
+if TYPE_CHECKING:
+    from prism.config.stages import GatewayConfig
+
+# The flags' defaults (--responses-store-size, --responses-ttl-s).
+MAX_ENTRIES = 1000
+TTL_S = 3600.0
+SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS responses "
+    "(id TEXT PRIMARY KEY, at REAL NOT NULL, response TEXT NOT NULL, messages TEXT NOT NULL)"
+)
+
+
+@dataclass(frozen=True)
+class Stored:
+    """A response as sent, and the chat messages of its turn (instructions left out: they
+    do not carry over to the next turn, as in OpenAI's API and vLLM's server)."""
+
+    response: dict[str, Any]
+    messages: list[dict[str, Any]]
+
+
+class ResponseStore:
+    """At most `max_entries` (the oldest go first; 0: none kept), each for `ttl_s`."""
+
+    def __init__(
+        self,
+        max_entries: int = MAX_ENTRIES,
+        ttl_s: float = TTL_S,
+        path: str = "",
+        timer: Callable[[], float] = time.time,
+    ) -> None:
+        self.max_entries = max_entries
+        self.ttl_s = ttl_s
+        self._timer = timer
+        # One connection, used under a lock: the calls are short, and the app's threads
+        # and its loop may both come here.
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(
+            path or ":memory:", timeout=10, isolation_level=None, check_same_thread=False
+        )
+        if path:
+            # Readers and a writer at once, across the processes that share the file.
+            self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(SCHEMA)
+
+    @classmethod
+    def of(cls, config: GatewayConfig) -> ResponseStore:
+        return cls(config.responses_store_size, config.responses_ttl_s, config.responses_store)
+
+    def put(self, stored: Stored) -> None:
+        if self.max_entries <= 0:
+            return
+        now = self._timer()
+        row = (stored.response["id"], now, json.dumps(stored.response),
+               json.dumps(stored.messages))  # fmt: skip
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)", row)
+            self._db.execute("DELETE FROM responses WHERE at < ?", (now - self.ttl_s,))
+            self._db.execute(
+                "DELETE FROM responses WHERE id NOT IN "
+                "(SELECT id FROM responses ORDER BY rowid DESC LIMIT ?)",
+                (self.max_entries,),
+            )
+
+    def get(self, response_id: str, param: str = "response_id") -> Stored:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT response, messages FROM responses WHERE id = ? AND at >= ?",
+                (response_id, self._timer() - self.ttl_s),
+            ).fetchone()
+        if row is None:
+            raise _unknown(response_id, param)
+        return Stored(json.loads(row[0]), json.loads(row[1]))
+
+    def delete(self, response_id: str) -> None:
+        with self._lock:
+            gone = self._db.execute("DELETE FROM responses WHERE id = ?", (response_id,))
+        if gone.rowcount == 0:
+            raise _unknown(response_id, "response_id")
+
+
+def _unknown(response_id: str, param: str) -> PrismError:
+    # Unknown and expired alike: the store keeps no trace of what it let go.
+    return PrismError(
+        grpc.StatusCode.NOT_FOUND, f"Response with id '{response_id}' not found.", param=param
+    )
