@@ -275,7 +275,97 @@ def cases(model: str | None) -> dict[str, tuple[str, dict]]:
         # vLLM: several choices need sampling.
         "bad_n_greedy": _completion("Hello", max_tokens=5, n=2),
         **tool_cases(model),
+        **responses_cases(model),
     }
+
+
+# A follow-up names the case it continues: "@name" stands for that answer's id.
+FOLLOWS = "@"
+
+
+def _response(input_: Any, **body: Any) -> tuple[str, dict]:
+    return "responses", {"input": input_, "temperature": 0, **body}
+
+
+def _flat(tool: dict) -> dict:
+    """A chat tool as the Responses API writes it (no `function` level)."""
+    return {"type": "function", **tool["function"]}
+
+
+def responses_cases(model: str | None) -> dict[str, tuple[str, dict]]:
+    """The Responses API (POST /v1/responses), as `vllm serve` answers it."""
+    no_blanks = _no_whitespace(model) if model else {}
+    image = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "What is in it?"},
+                {"type": "input_image", "image_url": data_url(png(9))},
+            ],
+        }
+    ]
+    text = _response("Say hello.", max_output_tokens=8)
+    with_image = _response(image, max_output_tokens=8)
+    # As tools_auto: the bias makes the model start a call; the stop string ends it after
+    # one (a whole answer cut short is not parsed into calls).
+    called = _response(
+        "Weather?",
+        max_output_tokens=150,
+        tools=[_flat(WEATHER)],
+        logit_bias={**no_blanks, _token(model, "<tool_call>"): 100},
+        stop=["</tool_call>"],
+        include_stop_str_in_output=True,
+    )
+    history = [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {
+            "type": "function_call",
+            "call_id": "call_1",
+            "name": "get_weather",
+            "arguments": '{"city": "Paris", "days": 1}',
+        },
+        {"type": "function_call_output", "call_id": "call_1", "output": "Sunny, 20 C."},
+    ]
+    return {
+        "responses_text": text,
+        "responses_text_stream": _streamed(text),
+        "responses_instructions": _response(
+            "Say hello.", instructions="Be brief.", max_output_tokens=8
+        ),
+        "responses_image": with_image,
+        "responses_image_stream": _streamed(with_image),
+        "responses_schema": _response(
+            "Answer in JSON.",
+            max_output_tokens=48,
+            logit_bias=no_blanks,
+            text={
+                "format": {
+                    "type": "json_schema",
+                    "name": "answer",
+                    "schema": SCHEMA,
+                    "strict": True,
+                }
+            },
+        ),
+        "responses_tool_call": called,
+        "responses_tool_call_stream": _streamed(called),
+        "responses_tool_output": _response(history, tools=[_flat(WEATHER)], max_output_tokens=8),
+        "responses_logprobs": _response(
+            "Hi", max_output_tokens=4, top_logprobs=3, include=["message.output_text.logprobs"]
+        ),
+        "followup_responses_text": _response(
+            "And again.", max_output_tokens=8, previous_response_id=f"{FOLLOWS}responses_text"
+        ),
+    }
+
+
+def following(case: tuple[str, dict], answers: dict[str, dict]) -> tuple[str, dict]:
+    """`case` with the id of the answer its previous_response_id names ("@name")."""
+    path, body = case
+    previous = body.get("previous_response_id")
+    if not isinstance(previous, str) or not previous.startswith(FOLLOWS):
+        return case
+    return path, {**body, "previous_response_id": answers[previous[1:]]["body"]["id"]}
 
 
 def ask(base_url: str, model: str, case: tuple[str, dict], timeout: float = 120) -> dict:
@@ -327,8 +417,10 @@ def reference(
         "uni",
         *flags,
     ]
+    # The Responses API's store, which previous_response_id needs, is off by default.
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "0",
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}  # fmt: skip
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+           "VLLM_ENABLE_RESPONSES_API_STORE": "1"}  # fmt: skip
     with open(log, "w") as out:
         process = subprocess.Popen(
             argv, env=env, stdout=out, stderr=subprocess.STDOUT, process_group=0
@@ -345,7 +437,10 @@ def reference(
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"vllm serve did not start:\n{log.read_text()[-4000:]}")
             time.sleep(0.5)
-        return {name: ask(f"{base_url}/v1", model, case) for name, case in named(model).items()}
+        answers: dict[str, dict] = {}
+        for name, case in named(model).items():
+            answers[name] = ask(f"{base_url}/v1", model, following(case, answers))
+        return answers
     finally:
         os.killpg(process.pid, 15)
         try:
@@ -378,6 +473,61 @@ def _completion_logprobs(logprobs: dict | None) -> list | None:
     )
 
 
+def _items(output: list[dict]) -> list[dict]:
+    """A response's output items, less their random ids."""
+    items = []
+    for item in output:
+        kept = {"type": item["type"], "status": item.get("status")}
+        if item["type"] == "message":
+            kept["content"] = [
+                {"text": part["text"], "logprobs": _chat_logprobs({"content": part["logprobs"]})
+                 if part.get("logprobs") else None}
+                for part in item["content"]
+            ]  # fmt: skip
+        elif item["type"] == "reasoning":
+            kept["content"] = item.get("content")
+        else:
+            kept |= {"name": item["name"], "arguments": item["arguments"],
+                     "call_id_ok": bool(TOOL_CALL_ID.fullmatch(item["call_id"]))}  # fmt: skip
+        items.append(kept)
+    return items
+
+
+def _response_summary(response: dict) -> dict:
+    usage = response["usage"]
+    return {
+        "response_status": response["status"],
+        "incomplete_details": response["incomplete_details"],
+        "output": _items(response["output"]),
+        "usage": (usage["input_tokens"], usage["output_tokens"], usage["total_tokens"]),
+    }
+
+
+def event_kinds(kinds: list[str]) -> list[str]:
+    """Event types in order, a run of deltas as one: how many tokens a delta carries is
+    the server's timing (vLLM joins those that came while the client was being written)."""
+    return [k for i, k in enumerate(kinds) if not (k.endswith(".delta") and kinds[i - 1] == k)]
+
+
+def comparable_response(answer: dict) -> dict:
+    """A Responses answer: its status, output items and token counts; streamed, the event
+    types in order and the deltas joined too."""
+    if "body" in answer:
+        return {"status": 200, **_response_summary(answer["body"])}
+    events = answer["chunks"]
+    deltas: dict[str, str] = {}
+    for event in events:
+        if event["type"].endswith(".delta"):
+            deltas[event["type"]] = deltas.get(event["type"], "") + event["delta"]
+    return {
+        "status": 200,
+        "events": event_kinds([event["type"] for event in events]),
+        "numbered": [event["sequence_number"] for event in events] == list(range(len(events))),
+        "deltas": deltas,
+        **_response_summary(events[-1]["response"]),
+    }
+
+
 # vLLM's tool call ids: random, so compared by form.
 TOOL_CALL_ID = re.compile(r"chatcmpl-tool-[0-9a-f]{16}")
 
@@ -399,6 +549,10 @@ def comparable(answer: dict) -> dict:
     logprobs; and the usage."""
     if answer["status"] != 200:
         return {"status": answer["status"]}
+    if "chunks" in answer and answer["chunks"] and "type" in answer["chunks"][0]:
+        return comparable_response(answer)
+    if answer.get("body", {}).get("object") == "response":
+        return comparable_response(answer)
     if "chunks" not in answer and "choices" not in answer["body"]:
         return {"status": 200, "body": answer["body"]}
     choices: dict[int, dict] = {}
