@@ -21,7 +21,7 @@ from prism.rpc.errors import PrismError, status_for
 from prism.rpc.server import InFlightLimit
 
 # Routes counted by path in the request metrics; anything else counts as "other".
-_GENERATIONS = ("/v1/chat/completions", "/v1/completions")
+_GENERATIONS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 _ROUTES = (*_GENERATIONS, "/v1/models")
 
 

@@ -121,11 +121,11 @@ def plan(
 
 def _shared_store(config: MeshConfig, workers: int, http: HttpConfig) -> GatewayConfig:
     """The gateway's flags; fronts that share the ports share one response store too (a
-    follow-up reaches whichever the kernel picks), in a file named by the HTTP port, so
-    that a restart on it finds the conversations that have not expired."""
+    follow-up reaches whichever the kernel picks), in a directory of this mesh's own that
+    only its user can read (conversations are in it)."""
     if workers == 1 or config.gateway.responses_store:
         return config.gateway
-    path = os.path.join(tempfile.gettempdir(), f"prism-responses-{http.http_port}.sqlite3")
+    path = os.path.join(tempfile.mkdtemp(prefix="prism-responses-"), "responses.sqlite3")
     return dataclasses.replace(config.gateway, responses_store=path)
 
 

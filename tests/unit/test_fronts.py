@@ -4,6 +4,8 @@ mesh's bound, each with its own health and registration (no processes but test d
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 import types
 
 import httpx
@@ -44,7 +46,9 @@ def test_fronts_share_the_ports_and_the_bound_and_have_their_own_health():
         assert flag(stage.argv, "--registry") == ["consul://127.0.0.1:8500"]
     # One store of responses: a follow-up finds its first turn at any of them.
     (store,) = {tuple(flag(stage.argv, "--responses-store")) for stage in shared}
-    assert store[0].endswith(f"prism-responses-{config.http.http_port}.sqlite3")
+    directory = os.path.dirname(store[0])
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    os.rmdir(directory)
     health_ports = {flag(stage.argv, "--health-port")[0] for stage in shared}
     metrics = {stage.metrics_url for stage in shared}
     assert len(health_ports) == len(metrics) == 3

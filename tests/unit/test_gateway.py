@@ -111,6 +111,9 @@ def test_past_the_bound_generations_get_429_with_retry_after():
             second = c.post("/v1/chat/completions", json=CHAT)
             assert second.status_code == 429 and second.headers["Retry-After"] == "1"
             assert second.json()["error"]["type"] == "rate_limit_error"
+            # A response is a generation too.
+            third = c.post("/v1/responses", json={"model": "m", "input": "hi"})
+            assert third.status_code == 429
             processor.release.set()
             assert first.result().status_code == 200
             # The slot is free again.

@@ -5,6 +5,8 @@ store behind previous_response_id, and errors naming the field as sent."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import AsyncIterator
 
 import pytest
@@ -206,6 +208,7 @@ def test_the_store_is_bounded_in_count_and_age():
 def test_fronts_that_share_a_store_file_find_each_others_responses(tmp_path):
     path = str(tmp_path / "responses.sqlite3")
     one, other = ResponseStore(10, 60, path), ResponseStore(10, 60, path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     one.put(Stored({"id": "r1"}, [{"role": "user", "content": "Hi"}]))
     assert other.get("r1") == Stored({"id": "r1"}, [{"role": "user", "content": "Hi"}])
     other.delete("r1")

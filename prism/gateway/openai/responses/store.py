@@ -6,6 +6,7 @@ kernel hands a follow-up to any of them)."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -54,6 +55,10 @@ class ResponseStore:
         # One connection, used under a lock: the calls are short, and the app's threads
         # and its loop may both come here.
         self._lock = threading.Lock()
+        if path:
+            # Conversations: readable by this user only (SQLite gives its journal the
+            # file's mode).
+            os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
         self._db = sqlite3.connect(
             path or ":memory:", timeout=10, isolation_level=None, check_same_thread=False
         )
