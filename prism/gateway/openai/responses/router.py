@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -108,7 +108,7 @@ async def _events(
     rest: AsyncIterator,
     timer: telemetry.RequestTimer,
     answer: ResponseAnswer,
-    kept: Any,
+    kept: Callable[[dict[str, Any]], None],
 ) -> AsyncIterator[bytes]:
     completed = False
     try:
