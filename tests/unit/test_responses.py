@@ -154,6 +154,8 @@ def test_items_become_messages_as_vllm_builds_them():
         ({"input": "x", "include": ["file_search_call.results"]}, "include[0]"),
         ({"input": []}, "input"),
         ({"input": "x", "previous_response_id": "resp_gone"}, "previous_response_id"),
+        ({"input": "x", "stream": "yes"}, "stream"),
+        ({"input": "x", "store": "no"}, "store"),
     ],
 )  # fmt: skip
 def test_a_bad_request_names_its_field_and_calls_nothing(body, param):

@@ -217,6 +217,14 @@ KNOWN = {*SAME, *IGNORED, "input", "instructions", "max_output_tokens", "text", 
          "tool_choice", "include", "top_logprobs", "background"}  # fmt: skip
 
 
+def stored(body: dict[str, Any]) -> bool:
+    """Whether the response is to be kept (by default it is, as OpenAI's API keeps it)."""
+    value = body.get("store")
+    if value is not None and not isinstance(value, bool):
+        raise invalid(f"'store' must be a boolean, got {value!r}", "store")
+    return value is not False
+
+
 def chat_body(body: dict[str, Any], talk: Conversation) -> dict[str, Any]:
     """The chat request's body for `body`, whose messages are `talk`'s."""
     for key, value in body.items():

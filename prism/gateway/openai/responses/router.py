@@ -41,6 +41,9 @@ async def create(request: Request) -> Response:
     before = store.get(previous, "previous_response_id").messages if previous else None
     talk = items.conversation(body, before)
     chat = items.chat_body(body, talk)
+    # Read before the call starts: a bad value must not leave a generation running.
+    stream = wants_stream(body)
+    keep = store if items.stored(body) else None
     response_id = f"resp_{uuid.uuid4().hex}"
     try:
         message = chat_request(chat, response_id)
@@ -58,13 +61,12 @@ async def create(request: Request) -> Response:
         timer.finish(completed=False)
         raise _as_sent(error, talk, body) from None
     timer.reply(first)
-    keep = store if body.get("store", True) is not False else None
 
     def kept(response: dict[str, Any]) -> None:
         if keep is not None:
             keep.put(Stored(response, _turn(talk, response)))
 
-    if wants_stream(body):
+    if stream:
         return EventStream(_events(call, first, rest, timer, answer, kept))
     replies = [first]
     try:
