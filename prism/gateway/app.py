@@ -128,9 +128,11 @@ def build(
     shutdown_grace_s: float,
     peers: Sequence[str] = (),
     processor: ProcessorClient | None = None,
+    stored: ResponseStore | None = None,
 ) -> FastAPI:
     """The app of a front answering HTTP at `host`:`port` (and KServe on its port), calling
-    `processor` if given, else the processors its registry (`peers`, if static) lists."""
+    `processor` if given, else the processors its registry (`peers`, if static) lists;
+    its Responses API keeps `stored`, if given, else a store of the flags'."""
     gateway, kserve_port = config.gateway, config.gateway.kserve_grpc_port
     return create_app(
         Router(open_registry(config.registry, peers, config.connect)),
@@ -141,7 +143,7 @@ def build(
         kserve_address=f"{host}:{kserve_port}" if kserve_port else "",
         shutdown_grace_s=shutdown_grace_s,
         processor=processor,
-        stored=ResponseStore.of(gateway),
+        stored=stored or ResponseStore.of(gateway),
     )
 
 

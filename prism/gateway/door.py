@@ -17,6 +17,7 @@ from prism.gateway.client import InProcessClient
 
 if TYPE_CHECKING:
     from prism.config.stages import FrontStageConfig
+    from prism.gateway.openai.responses.store import ResponseStore
     from prism.rpc.server import Server
 
 log = logging.getLogger(__name__)
@@ -31,11 +32,15 @@ class _Server(uvicorn.Server):
 
 class HttpDoor:
     """The front's HTTP door, calling the InferenceService whose RPC handlers are
-    `handlers` (`Service.handlers`) in this process."""
+    `handlers` (`Service.handlers`) in this process; its Responses API keeps `stored`
+    (if given, else a store of the flags')."""
 
-    def __init__(self, config: FrontStageConfig, handlers: Any) -> None:
+    def __init__(
+        self, config: FrontStageConfig, handlers: Any, stored: ResponseStore | None = None
+    ) -> None:
         self.config = config
         self.handlers = handlers
+        self.stored = stored
         self._server: _Server | None = None
         self._closed = False
 
@@ -44,7 +49,7 @@ class HttpDoor:
         host = config.http.http_host or config.address.host
         port, grace = config.http.http_port, config.address.shutdown_grace_s
         processor = InProcessClient(self.handlers, server.health, config.gateway.request_timeout)
-        app = gateway.build(config, host, port, grace, processor=processor)
+        app = gateway.build(config, host, port, grace, processor=processor, stored=self.stored)
         settings = uvicorn.Config(
             app,
             host=host,

@@ -1,17 +1,23 @@
 """End to end through real processes: the Responses API (POST /v1/responses) in every mode,
 answered as `vllm serve` answers it on the same tiny model: a follow-up by
 previous_response_id, the official SDK's `responses` client with an image, whole and
-streamed, and the store's GET and DELETE. (The cases each mesh answers alike, whole and
+streamed, and the store's GET and DELETE; and the same over gRPC
+(prism.v1.ResponsesService), whose store is REST's. (The cases each mesh answers alike, whole and
 streamed, are test_openai_parity.py's, `responses_*` in tests/support/parity.py.)"""
 
 from __future__ import annotations
 
 import json
 
+import grpc
 import httpx
 import jsonschema
+import pytest
 from conftest import openai_client
 from support import parity
+
+from prism.proto.v1 import responses_pb2, responses_pb2_grpc
+from prism.rpc.errors import PrismError
 
 
 def test_the_responses_cases_are_not_trivial(mesh, served):
@@ -89,3 +95,63 @@ def test_bad_items_and_fields_are_400s_naming_them(mesh):
         answer = httpx.post(url, json={"model": mesh.model, **body}, timeout=60)
         assert 400 <= answer.status_code < 500, answer.text
         assert answer.json()["error"]["param"] == param, answer.text
+
+
+# Over gRPC (prism.v1.ResponsesService, on the front's gRPC port): the same answers.
+GRPC_CASES = ("responses_image", "responses_image_stream", "responses_tool_call_stream",
+              "responses_tool_output", "responses_logprobs")  # fmt: skip
+
+
+def respond(mesh, body: dict) -> dict:
+    """`body` asked over gRPC, answered as parity.ask answers over REST."""
+    request = responses_pb2.RespondRequest(request=json.dumps({**body, "model": mesh.model}))
+    with grpc.insecure_channel(mesh.processor) as channel:
+        replies = list(responses_stub(channel).Respond(request, timeout=120))
+    answers = [json.loads(getattr(r, r.WhichOneof("answer"))) for r in replies]
+    if body.get("stream"):
+        return {"status": 200, "chunks": answers}
+    (response,) = answers
+    return {"status": 200, "body": response}
+
+
+def responses_stub(channel: grpc.Channel) -> responses_pb2_grpc.ResponsesServiceStub:
+    return responses_pb2_grpc.ResponsesServiceStub(channel)
+
+
+def test_grpc_answers_as_vllm_serve_does(mesh, served):
+    cases = parity.responses_cases(mesh.model)
+    for name in GRPC_CASES:
+        expected = parity.comparable(served(mesh.family)[name])
+        assert parity.comparable(respond(mesh, cases[name][1])) == expected, name
+
+
+def test_grpc_and_rest_share_the_store(mesh, served):
+    cases = parity.responses_cases(mesh.model)
+    first = respond(mesh, cases["responses_text"][1])
+    follow_up = parity.following(cases["followup_responses_text"], {"responses_text": first})
+    got = parity.comparable(parity.ask(mesh.base_url, mesh.model, follow_up))
+    assert got == parity.comparable(served(mesh.family)["followup_responses_text"])
+    response_id = first["body"]["id"]
+    with grpc.insecure_channel(mesh.processor) as channel:
+        stub = responses_stub(channel)
+        stored = stub.GetResponse(responses_pb2.GetResponseRequest(response_id=response_id))
+        assert json.loads(stored.response) == first["body"]
+        stub.DeleteResponse(responses_pb2.DeleteResponseRequest(response_id=response_id))
+        with pytest.raises(grpc.RpcError) as gone:
+            stub.GetResponse(responses_pb2.GetResponseRequest(response_id=response_id))
+    assert gone.value.code() == grpc.StatusCode.NOT_FOUND
+    assert response_id in gone.value.details()
+    assert httpx.get(f"{mesh.base_url}/responses/{response_id}", timeout=30).status_code == 404
+
+
+def test_grpc_bad_items_and_fields_name_them(mesh):
+    for body, param in (
+        ({"input": [{"type": "bogus"}]}, "input[0].type"),
+        ({"input": "x", "max_output_tokens": -1}, "max_output_tokens"),
+        ({"input": "x", "previous_response_id": "resp_unknown"}, "previous_response_id"),
+    ):
+        with pytest.raises(grpc.RpcError) as refused:
+            respond(mesh, body)
+        error = PrismError.from_rpc_error(refused.value)
+        assert error.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
+        assert error.param == param, error

@@ -1,22 +1,29 @@
 """The Responses API in the gateway alone, before a processor that answers from a script:
 the chat request each body becomes, the response and events written from the replies, the
-store behind previous_response_id, and errors naming the field as sent."""
+store behind previous_response_id, errors naming the field as sent, and the same over gRPC
+(called in this process)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import stat
 from collections.abc import AsyncIterator
 
+import grpc
 import pytest
 from fastapi.testclient import TestClient
 
 from prism.gateway.app import create_app
+from prism.gateway.client import LocalContext, _handle
+from prism.gateway.openai.responses.respond import Responder
+from prism.gateway.openai.responses.rpc import responses_service
 from prism.gateway.openai.responses.store import ResponseStore, Stored
-from prism.proto.v1 import common_pb2, inference_pb2
+from prism.proto.v1 import common_pb2, inference_pb2, responses_pb2
 from prism.registry import StaticRegistry
 from prism.routing import Router
+from prism.rpc.errors import PrismError
 
 USAGE = common_pb2.Usage(prompt_tokens=7, completion_tokens=3, total_tokens=10)
 STOP, LENGTH = common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH
@@ -228,18 +235,22 @@ def events(text: str) -> list[dict]:
     return out
 
 
+# The events of a stream of two replies.
+TWO_DELTAS = [
+    "response.created", "response.in_progress", "response.output_item.added",
+    "response.content_part.added", "response.output_text.delta",
+    "response.output_text.delta", "response.output_text.done",
+    "response.content_part.done", "response.output_item.done", "response.completed",
+]  # fmt: skip
+
+
 def test_a_stream_sends_vllms_events_in_order_and_completes_with_the_items():
     processor = Scripted([reply("Hel"), reply("lo", LENGTH)])
     with client(processor) as c:
         streamed = c.post("/v1/responses", json={"model": "m", "input": "Hi", "stream": True})
         sent = events(streamed.text)
         stored = c.get(f"/v1/responses/{sent[-1]['response']['id']}").json()
-    assert [e["type"] for e in sent] == [
-        "response.created", "response.in_progress", "response.output_item.added",
-        "response.content_part.added", "response.output_text.delta",
-        "response.output_text.delta", "response.output_text.done",
-        "response.content_part.done", "response.output_item.done", "response.completed",
-    ]  # fmt: skip
+    assert [e["type"] for e in sent] == TWO_DELTAS
     assert [e["sequence_number"] for e in sent] == list(range(len(sent)))
     assert [e["delta"] for e in sent if e["type"].endswith(".delta")] == ["Hel", "lo"]
     final = sent[-1]["response"]
@@ -274,3 +285,46 @@ def test_reasoning_and_tool_calls_are_items_of_their_own():
     assert [item["type"] for item in done] == kinds
     assert done[1]["arguments"] == '{"a": 1}'
     assert "response.function_call_arguments.done" in [e["type"] for e in sent]
+
+
+async def _rpc(handler, request) -> list:
+    """The replies of one call of `handler` in this process, or the call's error raised."""
+    replies: list = []
+    result = await _handle(handler, request, LocalContext(replies.append))
+    return replies if result is None else [result]
+
+
+def test_grpc_answers_as_rest_does_and_shares_its_store():
+    processor = Scripted(HELLO)
+    store = ResponseStore()
+    service = responses_service(Responder(store, processor.chat)).handlers
+
+    async def run() -> None:
+        whole = await _rpc(service.Respond, responses_pb2.RespondRequest(
+            request=json.dumps({"model": "m", "input": "Hi"})))  # fmt: skip
+        (first,) = [json.loads(r.response) for r in whole]
+        assert first["output"][0]["content"][0]["text"] == "Hello"
+        with client(processor, store) as c:
+            assert c.get(f"/v1/responses/{first['id']}").json() == first
+        streamed = await _rpc(service.Respond, responses_pb2.RespondRequest(request=json.dumps(
+            {"model": "m", "input": "More", "stream": True, "previous_response_id": first["id"]}
+        )))  # fmt: skip
+        assert [json.loads(r.event)["type"] for r in streamed] == TWO_DELTAS
+        got = await _rpc(service.GetResponse, responses_pb2.GetResponseRequest(
+            response_id=first["id"]))  # fmt: skip
+        assert json.loads(got[0].response) == first
+        await _rpc(service.DeleteResponse, responses_pb2.DeleteResponseRequest(
+            response_id=first["id"]))  # fmt: skip
+        for call, request in (
+            (service.GetResponse, responses_pb2.GetResponseRequest(response_id=first["id"])),
+            (service.Respond, responses_pb2.RespondRequest(request="{")),
+            (service.Respond, responses_pb2.RespondRequest(request='{"input": [{"type": 1}]}')),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await _rpc(call, request)
+            error = PrismError.from_rpc_error(refused.value)
+            assert error.param in ("response_id", "request", "input[0].type"), error
+
+    asyncio.run(run())
+    # The follow-up saw the first turn.
+    assert [texts(m) for m in processor.requests[1].messages] == [["Hi"], ["Hello"], ["More"]]

@@ -123,7 +123,7 @@ def test_readiness_tolerates_isolated_probe_failures():
 
     servicer = SimpleNamespace(ready=False)
     with pytest.raises(asyncio.CancelledError):
-        asyncio.run(_track_readiness(Server(), Pipeline(), servicer, period=0))
+        asyncio.run(_track_readiness(Server(), Pipeline(), servicer, ["x.Service"], period=0))
     assert reported == [True, True, True, True, True, True, False, True]
     assert servicer.ready
 

@@ -12,10 +12,10 @@ from prism import telemetry
 from prism.media.fetch import MediaLoader
 from prism.media.policy import media_policy
 from prism.modes import MeshRole, mode
-from prism.proto.v1 import inference_pb2
 from prism.registry import discovery_tags
 from prism.routing import Router
 from prism.rpc.server import Server
+from prism.runtime.service import Service
 from prism.runtime.stage import Door, Stage
 from prism.services.processor.inputs import ModelInputs
 from prism.services.processor.pipeline import Pipeline
@@ -23,8 +23,6 @@ from prism.services.processor.pipeline import Pipeline
 if TYPE_CHECKING:
     from prism.config.stages import ProcessorStageConfig
     from prism.services.processor.servicer import InferenceServicer
-
-SERVICE = inference_pb2.DESCRIPTOR.services_by_name["InferenceService"].full_name
 
 
 def context_length(model: str) -> int:
@@ -39,8 +37,10 @@ def context_length(model: str) -> int:
 async def serve(
     config: ProcessorStageConfig,
     doors: Callable[[InferenceServicer], Sequence[Door]] = lambda servicer: (),
+    services: Callable[[InferenceServicer], Sequence[Service]] = lambda servicer: (),
 ) -> None:
-    """Serves the processor of `config`, and the `doors` into its servicer."""
+    """Serves the processor of `config`, and the `doors` into its servicer and the
+    `services` over it (on its gRPC server, SERVING when it is)."""
     # Here, not at the top: they load vLLM and torch, which only serving needs, not the
     # readiness tracking below.
     from transformers import AutoTokenizer
@@ -83,16 +83,18 @@ async def serve(
         parsers,
     )
 
+    served = [servicer.service, *services(servicer)]
+    names = [service.name for service in served]
     try:
         await stage.serve(
-            [servicer.service],
+            served,
             [own.mode],
             [
                 telemetry.cache_collector(
                     "prism_image_cache", "Image and video URL", loader.url_cache.stats
                 )
             ],
-            tasks=[lambda server: _track_readiness(server, pipeline, servicer)],
+            tasks=[lambda server: _track_readiness(server, pipeline, servicer, names)],
             serving=False,
             doors=doors(servicer),
         )
@@ -105,6 +107,7 @@ async def _track_readiness(
     server: Server,
     pipeline: Pipeline,
     servicer: InferenceServicer,
+    names: list[str],
     period: float = 1.0,
     failure_threshold: int = 3,
 ) -> None:
@@ -118,5 +121,5 @@ async def _track_readiness(
     while True:
         failures = 0 if await pipeline.ready() else failures + 1
         servicer.ready = failures < failure_threshold
-        await server.set_serving([SERVICE], servicer.ready)
+        await server.set_serving(names, servicer.ready)
         await asyncio.sleep(period)

@@ -1,25 +1,21 @@
 """POST /v1/responses, GET and DELETE /v1/responses/{id}: OpenAI's Responses API over the
-processor's chat call, with a bounded store of responses for `previous_response_id`."""
+processor's chat call (prism.gateway.openai.responses.respond), with a bounded store of
+responses for `previous_response_id`."""
 
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
-import grpc
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from prism import logs, telemetry
-from prism.gateway.client import ProcessorClient, ReplyStream
-from prism.gateway.openai.chat import chat_request
-from prism.gateway.openai.protocol import as_sent, error_body, json_body, wants_stream
-from prism.gateway.openai.responses import items
-from prism.gateway.openai.responses.answer import ResponseAnswer
-from prism.gateway.openai.responses.store import ResponseStore, Stored
-from prism.gateway.streaming import EventStream, open_stream
+from prism import logs
+from prism.gateway.openai.protocol import error_body, json_body
+from prism.gateway.openai.responses.respond import Opened, Responder
+from prism.gateway.openai.responses.store import ResponseStore
+from prism.gateway.streaming import EventStream
 from prism.rpc.errors import PrismError, invalid
 
 router = APIRouter()
@@ -32,106 +28,20 @@ def _store(request: Request) -> ResponseStore:
 @router.post("/v1/responses")
 async def create(request: Request) -> Response:
     body = await json_body(request)
-    if not isinstance(body, dict):
-        raise invalid("request body must be a JSON object")
-    store = _store(request)
-    previous = body.get("previous_response_id")
-    if previous is not None and not isinstance(previous, str):
-        raise invalid("'previous_response_id' must be a string", "previous_response_id")
-    before = store.get(previous, "previous_response_id").messages if previous else None
-    talk = items.conversation(body, before)
-    chat = items.chat_body(body, talk)
-    # Read before the call starts: a bad value must not leave a generation running.
-    stream = wants_stream(body)
-    keep = store if items.stored(body) else None
-    response_id = f"resp_{uuid.uuid4().hex}"
+    responder = Responder(_store(request), request.app.state.processor.chat)
+    opened = await responder.open(body, request.url.path)
+    if opened.stream:
+        return EventStream(_events(opened))
+    return JSONResponse(await opened.whole())
+
+
+async def _events(opened: Opened) -> AsyncIterator[bytes]:
     try:
-        message = chat_request(chat, response_id)
+        async for events in opened.events():
+            yield _sse(events)
     except PrismError as error:
-        raise _as_sent(error, talk, body) from None
-    top = message.sampling.logprobs if message.sampling.HasField("logprobs") else None
-    answer = ResponseAnswer(response_id, body, top)
-    processor: ProcessorClient = request.app.state.processor
-    call = processor.chat(message)
-    timer = telemetry.RequestTimer(request.url.path)
-    try:
-        first, rest = await open_stream(call)
-    except PrismError as error:
-        call.cancel()
-        timer.finish(completed=False)
-        raise _as_sent(error, talk, body) from None
-    timer.reply(first)
-
-    def kept(response: dict[str, Any]) -> None:
-        if keep is not None:
-            keep.put(Stored(response, _turn(talk, response)))
-
-    if stream:
-        return EventStream(_events(call, first, rest, timer, answer, kept))
-    replies = [first]
-    try:
-        async for reply in rest:
-            timer.reply(reply)
-            replies.append(reply)
-    except grpc.aio.AioRpcError as exc:
-        raise _as_sent(PrismError.from_rpc_error(exc), talk, body) from None
-    finally:
-        timer.finish(completed=bool(replies[-1].finish_reason))
-    response = answer.whole(replies)
-    kept(response)
-    return JSONResponse(response)
-
-
-def _turn(talk: items.Conversation, response: dict[str, Any]) -> list[dict[str, Any]]:
-    """The messages a follow-up continues: this turn's, then its answer's text (its
-    reasoning and calls left out, as vLLM's server leaves them)."""
-    said = [
-        {"role": "assistant", "content": part["text"]}
-        for item in response["output"]
-        if item["type"] == "message"
-        for part in item["content"]
-    ]
-    return [*talk.messages, *said]
-
-
-def _as_sent(error: PrismError, talk: items.Conversation, body: dict) -> PrismError:
-    error = as_sent(talk.error(error), body)
-    if error.param == "max_tokens":
-        error.message = error.message.replace("max_tokens", "max_output_tokens")
-        error.param = "max_output_tokens"
-    if error.param == "response_format":
-        error.param = "text.format"
-    return error
-
-
-async def _events(
-    call: ReplyStream,
-    first: Any,
-    rest: AsyncIterator,
-    timer: telemetry.RequestTimer,
-    answer: ResponseAnswer,
-    kept: Callable[[dict[str, Any]], None],
-) -> AsyncIterator[bytes]:
-    completed = False
-    try:
-        written = answer.opening(first.model) + answer.event(first)
-        yield _sse(written)
-        last = first
-        async for reply in rest:
-            timer.reply(reply)
-            last = reply
-            yield _sse(answer.event(reply))
-        events = answer.closing(last)
-        kept(events[-1]["response"])
-        completed = True
-        yield _sse(events)
-    except grpc.aio.AioRpcError as exc:
         # Headers are gone already: an error event, as vLLM's server sends one.
-        error = error_body(PrismError.from_rpc_error(exc), logs.REQUEST_ID.get())["error"]
-        yield _sse([answer.failure(error)])
-    finally:
-        call.cancel()
-        timer.finish(completed)
+        yield _sse([opened.answer.failure(error_body(error, logs.REQUEST_ID.get())["error"])])
 
 
 def _sse(events: list[dict[str, Any]]) -> bytes:
