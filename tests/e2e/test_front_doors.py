@@ -172,7 +172,7 @@ def node_client() -> Path:
     return NODE / "client.mjs"
 
 
-def test_a_node_client_built_from_the_protos_streams_cancels_and_aborts(
+def test_a_node_client_built_from_the_protos_streams_cancels_aborts_and_responds(
     served, node_client, tmp_path
 ):
     image = tmp_path / "image.png"
@@ -197,6 +197,14 @@ def test_a_node_client_built_from_the_protos_streams_cancels_and_aborts(
     assert "no-such-model" in out["unknown_model"]["error"]["details"]
     assert out["broken_image"]["error"]["code"] == "INVALID_ARGUMENT"
     assert "not an image" in out["broken_image"]["error"]["details"]
+    # The Responses API over gRPC: REST chat's answer to the same question, and stored.
+    streamed = out["responses"]
+    assert streamed["error"] is None, streamed
+    assert streamed["types"][0] == "response.created"
+    assert streamed["types"][-1] == "response.completed"
+    final = streamed["last"]["response"]
+    assert final["output"][0]["content"][0]["text"] == served.rest_chat()
+    assert out["stored"] == final
 
 
 def test_tritonclient_unmodified_talks_to_the_kserve_port(served, tmp_path):
