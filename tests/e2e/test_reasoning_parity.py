@@ -1,6 +1,7 @@
 """End to end through real processes: reasoning split from content by vLLM's reasoning
-parser, streamed and whole, alone and before a forced tool call, as `vllm serve` started
-with the same parsers answers it (tests/support/parity.py). In E/P/D: prefill and decode
+parser, streamed and whole, alone and before a forced tool call, and as the Responses API's
+reasoning item, as `vllm serve` started with the same parsers answers it
+(tests/support/parity.py). In E/P/D: prefill and decode
 apart, where both engines start the call's grammar only after the reasoning (one engine that
 does, as in EPD, is the simpler case), and the processor parses the answer that two engines
 streamed as it parses every mode's."""
@@ -45,7 +46,8 @@ def test_reasoning_as_vllm_serve(reasoning_mesh, expected, case):
 
 
 def test_the_reasoning_cases_are_not_trivial(expected):
-    choice = {name: parity.comparable(expected[name])["choices"][0] for name in NAMES}
+    chats = [name for name in NAMES if not name.startswith("responses")]
+    choice = {name: parity.comparable(expected[name])["choices"][0] for name in chats}
     for name in ("reasoning", "reasoning_stream"):
         assert choice[name]["reasoning"] and choice[name]["text"], choice[name]
     only = choice["reasoning_only"]
@@ -55,3 +57,6 @@ def test_the_reasoning_cases_are_not_trivial(expected):
         assert called["reasoning"] and called["finish_reason"] == "tool_calls", called
         (call,) = called["tool_calls"].values()
         json.loads(call["arguments"])
+    for name in ("responses_reasoning", "responses_reasoning_stream"):
+        kinds = [item["type"] for item in parity.comparable(expected[name])["output"]]
+        assert kinds == ["reasoning", "message"], (name, kinds)

@@ -187,6 +187,9 @@ def reasoning_cases(model: str | None) -> dict[str, tuple[str, dict]]:
         logit_bias={**no_blanks, **ends},
     )
     streamed = {"stream": True, "stream_options": {"include_usage": True}}
+    responded = _response(
+        "Think first.", max_output_tokens=16, temperature=1.0, seed=0, logit_bias=ends
+    )
     return {
         "reasoning": reasoned,
         "reasoning_stream": (reasoned[0], {**reasoned[1], **streamed}),
@@ -194,6 +197,9 @@ def reasoning_cases(model: str | None) -> dict[str, tuple[str, dict]]:
         "reasoning_only_stream": _streamed(_chat("Think.", max_tokens=6)),
         "reasoning_then_call": called,
         "reasoning_then_call_stream": (called[0], {**called[1], **streamed}),
+        # The Responses API: the reasoning as an item of its own.
+        "responses_reasoning": responded,
+        "responses_reasoning_stream": _streamed(responded),
     }
 
 

@@ -275,6 +275,8 @@ def test_reasoning_and_tool_calls_are_items_of_their_own():
     kinds = [item["type"] for item in whole["output"]]
     assert kinds == ["reasoning", "function_call"]
     assert whole["output"][0]["content"] == [{"type": "reasoning_text", "text": "think"}]
+    # vLLM's whole answer gives its reasoning item no status; its stream's is "completed".
+    assert whole["output"][0]["status"] is None
     call_item = whole["output"][1]
     assert (call_item["call_id"], call_item["name"], call_item["arguments"]) == (
         "call_9",
@@ -283,6 +285,7 @@ def test_reasoning_and_tool_calls_are_items_of_their_own():
     )
     done = [e["item"] for e in sent if e["type"] == "response.output_item.done"]
     assert [item["type"] for item in done] == kinds
+    assert done[0]["status"] == "completed"
     assert done[1]["arguments"] == '{"a": 1}'
     assert "response.function_call_arguments.done" in [e["type"] for e in sent]
 

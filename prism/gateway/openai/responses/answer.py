@@ -46,7 +46,7 @@ def _message(item_id: str, parts: list, status: str) -> dict[str, Any]:
             "status": status, "phase": None}  # fmt: skip
 
 
-def _reasoning(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+def _reasoning(item_id: str, text: str | None, status: str | None) -> dict[str, Any]:
     item = {"id": item_id, "type": "reasoning", "summary": [], "status": status}
     if text is not None:
         item["content"] = [{"type": "reasoning_text", "text": text}]
@@ -126,8 +126,10 @@ class ResponseAnswer:
         output: list[dict[str, Any]] = []
         if end.HasField("parsed"):
             parsed = end.parsed
-            if parsed.HasField("reasoning"):
-                output.append(_reasoning(_id("rs"), parsed.reasoning, "completed"))
+            if parsed.reasoning:
+                # Without a status, as vLLM's whole answer writes it (its stream's is
+                # "completed").
+                output.append(_reasoning(_id("rs"), parsed.reasoning, None))
             content = parsed.content if parsed.HasField("content") else ""
             calls = list(parsed.tool_calls)
             reason = parsed.finish_reason
