@@ -189,6 +189,12 @@ class GatewayConfig(Flags):
         "responses the Responses API keeps for previous_response_id and GET (the oldest "
         "goes first; 0: none kept)",
     )
+    responses_store_mb: float = flag(
+        responses.MAX_MB,
+        "megabytes the stored responses take at most, their images' data URLs included (the "
+        "oldest go first; a response larger than all is not kept)",
+        metavar="MB",
+    )
     responses_ttl_s: float = flag(responses.TTL_S, "seconds a stored response is kept", metavar="S")
     responses_store: str = flag(
         "",

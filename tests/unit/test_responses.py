@@ -214,6 +214,21 @@ def test_the_store_is_bounded_in_count_and_age():
         store.get("r2")
 
 
+def test_the_store_is_bounded_in_bytes_the_newest_kept():
+    image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x" * 400}}]}
+    store = ResponseStore(10, max_bytes=1000)
+    for n in range(3):
+        store.put(Stored({"id": f"r{n}"}, [image]))
+    # About 450 bytes each: the two newest fit.
+    with pytest.raises(Exception, match="r0"):
+        store.get("r0")
+    assert [store.get(f"r{n}").response for n in (1, 2)] == [{"id": "r1"}, {"id": "r2"}]
+    store.put(Stored({"id": "huge"}, [image] * 3))
+    with pytest.raises(Exception, match="huge"):
+        store.get("huge")
+    assert store.get("r2").response == {"id": "r2"}
+
+
 def test_fronts_that_share_a_store_file_find_each_others_responses(tmp_path):
     path = str(tmp_path / "responses.sqlite3")
     one, other = ResponseStore(10, 60, path), ResponseStore(10, 60, path)

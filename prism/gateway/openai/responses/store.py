@@ -1,5 +1,5 @@
 """Stored responses: what `previous_response_id` continues and `GET /v1/responses/{id}`
-returns, bounded in count and age. In SQLite (the standard library's): in this process's
+returns, bounded in count, bytes and age. In SQLite (the standard library's): in this process's
 memory, or in a file that the fronts of one `prism serve --front-workers N` share (the
 kernel hands a follow-up to any of them)."""
 
@@ -21,12 +21,13 @@ from prism.rpc.errors import PrismError
 if TYPE_CHECKING:
     from prism.config.stages import GatewayConfig
 
-# The flags' defaults (--responses-store-size, --responses-ttl-s).
+# The flags' defaults (--responses-store-size, --responses-store-mb, --responses-ttl-s).
 MAX_ENTRIES = 1000
+MAX_MB = 256.0
 TTL_S = 3600.0
 SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS responses "
-    "(id TEXT PRIMARY KEY, at REAL NOT NULL, response TEXT NOT NULL, messages TEXT NOT NULL)"
+    "CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, at REAL NOT NULL, "
+    "response TEXT NOT NULL, messages TEXT NOT NULL, size INTEGER NOT NULL)"
 )
 
 
@@ -40,7 +41,9 @@ class Stored:
 
 
 class ResponseStore:
-    """At most `max_entries` (the oldest go first; 0: none kept), each for `ttl_s`."""
+    """At most `max_entries` (the oldest go first; 0: none kept) of `max_bytes` together
+    (a turn's messages keep their images' data URLs; a response larger than all is not
+    kept), each for `ttl_s`."""
 
     def __init__(
         self,
@@ -48,8 +51,10 @@ class ResponseStore:
         ttl_s: float = TTL_S,
         path: str = "",
         timer: Callable[[], float] = time.time,
+        max_bytes: int = int(MAX_MB * 2**20),
     ) -> None:
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
         self.ttl_s = ttl_s
         self._timer = timer
         # One connection, used under a lock: the calls are short, and the app's threads
@@ -69,21 +74,31 @@ class ResponseStore:
 
     @classmethod
     def of(cls, config: GatewayConfig) -> ResponseStore:
-        return cls(config.responses_store_size, config.responses_ttl_s, config.responses_store)
+        return cls(config.responses_store_size, config.responses_ttl_s, config.responses_store,
+                   max_bytes=int(config.responses_store_mb * 2**20))  # fmt: skip
 
     def put(self, stored: Stored) -> None:
-        if self.max_entries <= 0:
+        response, messages = json.dumps(stored.response), json.dumps(stored.messages)
+        size = len(response) + len(messages)
+        if self.max_entries <= 0 or size > self.max_bytes:
             return
         now = self._timer()
-        row = (stored.response["id"], now, json.dumps(stored.response),
-               json.dumps(stored.messages))  # fmt: skip
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?)", row)
+            self._db.execute(
+                "INSERT OR REPLACE INTO responses VALUES (?, ?, ?, ?, ?)",
+                (stored.response["id"], now, response, messages, size),
+            )
             self._db.execute("DELETE FROM responses WHERE at < ?", (now - self.ttl_s,))
             self._db.execute(
                 "DELETE FROM responses WHERE id NOT IN "
                 "(SELECT id FROM responses ORDER BY rowid DESC LIMIT ?)",
                 (self.max_entries,),
+            )
+            # The newest first, as many as fit in the bytes.
+            self._db.execute(
+                "DELETE FROM responses WHERE rowid IN (SELECT rowid FROM (SELECT rowid, "
+                "SUM(size) OVER (ORDER BY rowid DESC) AS kept FROM responses) WHERE kept > ?)",
+                (self.max_bytes,),
             )
 
     def get(self, response_id: str, param: str = "response_id") -> Stored:
