@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from prism.gateway.app import create_app
-from prism.gateway.client import LocalContext, _handle
+from prism.gateway.client import LocalCall, LocalContext, _handle
 from prism.gateway.openai.responses.respond import Responder
 from prism.gateway.openai.responses.rpc import responses_service
 from prism.gateway.openai.responses.store import ResponseStore, Stored
@@ -346,3 +346,46 @@ def test_grpc_answers_as_rest_does_and_shares_its_store():
     asyncio.run(run())
     # The follow-up saw the first turn.
     assert [texts(m) for m in processor.requests[1].messages] == [["Hi"], ["Hello"], ["More"]]
+
+
+class Endless(Call):
+    """A call that sends its replies, then waits for ever; it knows if it was cancelled."""
+
+    cancelled = False
+
+    async def _each(self) -> AsyncIterator:
+        for message in self.replies:
+            yield message
+        await asyncio.Event().wait()
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_grpc_caller_gone_cancels_the_generation(stream):
+    calls: list[Endless] = []
+
+    def chat(request: inference_pb2.ChatRequest) -> Endless:
+        calls.append(Endless([reply("Hel")]))
+        return calls[-1]
+
+    service = responses_service(Responder(ResponseStore(), chat)).handlers
+    body = json.dumps({"model": "m", "input": "Hi", "stream": stream})
+
+    async def run() -> None:
+        call = LocalCall(service.Respond, responses_pb2.RespondRequest(request=body), None)
+        if stream:
+            await call.__anext__()
+        else:
+            # The first reply is in, the rest never comes.
+            while not calls:
+                await asyncio.sleep(0)
+        await asyncio.sleep(0.01)
+        call.cancel()
+        for _ in range(10):
+            await asyncio.sleep(0)
+
+    asyncio.run(run())
+    assert calls[0].cancelled

@@ -57,10 +57,13 @@ class Responder:
         timer = telemetry.RequestTimer(path)
         try:
             first, rest = await open_stream(call)
-        except PrismError as error:
+        except BaseException as exc:
+            # Its caller gone too (cancelled): the generation ends with it.
             call.cancel()
             timer.finish(completed=False)
-            raise _as_sent(error, talk, body) from None
+            if isinstance(exc, PrismError):
+                raise _as_sent(exc, talk, body) from None
+            raise
         timer.reply(first)
         return Opened(stream, ResponseAnswer(response_id, body, top), call, first, rest, timer,
                       _Turn(keep, talk, body))  # fmt: skip
@@ -112,6 +115,9 @@ class Opened:
                 replies.append(reply)
         except grpc.aio.AioRpcError as exc:
             raise self._turn.error(exc) from None
+        except BaseException:
+            self._call.cancel()
+            raise
         finally:
             self._timer.finish(completed=bool(replies[-1].finish_reason))
         response = self.answer.whole(replies)

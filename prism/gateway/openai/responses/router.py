@@ -4,6 +4,7 @@ responses for `previous_response_id`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -37,8 +38,10 @@ async def create(request: Request) -> Response:
 
 async def _events(opened: Opened) -> AsyncIterator[bytes]:
     try:
-        async for events in opened.events():
-            yield _sse(events)
+        # Closed at once if the client goes: the generation ends with it.
+        async with contextlib.aclosing(opened.events()) as stream:
+            async for events in stream:
+                yield _sse(events)
     except PrismError as error:
         # Headers are gone already: an error event, as vLLM's server sends one.
         yield _sse([opened.answer.failure(error_body(error, logs.REQUEST_ID.get())["error"])])

@@ -3,6 +3,7 @@ Responder, so that both answer alike and share one store. Objects travel as JSON
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -27,9 +28,11 @@ def responses_service(responder: Responder) -> Service:
         if not opened.stream:
             yield responses_pb2.RespondResponse(response=_text(await opened.whole()))
             return
-        async for events in opened.events():
-            for event in events:
-                yield responses_pb2.RespondResponse(event=_text(event))
+        # Closed at once if the caller goes: the generation ends with it.
+        async with contextlib.aclosing(opened.events()) as stream:
+            async for events in stream:
+                for event in events:
+                    yield responses_pb2.RespondResponse(event=_text(event))
 
     async def get(request: responses_pb2.GetResponseRequest) -> Any:
         stored = responder.store.get(request.response_id)
