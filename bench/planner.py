@@ -47,7 +47,10 @@ class Load:
     text chats the workers' load and images the encoders'."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        self.rate = args.rate
+        self.phases = PHASES
+        self.rates = [args.rate] * len(PHASES)
+        # The client waits for every answer (see PDLoad.abandon).
+        self.abandon = False
         self.images = args.images
         self.text_tokens = args.text_tokens
         self.image_tokens = args.image_tokens
@@ -69,16 +72,19 @@ class Load:
 
 
 class Served:
-    """`prism serve` with `args`, until `stop`."""
+    """`prism serve` in `mode` with `args`, until `stop`."""
 
-    def __init__(self, model: str, engine: str, args: list[str], log: Path) -> None:
+    def __init__(
+        self, model: str, engine: str, args: list[str], log: Path, mode: str = "e/pd"
+    ) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log = log
         status = log.with_suffix(".json")
         with open(log, "w") as out:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "prism.cli", "--log-level", "info", "serve",
-                 "--mode", "e/pd", "--model", model, "--engine", engine, "--front-workers", "1",
+                 "--mode", mode, "--model", model, "--engine", engine, "--front-workers", "1",
                  "--http-port", str(self.port), "--status-file", str(status), *args],
                 stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip
@@ -107,17 +113,20 @@ class Served:
 
 
 async def drive(served: Served, load: Load, phase_s: float, fixed: dict[str, int]) -> dict:
-    """The step load on `served`; each request's outcome, and the replicas each second."""
+    """The step load on `served` (its phases and rates, `load`'s); each request's outcome,
+    and the replicas each second. A request's time between tokens is their mean: the time
+    from its first token to its last over the tokens after the first (a server may send
+    several tokens in one event)."""
     url = f"{served.base_url}/v1/chat/completions"
     model = served.status["model"]
     rng = random.Random(0)
     bodies = []
-    for number, phase in enumerate(PHASES):
+    for number, (phase, rate) in enumerate(zip(load.phases, load.rates, strict=True)):
         at, seed = 0.0, 0
         while at < phase_s:
             bodies.append((number, number * phase_s + at,
                            load.body(model, phase, number * 100_000 + seed)))  # fmt: skip
-            at += rng.expovariate(load.rate)
+            at += rng.expovariate(rate)
             seed += 1
     outcomes: list[dict] = []
     replicas: list[dict] = []
@@ -128,11 +137,20 @@ async def drive(served: Served, load: Load, phase_s: float, fixed: dict[str, int
         async def send(phase: int, at: float, body: dict) -> None:
             await asyncio.sleep(max(0.0, started + at - time.perf_counter()))
             outcome = {"phase": phase, "at": at}
+            # Past this, the request can no longer meet both goals.
+            hopeless = load.ttft_s + load.itl_s * (body["max_tokens"] - 1) + 1.0
             try:
-                sample = await one(session, url, body)
-                itl = sum(sample.gaps) / len(sample.gaps) if sample.gaps else 0.0
+                sample = await asyncio.wait_for(
+                    one(session, url, body), hopeless if load.abandon else None
+                )
+                after = max(sample.tokens - 1, len(sample.gaps))
+                itl = sum(sample.gaps) / after if after else 0.0
                 outcome |= {"ttft_s": sample.ttft, "itl_s": itl, "ok": True}
-            except (ServerFailed, aiohttp.ClientError, TimeoutError) as exc:
+            except TimeoutError as exc:
+                given_up = load.abandon and time.perf_counter() - started - at >= hopeless
+                outcome |= {"ok": False, "error": str(exc)[:200] or "timeout"}
+                outcome |= {"abandoned": True} if given_up else {}
+            except (ServerFailed, aiohttp.ClientError) as exc:
                 outcome |= {"ok": False, "error": str(exc)[:200]}
             outcomes.append(outcome)
 
@@ -160,12 +178,15 @@ def summarize(name: str, run: dict, load: Load) -> dict:
     row = {
         "run": name,
         "requests": len(outcomes),
-        "failed": sum(not o["ok"] for o in outcomes),
+        # Failed: an error, or no answer within the client's timeout; abandoned, left by
+        # the client once it could no longer meet the goals (a miss, not a failure).
+        "failed": sum(not o["ok"] and not o.get("abandoned") for o in outcomes),
+        "abandoned": sum(bool(o.get("abandoned")) for o in outcomes),
         "attainment": attainment(outcomes, load),
         "requests_per_s": sum(o["ok"] for o in outcomes) / run["seconds"],
         "replicas": run["replicas"],
     }
-    for number, phase in enumerate(PHASES):
+    for number, phase in enumerate(load.phases):
         within = [o for o in outcomes if o["phase"] == number]
         row[f"attainment_{number}_{phase}"] = attainment(within, load)
         # Which goal a phase missed, when it did.
@@ -173,7 +194,7 @@ def summarize(name: str, run: dict, load: Load) -> dict:
         for goal in ("ttft_s", "itl_s"):
             values = [o[goal] for o in answered]
             row[f"{goal}_p90_{number}_{phase}"] = percentile(values, 90) if values else None
-    errors = sorted({o["error"] for o in outcomes if not o["ok"]})
+    errors = sorted({o["error"] for o in outcomes if not o["ok"] and not o.get("abandoned")})
     if errors:
         row["errors"] = errors[:5]
     return row
