@@ -9,6 +9,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -167,16 +168,36 @@ def start_vllm_pd(model: str, logs: Path, limits: dict) -> Server:
                   stop=[lambda: stop_all(processes)])  # fmt: skip
 
 
-def dynamo_env(logs: Path) -> dict[str, str]:
-    """Dynamo without etcd or NATS: file discovery in a fresh directory, TCP requests,
-    ZMQ events, all on loopback."""
-    store = Path(tempfile.mkdtemp(prefix="dynamo-kv-", dir=logs))
-    return VLLM_ENV | {
-        "DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(store),
+def dynamo_env(logs: Path, etcd: str = "") -> dict[str, str]:
+    """Dynamo without NATS: file discovery in a fresh directory (or the etcd at `etcd`,
+    which its planner needs), TCP requests, ZMQ events, all on loopback."""
+    if etcd:
+        discovery = {"DYN_DISCOVERY_BACKEND": "etcd", "ETCD_ENDPOINTS": etcd}
+    else:
+        store = Path(tempfile.mkdtemp(prefix="dynamo-kv-", dir=logs))
+        discovery = {"DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": str(store)}
+    return VLLM_ENV | discovery | {
         "DYN_REQUEST_PLANE": "tcp", "DYN_EVENT_PLANE": "zmq", "DYN_LOG": "warn",
         "DYN_TCP_RPC_HOST": "127.0.0.1", "DYN_EVENT_PLANE_HOST": "127.0.0.1",
         "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
     }  # fmt: skip
+
+
+def start_etcd(logs: Path) -> tuple[subprocess.Popen, str]:
+    """An etcd of its own on loopback ports, its data in a fresh directory under `logs`
+    (Dynamo's planner publishes its decisions there); the process and its client URL."""
+    if shutil.which("etcd") is None:
+        raise SystemExit("etcd is not installed: `apt-get install etcd-server` (etcd 3.4)")
+    client, peer = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
+    data = tempfile.mkdtemp(prefix="etcd-", dir=logs)
+    argv = ["etcd", "--data-dir", data, "--listen-client-urls", client,
+            "--advertise-client-urls", client, "--listen-peer-urls", peer,
+            "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"default={peer}"]  # fmt: skip
+    log = logs / "etcd.log"
+    process = spawn(argv, log)
+    await_ready(lambda: http_ok(f"{client}/health"), [process], "etcd", log)
+    return process, client
 
 
 def start_dynamo(shape: str, model: str, logs: Path, limits: dict) -> Server:
