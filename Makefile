@@ -1,7 +1,8 @@
 PY := .venv/bin/python
 
 .PHONY: setup demo test test-unit test-net lint protos check-protos bench bench-transfer bench-encoder bench-modes \
-	bench-routing bench-choices bench-anchors bench-scale bench-planner bench-planner-vllm manifests docs bundle verify-gpu
+	bench-routing bench-choices bench-anchors bench-scale bench-planner bench-planner-vllm \
+	bench-planner-dynamo manifests docs bundle verify-gpu
 
 # Prism in .venv; checkov in .venv-checkov, apart (make lint).
 setup:
@@ -101,6 +102,15 @@ bench-planner:
 bench-planner-vllm:
 	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
 	$(PY) -m bench.planner --model models/tiny-llava --engine vllm --budget 3 --fixed 1+2,2+1
+
+# Not a test: Prism's planner beside NVIDIA Dynamo's (1.6.1, load mode, scaling dynamo.mocker
+# workers) on one prefill/decode step load, the same budget of 4 replicas, engines of the same
+# timing; Prism's fixed splits too (about 15 minutes; needs etcd: apt-get install etcd-server);
+# bench/results/planner-dynamo.json and docs/benchmarks.md.
+bench-planner-dynamo:
+	scripts/bench_anchors_planner.sh
+	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
+	$(PY) -m bench.planner_dynamo --model models/tiny-llava
 
 # Not a test: TTFT and total latency of one request in each mode, on the tiny LLaVA.
 bench-choices:

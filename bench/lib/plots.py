@@ -49,7 +49,8 @@ def draw_replicas(path: Path, result: dict) -> None:
     panes = grid[:, 0]
     phase_s = result["settings"]["phase_s"]
     for pane, row in zip(panes, rows, strict=True):
-        for role in ("encoder", "worker"):
+        roles = dict.fromkeys(k for r in row["replicas"] for k in r if k != "t")
+        for role in roles:
             points = [(r["t"], r[role]) for r in row["replicas"]]
             if points:
                 pane.step(*zip(*points, strict=True), where="post", label=role)

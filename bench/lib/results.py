@@ -25,6 +25,7 @@ RECORDS = {
     "vllm_bench": DIR / "vllm_bench.json",
     "planner": DIR / "planner.json",
     "planner_vllm": DIR / "planner-vllm.json",
+    "planner_dynamo": DIR / "planner-dynamo.json",
 }
 
 
