@@ -482,7 +482,7 @@ def planner_dynamo_section(result: dict) -> str:
         f"queued), one fewer at {settings['dynamo_decode_down']:g} % or less at all. "
         "Replicas, mean: those serving, sampled every second.", "",
         "| run | attainment | " + " | ".join(phases) + " | TTFT p90 s, answered, by phase "
-        "| ITL p90 ms, by phase | req/s | failed | abandoned | replicas, mean |",
+        "| ITL p90 ms, answered, by phase | req/s | failed | abandoned | replicas, mean |",
         "|---|---:|" + "---:|" * len(phases) + "---:|---:|---:|---:|---:|---:|",
     ]  # fmt: skip
     for row in result["rows"]:
