@@ -5,20 +5,22 @@ replica budget, engines of the same timing.
         [--fixed 3+1,2+2,1+3] [--dynamo-fixed P+D,...] [--planners prism,dynamo]
         [--out JSON] [--doc docs/benchmarks.md]
 
-Dynamo 1.6.1 (.anchors/dynamo, `make bench-anchors`): `dynamo.frontend` before
-`dynamo.mocker` prefill and decode workers, its planner (`python -m dynamo.planner`, load
-mode, `environment: virtual`) deciding how many of each, and bench/dynamo_scaler.py
-applying its decisions as its Kubernetes operator would; discovery in an etcd of the
-run's own. Prism: `prism serve --mode ep/d --engine sim --planner slo` (text alone, EP/D
-is prefill/decode), its simulated engines timed as the mocker is (bench.scale.Timing).
+Dynamo 1.6.1 (.anchors/dynamo and etcd: scripts/bench_anchors_planner.sh):
+`dynamo.frontend` before `dynamo.mocker` prefill and decode workers, its planner (`python
+-m dynamo.planner`, load mode, `environment: virtual`) deciding how many of each, and
+bench/dynamo_scaler.py applying its decisions as its Kubernetes operator would; discovery
+in an etcd of the run's own. Prism: `prism serve --mode ep/d --engine sim --planner slo`
+(text alone, EP/D is prefill/decode), its simulated engines timed as the mocker is
+(bench.scale.Timing).
 Fixed splits (PREFILL+DECODE, Prism's) show whether one split serves every phase.
 
 The load is open (Poisson arrivals) in three phases: long prompts with short answers
 (prefill's load), short prompts with long answers (decode's: their KV fills the decode
 engines), long prompts again. Per run: SLO attainment (the share of requests whose time
 to first token and mean time between tokens both meet their goals, failed requests
-counted as missing them), per phase and overall; requests/s answered; requests failed;
-each role's replicas every second. Not a test: results go to `--out`
+counted as missing them), per phase and overall; requests/s answered; requests failed,
+and those the client left once they could no longer meet both goals; each role's
+replicas every second, and each planner's decisions. Not a test: results go to `--out`
 (bench/results/planner-dynamo.json), and `--doc` is rendered again with them.
 """
 
@@ -150,7 +152,7 @@ class DynamoPlanned:
         split: dict[str, int], planned: bool = True,
     ) -> None:  # fmt: skip
         if not DYNAMO_PYTHON.exists():
-            raise SystemExit("Dynamo is not installed: run scripts/bench_anchors.sh first")
+            raise SystemExit("Dynamo is not installed: run scripts/bench_anchors_planner.sh")
         self.processes: list[subprocess.Popen] = []
         etcd, url = start_etcd(logs)
         self.processes.append(etcd)
