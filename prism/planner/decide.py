@@ -7,7 +7,10 @@ Pure, so that every rule is tested without a mesh.
   above its goal blames the role that decodes. A goal about to be missed: a role on the
   first token's path whose queue (calls waiting for a first reply), at the pace it
   answers, holds a call arriving now longer than the goal, is blamed before the requests
-  that miss have had their first tokens. The role blamed, if it had a queue all the
+  that miss have had their first tokens. So are decodes apart whose queue does: their
+  calls wait out of KV, each a request stalled after its first token, and a time to first
+  token missed then is theirs too (prefills hold their prompts' KV until a decode reads
+  it). The role blamed, if it had a queue all the
   interval, is saturated: the calls a second its replicas answered, each, are what a
   replica can take (its capacity, learned so; a role answering more later raises it).
   It grows at once to the replicas its calls need: those arriving a second at their most
@@ -326,11 +329,6 @@ def _missed(
 ) -> tuple[str, str] | None:
     """The role to grow for a goal the interval missed, or one its queue will miss, and
     why."""
-    if seen.ttft_s is not None and seen.ttft_s > goals.ttft_s:
-        took = seen.first_reply_s or {}
-        return max(roles.first_token, key=lambda role: took.get(role, 0.0)), "ttft"
-    if seen.itl_s is not None and seen.itl_s > goals.itl_s:
-        return roles.decode, "itl"
 
     def ahead(role: str) -> float:
         """Seconds a call arriving now waits behind the role's queue, at the pace the role
@@ -345,5 +343,17 @@ def _missed(
         pace = known * replicas if known else (seen.calls or {}).get(role, 0) / seen.seconds
         return waiting / pace if pace > 0 else math.inf
 
-    late = max(roles.first_token, key=ahead)
+    # Decodes apart, out of KV: each call waiting is a request stalled after its first
+    # token (one long gap, which the time between tokens' percentile does not show), and
+    # prefills hold their prompts' KV until a decode reads it, so first tokens slow down
+    # too. It is the decodes that need growing, not the role the first tokens blame.
+    stalled = roles.decode not in roles.first_token and ahead(roles.decode) > goals.ttft_s
+    if seen.ttft_s is not None and seen.ttft_s > goals.ttft_s:
+        if stalled:
+            return roles.decode, "queue"
+        took = seen.first_reply_s or {}
+        return max(roles.first_token, key=lambda role: took.get(role, 0.0)), "ttft"
+    if seen.itl_s is not None and seen.itl_s > goals.itl_s:
+        return roles.decode, "itl"
+    late = max(roles.all, key=ahead)
     return (late, "queue") if ahead(late) > goals.ttft_s else None

@@ -99,6 +99,28 @@ def test_a_queue_that_will_miss_the_goal_grows_its_role_before_the_miss_shows():
     assert decide(brief, desired={"encoder": 1, "prefill": 1, "decode": 1}) == []
 
 
+def test_decodes_out_of_kv_grow_on_their_queue_though_first_tokens_blame_prefills():
+    state = rules.State({"encoder": 1, "prefill": 1, "decode": 1}, {})
+    # 40 calls wait at a decode that answered none: requests stalled after their first
+    # token, while prefills, holding prompts' KV for the decode, are slow to first replies.
+    stalled = seen(ttft=3.0, itl=0.02, calls={"prefill": 10}, waiting={"decode": 40.0},
+                   prefill=2.5)  # fmt: skip
+    assert decide(stalled, state=state) == [rules.Change("decode", 2, "queue")]
+    # No goal missed yet: the decodes' queue alone grows them.
+    state = rules.State({"encoder": 1, "prefill": 1, "decode": 1}, {})
+    building = seen(ttft=0.5, itl=0.02, calls={"prefill": 10}, waiting={"decode": 40.0},
+                    prefill=0.2)  # fmt: skip
+    assert decide(building, state=state) == [rules.Change("decode", 2, "queue")]
+    # Where the workers decode their own prompts, their queue is on the first token's
+    # path, as before.
+    roles = rules.roles_of(mode("e/pd"))
+    state = rules.State({"encoder": 1, "worker": 1}, {})
+    bounds = {role: rules.Bounds(1, 4) for role in roles.all}
+    slow = seen(ttft=3.0, calls={"worker": 10}, waiting={"worker": 40.0}, encoder=2.0, worker=0.5)
+    changes = rules.decide(slow, GOALS, roles, bounds, 100, state.desired, state, 100.0, 20.0)
+    assert changes == [rules.Change("encoder", 2, "ttft")]
+
+
 def test_a_capacity_learned_on_cheaper_calls_yields_to_the_pace_a_lasting_queue_shows():
     # The prefill answered 10 calls a second on short prompts; now, with a queue at both
     # ends of the interval, it answers 4: the 8 waiting wait 2 s at that pace, not 0.8 s,
