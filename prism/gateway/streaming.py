@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from json.encoder import encode_basestring_ascii
 from typing import Any, Protocol
 
@@ -102,7 +102,11 @@ async def generate(
         raise
     timer.reply(first)
     if not stream:
-        return await _whole(first, rest, timer, answer)
+        try:
+            return await _whole(first, rest, timer, answer)
+        except BaseException:
+            call.cancel()
+            raise
     return EventStream(_events(call, first, rest, timer, options, answer))
 
 
@@ -115,9 +119,57 @@ async def respond(
     options = stream_options(body)
     call = start()
     try:
-        return await generate(call, wants_stream(body), options, answer, request.url.path)
+        return await unless_gone(
+            request.receive, generate(call, wants_stream(body), options, answer, request.url.path)
+        )
     except PrismError as error:
         raise as_sent(error, body) from None
+
+
+class ClientWatch:
+    """Cancels the task that made it if the client disconnects before `close`: whatever
+    it awaits for that client (a processor call) ends with it."""
+
+    def __init__(self, receive: Callable) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._gone = False
+        self._open = True
+        self._watcher = asyncio.create_task(self._watch(receive))
+
+    async def _watch(self, receive: Callable) -> None:
+        # The ASGI server's receive, once the body is read: http.disconnect, and again
+        # to each later call.
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        if self._open:
+            self._gone = True
+            self._task.cancel()
+
+    def quiet(self) -> bool:
+        """On a CancelledError: whether this watch's was the only cancel (the client gone,
+        nothing else), so that the request ends quietly."""
+        return self._gone and self._task.uncancel() == 0
+
+    def close(self) -> None:
+        self._open = False
+        self._watcher.cancel()
+
+
+async def unless_gone(receive: Callable, answer: Awaitable[Response]) -> Response:
+    """`answer`'s response, unless the client disconnects first: a generation waiting for
+    its first token, or answered whole, ends then, not when its tokens are all computed
+    for nobody; the response nobody reads is a 499 (nginx's "client closed request")."""
+    watch = ClientWatch(receive)
+    try:
+        return await answer
+    except asyncio.CancelledError:
+        if not watch.quiet():
+            raise
+        return Response(status_code=499)
+    finally:
+        watch.close()
 
 
 async def _whole(
@@ -216,30 +268,16 @@ class EventStream(Response):
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         await send({"type": "http.response.start", "status": self.status_code,
                     "headers": self.raw_headers})  # fmt: skip
-        task = asyncio.current_task()
-        assert task is not None
-        streaming = True
-        disconnected = False
-
-        async def watch() -> None:
-            nonlocal disconnected
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            if streaming:
-                disconnected = True
-                task.cancel()
-
-        watcher = asyncio.create_task(watch())
+        watch = ClientWatch(receive)
         try:
             async for chunk in self.chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            streaming = False
+            watch.close()
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
-            # Only the watcher's own cancel ends the request quietly.
-            if not disconnected or task.uncancel() > 0:
+            # Only the watch's own cancel ends the request quietly.
+            if not watch.quiet():
                 raise
         finally:
-            streaming = False
-            watcher.cancel()
+            watch.close()
             await self.chunks.aclose()  # type: ignore[attr-defined]

@@ -3,7 +3,10 @@ prefill to decode, failures end with a clear status, and no KV blocks are left b
 
 from __future__ import annotations
 
+import json
+import socket
 import time
+import urllib.parse
 from collections.abc import Iterator
 
 import grpc
@@ -153,6 +156,24 @@ def test_client_disconnect_leaves_no_kv_blocks(pd):
     stream = inference(pd).Chat(request, timeout=120)
     next(stream)
     stream.cancel()
+    assert wait_for(lambda: kv_idle(pd, "prefill") and kv_idle(pd, "decode"))
+
+
+def test_a_rest_client_gone_before_its_whole_answer_ends_the_generation(pd):
+    answered = pd.metric("front", "prism_requests_total", status="499")
+    chat = {"model": pd.model, "messages": [{"role": "user", "content": "A story."}],
+            "max_tokens": 2000, "ignore_eos": True, "temperature": 0}  # fmt: skip
+    body = json.dumps(chat).encode()
+    url = urllib.parse.urlsplit(pd.base_url)
+    with socket.create_connection((url.hostname, url.port), timeout=30) as client:
+        client.sendall(
+            f"POST {url.path}/chat/completions HTTP/1.1\r\nHost: {url.netloc}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        assert wait_for(lambda: pd.metric("front", "prism_requests_in_flight") >= 1)
+    # The client left with 2000 tokens to go: the front ends the generation on every stage.
+    assert wait_for(lambda: pd.metric("front", "prism_requests_total", status="499") > answered)
     assert wait_for(lambda: kv_idle(pd, "prefill") and kv_idle(pd, "decode"))
 
 

@@ -16,7 +16,7 @@ from prism import logs
 from prism.gateway.openai.protocol import error_body, json_body
 from prism.gateway.openai.responses.respond import Opened, Responder
 from prism.gateway.openai.responses.store import ResponseStore
-from prism.gateway.streaming import EventStream
+from prism.gateway.streaming import EventStream, unless_gone
 from prism.rpc.errors import PrismError, invalid
 
 router = APIRouter()
@@ -30,7 +30,11 @@ def _store(request: Request) -> ResponseStore:
 async def create(request: Request) -> Response:
     body = await json_body(request)
     responder = Responder(_store(request), request.app.state.processor.chat)
-    opened = await responder.open(body, request.url.path)
+    return await unless_gone(request.receive, _answer(responder, body, request.url.path))
+
+
+async def _answer(responder: Responder, body: Any, path: str) -> Response:
+    opened = await responder.open(body, path)
     if opened.stream:
         return EventStream(_events(opened))
     return JSONResponse(await opened.whole())
