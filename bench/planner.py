@@ -218,14 +218,22 @@ def runs(args: argparse.Namespace) -> list[tuple[str, list[str], dict[str, int]]
             raise SystemExit(f"--fixed {split} is not a split of --budget {args.budget}")
         out.append((f"fixed {split}", ["--encoders", str(encoders), "--workers", str(workers)],
                     {"encoder": encoders, "worker": workers}))  # fmt: skip
-    most = args.budget - 1
-    planner = ["--planner", "slo", "--encoders", "1", "--workers", "1",
-               "--max-replicas", f"encoder={most}", "--max-replicas", f"worker={most}",
-               "--replica-budget", str(args.budget), "--planner-interval-s", str(args.interval_s),
-               "--planner-cooldown-s", str(args.cooldown_s),
-               "--warm-spares", str(args.warm_spares)]  # fmt: skip
+    planner = planner_flags(args, {"encoder": "--encoders", "worker": "--workers"})
     out.append(("planner", planner, {"encoder": 1, "worker": 1}))
     return out
+
+
+def planner_flags(args: argparse.Namespace, counts: dict[str, str]) -> list[str]:
+    """`prism serve` flags of the planner from one replica of each role (`counts`: each
+    role's count flag), none above the budget less one."""
+    most = args.budget - 1
+    flags = ["--planner", "slo"]
+    for role, count in counts.items():
+        flags += [count, "1", "--max-replicas", f"{role}={most}"]
+    return [*flags, "--replica-budget", str(args.budget),
+            "--planner-interval-s", str(args.interval_s),
+            "--planner-cooldown-s", str(args.cooldown_s),
+            "--warm-spares", str(args.warm_spares)]  # fmt: skip
 
 
 def main() -> None:

@@ -48,7 +48,7 @@ from bench.lib.servers import (
     stop_all,
 )
 from bench.lib.text import words
-from bench.planner import Served, drive, summarize
+from bench.planner import Served, drive, planner_flags, summarize
 from bench.scale import Timing
 from prism.runtime.ports import free_port
 
@@ -113,12 +113,7 @@ def prism_runs(args: argparse.Namespace) -> list[tuple[str, list[str], dict[str,
         out.append((f"prism fixed {split['prefill']}+{split['decode']}", [*shared, *flags], split))
     if "prism" not in args.planners.split(","):
         return out
-    most = args.budget - 1
-    planner = ["--planner", "slo", "--prefill", "1", "--decode", "1",
-               "--max-replicas", f"prefill={most}", "--max-replicas", f"decode={most}",
-               "--replica-budget", str(args.budget), "--planner-interval-s", str(args.interval_s),
-               "--planner-cooldown-s", str(args.cooldown_s),
-               "--warm-spares", str(args.warm_spares)]  # fmt: skip
+    planner = planner_flags(args, {"prefill": "--prefill", "decode": "--decode"})
     out.append(("prism planner", [*shared, *planner], {"prefill": 1, "decode": 1}))
     return out
 
