@@ -41,8 +41,8 @@ class AddressConfig(Flags):
     port: int = flag(0, always=True)
     shutdown_grace_s: float = flag(
         10.0,
-        "on SIGTERM: stop taking requests, let those in flight finish for this long, "
-        "then abort them",
+        "on SIGTERM: stop taking requests, let those in flight finish (and decodes read "
+        "the KV a prefill holds for them) for this long, then abort them",
     )
     standby: bool = flag(
         False,

@@ -22,6 +22,7 @@ the decode that reads them, or until the connector's lease expires; `AsyncLLM.ab
 cannot reach a request that has already finished, and no public call ends a lease early.
 Called through `collective_rpc`, it ends the lease now, so the connector reports the
 request as sent at its next step and the scheduler frees the blocks the usual way.
+`prism_kv_held` says which of them a decode has yet to read: a drained prefill waits.
 """
 
 from __future__ import annotations
@@ -104,6 +105,18 @@ class EngineExtension:
 
         connector = get_kv_transfer_group().connector_worker
         return release_kv(connector._reqs_to_process, connector._reqs_to_send, request_id)
+
+    def prism_kv_held(self, request_ids: list[str]) -> list[str]:
+        """Those of `request_ids` whose blocks the connector still holds for a decode."""
+        from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+        connector = get_kv_transfer_group().connector_worker
+        return held_kv(connector._reqs_to_process, request_ids)
+
+
+def held_kv(processing: set[str], request_ids: list[str]) -> list[str]:
+    """`prism_kv_held` on the connector's requests (`processing`, as `release_kv`)."""
+    return [r for r in request_ids if any(is_engine_id(e, r) for e in processing)]
 
 
 def release_kv(processing: set[str], leases: dict[str, float], request_id: str) -> Release:

@@ -31,6 +31,9 @@ from prism.tracing import tracer
 
 log = logging.getLogger(__name__)
 
+# How often a draining service asks whether what it holds was collected.
+_HOLD_POLL_S = 0.05
+
 StreamHandler = Callable[[Any], AsyncIterator[Any]]
 UnaryHandler = Callable[[Any], Awaitable[Any]]
 # Where a call's replies go: the plain call's `context.write`, or the batched stream.
@@ -71,6 +74,7 @@ class Service:
         self._servicer = getattr(generated, f"{descriptor.name}Servicer")()
         self._batches: list[multiplex.MultiplexServer] = []
         self._on_drain: list[Callable[[], None]] = []
+        self._holding: list[Callable[[], Awaitable[bool]]] = []
         self._draining = False
         self._admitted = 0
         self._idle = asyncio.Event()
@@ -147,9 +151,17 @@ class Service:
         for callback in self._on_drain:
             callback()
 
+    def hold_while(self, holding: Callable[[], Awaitable[bool]]) -> None:
+        """Draining waits until `holding()` is false too: what finished calls left for
+        another stage to collect (a prefill's KV cache, until a decode reads it)."""
+        self._holding.append(holding)
+
     async def idle(self) -> None:
-        """Returns once no request it admitted is running."""
+        """Returns once no request it admitted is running, and nothing is held."""
         await self._idle.wait()
+        for holding in self._holding:
+            while await holding():
+                await asyncio.sleep(_HOLD_POLL_S)
 
     @contextlib.contextmanager
     def _admit(self) -> Iterator[None]:

@@ -6,11 +6,12 @@ NIXL connector's lease book)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 
 import pytest
 
-from prism.engine.extension import is_engine_id, release_kv
+from prism.engine.extension import held_kv, is_engine_id, release_kv
 from prism.proto.stage.v1 import engine_pb2
 from prism.proto.v1 import common_pb2
 from prism.services.worker.roles import Prefill
@@ -68,8 +69,15 @@ class Engine:
         """A request that has finished is no longer the engine's to abort."""
 
     async def collective_rpc(self, method: str, args: tuple) -> list:
+        if method == "prism_kv_held":
+            return [held_kv(self.processing, *args)]
         assert method == "prism_release_kv"
         return [release_kv(self.processing, self.leases, *args)]
+
+    def read_by_decode(self, engine_id: str) -> None:
+        """A decode read the blocks: the connector lets go of the request."""
+        self.processing.discard(engine_id)
+        self.leases.pop(engine_id, None)
 
 
 def request(request_id: str) -> engine_pb2.GenerateRequest:
@@ -139,3 +147,32 @@ def test_a_completed_call_keeps_its_kv_for_decode():
         assert engine.leases == {"r3-0a1b2c3d": 30.0}
 
     asyncio.run(main())
+
+
+def test_held_kv_names_the_requests_whose_blocks_await_a_decode():
+    processing = {"a-00000001", "b-00000002"}
+    assert held_kv(processing, ["a", "c", "b"]) == ["a", "b"]
+    assert held_kv(set(), ["a"]) == []
+
+
+@pytest.mark.parametrize("collected", ["read by a decode", "its lease ended"])
+def test_a_drained_prefill_is_idle_once_what_it_holds_is_collected(collected: str):
+    """A prefill scaled down lives on until a decode has read each prompt's KV it handed
+    off (or the lease ended): else the decode's read finds it gone."""
+
+    async def main() -> bool:
+        engine, role, servicer = prefill()
+        async for _ in servicer.generate(request("r5")):
+            pass
+        servicer.service.drain()
+        idle = asyncio.ensure_future(servicer.service.idle())
+        await asyncio.sleep(0.2)
+        holding = not idle.done()
+        if collected == "read by a decode":
+            engine.read_by_decode("r5-0a1b2c3d")
+        else:
+            role._held["r5"] = time.monotonic()
+        await asyncio.wait_for(idle, 2)
+        return holding
+
+    assert asyncio.run(main())

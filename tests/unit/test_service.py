@@ -159,6 +159,26 @@ def test_a_draining_service_refuses_new_requests_and_is_idle_once_its_own_are_do
     assert busy and done == (["wait", ""], None)
 
 
+def test_a_draining_service_that_holds_something_is_idle_once_it_is_collected():
+    async def main():
+        handlers = Handlers()
+        held = {"kv"}
+
+        async def holding() -> bool:
+            return bool(held)
+
+        handlers.service.hold_while(holding)
+        handlers.service.drain()
+        idle = asyncio.ensure_future(handlers.service.idle())
+        await asyncio.sleep(0.2)
+        busy = not idle.done()
+        held.clear()
+        await asyncio.wait_for(idle, 5)
+        return busy
+
+    assert asyncio.run(main())
+
+
 def count(status: str) -> float:
     return (
         REGISTRY.get_sample_value("prism_requests_total", {"endpoint": "Chat", "status": status})

@@ -132,6 +132,10 @@ class Role:
         """Starts freeing what the engine may hold for `request_id`, whose call was cut
         short before its hand-off."""
 
+    async def holding(self) -> bool:
+        """Whether the engine still holds something that another stage will read."""
+        return False
+
 
 class Aggregated(Role):
     name = EngineRole.AGGREGATED
@@ -201,6 +205,18 @@ class Prefill(Role):
         # is known to the engine alone.
         self._held.pop(request_id, None)
         self._end_lease(request_id, time.monotonic() + self.kv_lease_s)
+
+    async def holding(self) -> bool:
+        # vLLM frees a prompt's blocks once a decode has read them, which only its
+        # connector learns: ask it which of those handed off it still holds.
+        now = time.monotonic()
+        for stale in [k for k, until in self._held.items() if until <= now]:
+            del self._held[stale]
+        if self._held:
+            (held,) = await self.engine.collective_rpc("prism_kv_held", args=(list(self._held),))
+            for read in set(self._held) - set(held):
+                del self._held[read]
+        return bool(self._held)
 
     def _end_lease(self, request_id: str, until: float) -> None:
         task = asyncio.create_task(self._release_kv(request_id, until))

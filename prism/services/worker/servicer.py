@@ -164,6 +164,7 @@ class EngineServicer:
         # When the engine last produced an output: traffic proves it generates.
         self._last_output = time.monotonic()
         self.service = engine_service(self.generate, self.abort, max_in_flight)
+        self.service.hold_while(role.holding)
 
     def _decode(self, files: engine_pb2.MediaFiles) -> dict[str, list]:
         """The files' pixels (videos: sampled frames) as the engine takes them."""

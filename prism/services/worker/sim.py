@@ -102,6 +102,11 @@ class SimServicer:
         self._leases: dict[str, asyncio.TimerHandle] = {}
         self._channels: dict[str, grpc.aio.Channel] = {}
         self.service = engine_service(self.generate, self.abort, max_in_flight)
+        self.service.hold_while(self._holding)
+
+    async def _holding(self) -> bool:
+        # A prefill drained lives on until decodes have read what it holds, or its leases end.
+        return bool(self._leases)
 
     def _media(self, request: engine_pb2.GenerateRequest) -> dict[str, list[tuple[str, int]]]:
         """Each item of the prompt, by modality: its identity and its tokens."""
