@@ -240,9 +240,11 @@ def decide(
 def _room(
     seen: Observation, goals: Goals, missed: bool, state: State, now: float, window: float
 ) -> tuple[bool, bool, bool]:
-    """Whether the interval had no requests, whether it met both goals with room (or had
-    none), and whether they have been so for `ROOMY_WINDOWS` (since when: in `state`)."""
+    """Whether the interval had no requests (none arriving, none open: a decode's long
+    answers run on without arrivals), whether it met both goals with room (or had none),
+    and whether they have been so for `ROOMY_WINDOWS` (since when: in `state`)."""
     idle = seen.first_tokens == 0 and not any((seen.calls or {}).values())
+    idle = idle and not any((seen.open_s or {}).values())
     roomy = idle or all(
         value is None or value <= goals.headroom * goal
         for value, goal in ((seen.ttft_s, goals.ttft_s), (seen.itl_s, goals.itl_s))

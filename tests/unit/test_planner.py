@@ -241,6 +241,13 @@ def test_without_requests_roles_shrink_to_their_least():
     assert decide(quiet, state=state) == [rules.Change("decode", 1, "idle")]
 
 
+def test_a_decode_running_long_answers_without_arrivals_is_not_idle():
+    # It may give a replica its open calls do not need; the reason is headroom, not idle.
+    running_on = seen(first_tokens=0, busy={"decode": 1})
+    state = rules.State({"encoder": 1, "prefill": 1, "decode": 3}, {}, capacity={"decode": 2.0})
+    assert decide(running_on, state=state) == [rules.Change("decode", 1, "headroom")]
+
+
 def test_bounds_default_and_refuse_what_cannot_be():
     config = PlannerConfig(min_replicas=["encoder=0"], max_replicas=["worker=2"])
     assert bounds(config, ["encoder", "worker"], {"encoder": 6}) == {
