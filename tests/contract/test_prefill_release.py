@@ -176,3 +176,19 @@ def test_a_drained_prefill_is_idle_once_what_it_holds_is_collected(collected: st
         return holding
 
     assert asyncio.run(main())
+
+
+def test_a_prefill_whose_engine_died_holds_nothing_to_wait_for():
+    async def main() -> tuple[bool, bool]:
+        engine, role, servicer = prefill()
+        async for _ in servicer.generate(request("r7")):
+            pass
+        before = await role.holding()
+
+        async def dead(method: str, args: tuple) -> list:
+            raise RuntimeError("the engine core died")
+
+        engine.collective_rpc = dead
+        return before, await role.holding()
+
+    assert asyncio.run(main()) == (True, False)

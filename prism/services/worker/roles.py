@@ -15,6 +15,7 @@ explained, and what it holds after the request and frees on Abort.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -30,6 +31,8 @@ from prism.proto.stage.v1 import engine_pb2
 from prism.proto.v1 import errors_pb2
 from prism.rpc.errors import PrismError, invalid
 from prism.services.worker import kv_transfer
+
+log = logging.getLogger(__name__)
 
 # Longest pause between tries to free a prefill's KV that the connector does not hold yet.
 _RELEASE_POLL_MAX_S = 0.25
@@ -213,7 +216,14 @@ class Prefill(Role):
         for stale in [k for k, until in self._held.items() if until <= now]:
             del self._held[stale]
         if self._held:
-            (held,) = await self.engine.collective_rpc("prism_kv_held", args=(list(self._held),))
+            try:
+                (held,) = await self.engine.collective_rpc(
+                    "prism_kv_held", args=(list(self._held),)
+                )
+            except Exception as exc:  # a dead engine holds nothing a decode could read
+                log.warning("prefill: cannot ask the engine what it holds (%r)", exc)
+                self._held.clear()
+                return False
             for read in set(self._held) - set(held):
                 del self._held[read]
         return bool(self._held)
