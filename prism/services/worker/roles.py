@@ -190,10 +190,8 @@ class Prefill(Role):
         finish.kv_transfer_params.CopyFrom(kv_transfer.to_proto(output.kv_transfer_params))
         if any(modality.items(layouts) for modality in MODALITIES):
             finish.layouts.CopyFrom(layouts)
-        now = time.monotonic()
-        for stale in [k for k, until in self._held.items() if until <= now]:
-            del self._held[stale]
-        self._held[request_id] = now + self.kv_lease_s
+        self._forget_ended_leases()
+        self._held[request_id] = time.monotonic() + self.kv_lease_s
 
     def release(self, request_id: str) -> bool:
         until = self._held.pop(request_id, None)
@@ -212,9 +210,7 @@ class Prefill(Role):
     async def holding(self) -> bool:
         # vLLM frees a prompt's blocks once a decode has read them, which only its
         # connector learns: ask it which of those handed off it still holds.
-        now = time.monotonic()
-        for stale in [k for k, until in self._held.items() if until <= now]:
-            del self._held[stale]
+        self._forget_ended_leases()
         if self._held:
             try:
                 (held,) = await self.engine.collective_rpc(
@@ -227,6 +223,11 @@ class Prefill(Role):
             for read in set(self._held) - set(held):
                 del self._held[read]
         return bool(self._held)
+
+    def _forget_ended_leases(self) -> None:
+        now = time.monotonic()
+        for ended in [k for k, until in self._held.items() if until <= now]:
+            del self._held[ended]
 
     def _end_lease(self, request_id: str, until: float) -> None:
         task = asyncio.create_task(self._release_kv(request_id, until))
