@@ -251,6 +251,22 @@ class ServeConfig(Flags):
     status_file: str = flag(
         "", "once ready, write every endpoint there as JSON (removed on exit)", metavar="PATH"
     )
+    start_timeout: float = flag(
+        1800.0,
+        "seconds the stages may take to serve, each after the one it waits for (long enough "
+        "for a 7B model on a GPU with compilation and CUDA graphs); on expiry the mesh stops, "
+        "naming each stage still starting and its phase",
+        metavar="S",
+    )
+    compile_cache: str = flag(
+        "",
+        "one directory for the compiled graphs of every engine of the mesh (vLLM's, "
+        "Inductor's and Triton's caches), so that an engine started after another with the "
+        "same model and settings, restarted, or started again later loads what was compiled "
+        "instead of compiling (default: each library's own, ~/.cache/vllm and the "
+        "temporary directory)",
+        metavar="DIR",
+    )
     enable_mm_embeds: bool = flag(
         False,
         "take image embeddings from clients (image_embeds parts), as vLLM's flag: checked "

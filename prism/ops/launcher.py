@@ -12,15 +12,19 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from typing import IO
 
-from prism.config.stages import MeshConfig
-from prism.ops import gpus
+from prism.config.stages import MeshConfig, ServeConfig
+from prism.ops import gpus, phases
+from prism.ops.phases import Progress
 from prism.ops.plan import plan
 from prism.ops.stage_process import StageProcess, prepare_child
 from prism.ops.supervisor import Supervisor
@@ -33,6 +37,9 @@ class Mesh:
 
     def __init__(self, stages: list[StageProcess]):
         self.stages = stages
+        # The stages' output, relayed by one thread each, through one lock.
+        self._output = threading.Lock()
+        self._relays: list[threading.Thread] = []
 
     def stage(self, name: str) -> StageProcess:
         """The stage called `name`, or the first `name-N` replica."""
@@ -42,17 +49,24 @@ class Mesh:
         return self.stage(name).address
 
     def start(
-        self, timeout: float = 300.0, log: IO | None = None,
-        stages: list[StageProcess] | None = None,
+        self, timeout: float = ServeConfig.start_timeout, log: IO | None = None,
+        stages: list[StageProcess] | None = None, report: Callable[[str], None] | None = None,
     ) -> None:  # fmt: skip
-        """Starts every stage, or those of `stages` (output to `log` if given), and waits
-        until they are healthy."""
-        for stage in self.stages if stages is None else stages:
-            self.spawn(stage, log)
-        self._wait_healthy(list(self.stages if stages is None else stages), timeout)
+        """Starts every stage, or those of `stages` (output to `log` if given, else to
+        stdout), each once the stage it waits for (`after`) serves, and waits until they
+        serve; `report` is told each stage's phase as it changes."""
+        chosen = list(self.stages if stages is None else stages)
+        names = {stage.name for stage in chosen}
+        waiting = [stage for stage in chosen if names & set(stage.after)]
+        for stage in chosen:
+            if stage in waiting:
+                stage.progress = Progress(f"waiting for {', '.join(stage.after)}")
+            else:
+                self.spawn(stage, log)
+        self._wait_healthy(chosen, timeout, log, waiting, report)
 
     def restart(
-        self, name: str, argv: list[str] | None = None, timeout: float = 300.0,
+        self, name: str, argv: list[str] | None = None, timeout: float = ServeConfig.start_timeout,
         log: IO | None = None,
     ) -> None:  # fmt: skip
         """Stops the stage `name` and starts it again, with `argv` in place of its own if
@@ -63,14 +77,18 @@ class Mesh:
         if argv is not None:
             stage.argv = argv
         self.spawn(stage, log)
-        self._wait_healthy([stage], timeout)
+        self._wait_healthy([stage], timeout, log)
 
     def spawn(self, stage: StageProcess, log: IO | None = None) -> None:
+        stage.progress = Progress()
         stage.process = subprocess.Popen(
             stage.argv,
             env={**os.environ, **stage.env},
-            stdout=log,
-            stderr=subprocess.STDOUT if log else None,
+            # Through the launcher, which names the stage on each line and reads its phase.
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
             # Its own process group, so that stop() also reaches the processes a stage
             # spawned (vLLM's engine core) even when the stage itself died abruptly.
             # Not its own session: the kernel shares CPU equally between sessions
@@ -79,15 +97,45 @@ class Mesh:
             process_group=0,
             preexec_fn=functools.partial(prepare_child, stage.cpus),
         )
+        width = max(len(s.name) for s in self.stages)
+        prefix = f"{stage.name:<{width}} | " if stage.tag_lines else ""
+        out = log if log is not None else sys.stdout
+        level = logging.getLevelName(stage.log_level.upper())
+        thread = threading.Thread(
+            target=phases.relay,
+            args=(stage.process.stdout, out, prefix, level, stage.progress, self._output),
+            name=f"relay-{stage.name}",
+            daemon=True,
+        )
+        thread.start()
+        self._relays.append(thread)
 
-    def _wait_healthy(self, pending: list[StageProcess], timeout: float) -> None:
+    def _wait_healthy(
+        self, chosen: list[StageProcess], timeout: float, log: IO | None = None,
+        waiting: list[StageProcess] | None = None, report: Callable[[str], None] | None = None,
+    ) -> None:  # fmt: skip
         deadline = time.monotonic() + timeout
+        waiting = list(waiting or [])
+        pending, told = list(chosen), dict.fromkeys(stage.name for stage in chosen)
         while pending:
-            self.check_alive(pending)
-            pending = [stage for stage in pending if not stage.healthy()]
+            self.check_alive([stage for stage in pending if stage not in waiting])
+            for stage in pending:
+                if stage not in waiting and stage.healthy():
+                    stage.progress.enter(phases.SERVING)
+            pending = [stage for stage in pending if stage.progress.phase != phases.SERVING]
+            for stage in [s for s in waiting if not {p.name for p in pending} & set(s.after)]:
+                waiting.remove(stage)
+                self.spawn(stage, log)
+            for stage in chosen:
+                if report is not None and told[stage.name] != stage.progress.phase:
+                    told[stage.name] = stage.progress.phase
+                    report(f"{stage.name}: {stage.progress.phase} "
+                           f"({stage.progress.elapsed():.0f} s)")  # fmt: skip
             if pending and time.monotonic() > deadline:
-                names = ", ".join(stage.name for stage in pending)
-                raise TimeoutError(f"stages not healthy after {timeout:.0f}s: {names}")
+                late = "; ".join(f"{s.name} {s.progress.describe()}" for s in pending)
+                raise TimeoutError(
+                    f"stages not serving after {timeout:.0f} s (--start-timeout): {late}"
+                )
             if pending:
                 time.sleep(0.5)
 
@@ -95,7 +143,10 @@ class Mesh:
         """Raises if a stage (of `stages`) has exited."""
         for stage in self.stages if stages is None else stages:
             if stage.process is not None and (code := stage.process.poll()) is not None:
-                raise RuntimeError(f"{stage.name} exited ({processes.exit_reason(code)})")
+                raise RuntimeError(
+                    f"{stage.name} exited ({processes.exit_reason(code)}) while "
+                    f"{stage.progress.phase}"
+                )
 
     def stop(self, grace: float = 15.0) -> None:
         """SIGTERM to every stage, front first, so that no new work reaches the stages
@@ -108,6 +159,9 @@ class Mesh:
         deadline = time.monotonic() + grace
         for process in running:
             processes.finish(process, grace=max(0.1, deadline - time.monotonic()))
+        # What the stages said last reaches the output before it may be closed.
+        for thread in self._relays:
+            thread.join(timeout=max(0.1, deadline - time.monotonic()))
 
 
 class _StopRequested(Exception):
@@ -194,7 +248,7 @@ def run(config: MeshConfig) -> int:
             print(f"  {gpus.describe(stage.name, stage.placement)}", flush=True)
     written = False
     try:
-        mesh.start(stages=starting)
+        mesh.start(config.serve.start_timeout, stages=starting, report=_say)
         supervisor = Supervisor(mesh, list(starting), report=_say)
         planner = None
         status = endpoints(config, mesh)

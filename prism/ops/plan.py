@@ -114,13 +114,47 @@ def plan(config: MeshConfig) -> list[StageProcess]:
     _place_on_gpus(config, by_role)
     front = fronts.plan(config, _prism(config), _model, functools.partial(_peers, config), by_role)
     stages = [*encoders, *engines, *front]
-    for stage in stages:
-        # vLLM has its own logger; keep it as quiet as the stages were asked to be.
-        stage.env.setdefault(
-            "VLLM_LOGGING_LEVEL",
-            os.environ.get("VLLM_LOGGING_LEVEL", config.log.log_level.upper()),
-        )
+    _logging(config, stages)
+    _start_order(config, [*encoders, *engines], engines)
+    if config.serve.compile_cache:
+        cache = os.path.abspath(config.serve.compile_cache)
+        for stage in engines:
+            stage.env.update(VLLM_CACHE_ROOT=os.path.join(cache, "vllm"),
+                             TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"),
+                             TRITON_CACHE_DIR=os.path.join(cache, "triton"))  # fmt: skip
     return stages
+
+
+def _logging(config: MeshConfig, stages: list[StageProcess]) -> None:
+    """vLLM has its own logger. It logs at INFO at least, which is where it says what it is
+    doing while it starts (prism.ops.phases); the launcher shows its lines from the
+    stages' level up, or from the level the user set for it."""
+    level = config.log.log_level.upper()
+    vllm_level = os.environ.get("VLLM_LOGGING_LEVEL", "DEBUG" if level == "DEBUG" else "INFO")
+    for stage in stages:
+        stage.env.setdefault("VLLM_LOGGING_LEVEL", vllm_level)
+        stage.log_level = os.environ.get("VLLM_LOGGING_LEVEL", level)
+        stage.tag_lines = config.log.log_format != "json"
+
+
+def _start_order(
+    config: MeshConfig, placed: list[StageProcess], engines: list[StageProcess]
+) -> None:
+    """Which stages wait for others to serve before they start.
+
+    Stages that share a GPU start one after another: vLLM sizes an engine's KV cache from
+    the memory its profiling run sees used on the device, and a stage loading beside it
+    meanwhile would be counted as its own. On the CPU, engines that compile (vLLM's
+    `--no-enforce-eager`; Prism's CPU engines run eagerly otherwise) wait for the first,
+    whose compiled graphs they then load from the cache they share."""
+    last_on: dict[int, str] = {}
+    for stage in placed:
+        stage.after = sorted({last_on[gpu] for gpu in stage.placement.gpus if gpu in last_on})
+        last_on.update(dict.fromkeys(stage.placement.gpus, stage.name))
+    compiled = config.engine.engine == "vllm" and "--no-enforce-eager" in config.vllm_flags
+    if compiled and not any(stage.placement.gpus for stage in engines):
+        for stage in engines[1:]:
+            stage.after = [engines[0].name]
 
 
 def _peers(config: MeshConfig, by_role: dict[str, list[StageProcess]]) -> list[str]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from prism.config.common import AddressConfig, MetricsConfig
 from prism.ops import gpus
+from prism.ops.phases import Progress
 from prism.rpc.channel import check_health
 from prism.runtime.ports import free_port
 
@@ -90,4 +91,12 @@ class StageProcess:
     cpus: set[int] = field(default_factory=set)
     # The GPUs it runs on (none: the CPU) and, for a vLLM engine, its share of their memory.
     placement: gpus.Placement = field(default_factory=lambda: gpus.Placement(()))
+    # The stages that must be serving before this one starts (`plan`: stages that share a
+    # GPU, or engines that compile the same graphs).
+    after: list[str] = field(default_factory=list)
+    # The least level of vLLM's lines that its output shows (prism.ops.phases), and
+    # whether each line of it begins with its name (not where the lines are JSON objects).
+    log_level: str = "INFO"
+    tag_lines: bool = True
     process: subprocess.Popen | None = None
+    progress: Progress = field(default_factory=Progress)

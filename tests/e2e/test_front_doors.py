@@ -10,6 +10,7 @@ import base64
 import importlib.util
 import json
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -45,6 +46,10 @@ class Served:
     model: str
     printed: list[str]
     status: dict
+    # What it said on stderr while it started.
+    said: Path
+    # The stages' own lines it printed before it was ready.
+    stage_lines: list[str]
     # How a chat sent the moment /v1/models first listed the model ended.
     first_listed_chat: int
 
@@ -96,6 +101,7 @@ def served(models, tmp_path_factory):
     )  # fmt: skip
     printed: queue.Queue = queue.Queue()
     threading.Thread(target=_lines, args=(serve.stdout, printed), daemon=True).start()
+    stages: list[str] = []
     descendants: list[psutil.Process] = []
     try:
         first = _first_listed_chat(f"http://127.0.0.1:{http_port}/v1", model, serve)
@@ -106,8 +112,11 @@ def served(models, tmp_path_factory):
             assert line is not None, (tmp / "serve.log").read_text()[-3000:]
             if line.startswith(f"prism ({mode}) ready: ") or (lines and line.startswith("  ")):
                 lines.append(line)
+            else:
+                stages.append(line)
         descendants = psutil.Process(serve.pid).children(recursive=True)
-        yield Served(mode, model, lines, json.loads(status_file.read_text()), first)
+        yield Served(mode, model, lines, json.loads(status_file.read_text()), tmp / "serve.log",
+                     stages, first)  # fmt: skip
     finally:
         serve.send_signal(signal.SIGTERM)
         try:
@@ -120,6 +129,21 @@ def served(models, tmp_path_factory):
     # Every stage and every vLLM engine core ended with it (`test_serve.py` kills its other ways).
     _, alive = psutil.wait_procs(descendants, timeout=60)
     assert not alive, [p.cmdline() for p in alive]
+
+
+def test_serve_says_each_stages_phase_while_it_starts_and_names_each_stages_lines(served):
+    said = served.said.read_text().splitlines()
+    for stage in ("encoder-0", "prefill-0", "decode-0", "front"):
+        assert f"prism: {stage}: importing (0 s)" in said, said
+        assert any(line.startswith(f"prism: {stage}: serving (") for line in said), said
+    # The engines' phases, from vLLM's own lines (which --log-level warning keeps back).
+    for engine in ("prefill-0", "decode-0"):
+        assert any(line.startswith(f"prism: {engine}: loading weights (") for line in said)
+    assert not any(re.search(r"\bINFO \d\d-\d\d \d\d:", line) for line in served.stage_lines)
+    assert served.stage_lines and all(
+        line.split(" | ", 1)[0].strip() in ("encoder-0", "prefill-0", "decode-0", "front")
+        for line in served.stage_lines
+    ), served.stage_lines[:5]
 
 
 def test_serve_prints_every_endpoint_and_lists_the_model_only_once_it_can_serve(served):

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from support.waiting import wait_for
 
 from prism.ops.launcher import Mesh
@@ -65,8 +66,9 @@ def test_stopping_a_mesh_ends_a_stage_that_ignores_sigterm(tmp_path):
                 "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
                 "print('up', flush=True); time.sleep(60)"]  # fmt: skip
     output = tmp_path / "gateway.log"
-    # Healthy once it says so: from then on it ignores SIGTERM.
-    stage = StageProcess("gateway", "", stubborn, lambda: output.read_text() == "up\n")
+    # Healthy once it says so (the launcher names it on its line): from then on it ignores
+    # SIGTERM.
+    stage = StageProcess("gateway", "", stubborn, lambda: output.read_text() == "gateway | up\n")
     mesh = Mesh([stage])
     with output.open("w") as log:
         mesh.start(timeout=10, log=log)
@@ -74,6 +76,38 @@ def test_stopping_a_mesh_ends_a_stage_that_ignores_sigterm(tmp_path):
     mesh.stop(grace=1)
     assert stage.process.returncode == -9
     assert time.monotonic() - started < 20
+
+
+def test_a_stage_starts_once_those_it_waits_for_serve_and_a_late_one_is_named_with_its_phase(
+    tmp_path,
+):
+    served = tmp_path / "served"
+    # Says what vLLM says when it loads weights, serves once its file exists.
+    first = StageProcess(
+        "prefill-0", "",
+        [sys.executable, "-c", "import time; print('INFO 11-28 17:11:27 [r.py:68] Starting to "
+         f"load model m...', flush=True); time.sleep(3); open({str(served)!r}, 'w'); "
+         "time.sleep(60)"],
+        served.exists, log_level="WARNING",
+    )  # fmt: skip
+    # Never serves.
+    second = StageProcess("decode-0", "", ["sleep", "60"], lambda: False, after=["prefill-0"])
+    mesh, reports = Mesh([first, second]), []
+    output = tmp_path / "mesh.log"
+    try:
+        with output.open("w") as log, pytest.raises(TimeoutError) as raised:
+            mesh.start(timeout=8, log=log, report=reports.append)
+    finally:
+        mesh.stop(grace=1)
+    assert [r.split(" (")[0] for r in reports] == [
+        "prefill-0: importing", "decode-0: waiting for prefill-0", "prefill-0: loading weights",
+        "prefill-0: serving", "decode-0: importing",
+    ]  # fmt: skip
+    message = str(raised.value)
+    assert message.startswith("stages not serving after 8 s (--start-timeout): decode-0 importing")
+    assert "prefill-0" not in message.split(":", 1)[1]
+    # vLLM's INFO line made the phase, and was held back at the stage's level.
+    assert output.read_text() == ""
 
 
 def _running(pid: int) -> bool:
