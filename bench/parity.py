@@ -43,10 +43,13 @@ def question(seed: int) -> str:
     return f"Prompt {seed}: describe this image in detail."
 
 
-def oracle(model: str, n: int, max_tokens: int) -> list[dict]:
-    """Each prompt's greedy token ids and, per position, the top log probabilities."""
+def oracle(model: str, n: int, max_tokens: int, eager: bool = False) -> list[dict]:
+    """Each prompt's greedy token ids and, per position, the top log probabilities;
+    `eager`: without compilation or CUDA graphs on a GPU too (as a mesh started with
+    vLLM's `--enforce-eager`)."""
+    command = [sys.executable, "-m", "bench.parity", model, str(n), str(max_tokens)]
     run = subprocess.run(
-        [sys.executable, "-m", "bench.parity", model, str(n), str(max_tokens)],
+        command + (["eager"] if eager else []),
         capture_output=True,
         text=True,
         timeout=900,
@@ -105,7 +108,7 @@ def compare(expected: list[dict], got: list[dict]) -> list[dict]:
     return rows
 
 
-def _run_oracle(model: str, n: int, max_tokens: int) -> None:
+def _run_oracle(model: str, n: int, max_tokens: int, eager: bool) -> None:
     from vllm import LLM, SamplingParams
     from vllm.platforms import current_platform
 
@@ -119,7 +122,7 @@ def _run_oracle(model: str, n: int, max_tokens: int) -> None:
     llm = LLM(
         model=model,
         dtype="float32" if cpu else "auto",
-        enforce_eager=cpu,
+        enforce_eager=cpu or eager,
         limit_mm_per_prompt={"image": 8},
         seed=0,
     )
@@ -149,4 +152,4 @@ def _run_oracle(model: str, n: int, max_tokens: int) -> None:
 if __name__ == "__main__":
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    _run_oracle(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    _run_oracle(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:] == ["eager"])

@@ -263,17 +263,21 @@ def may_fail(start: Callable[[], Server], name: str) -> Callable[[], Server]:
 _EXCEPTION = re.compile(r"^\w[\w.]*(Error|Exception)\b")
 
 
-def start_prism(mode: str, model: str, log: Path, **serve: Any) -> Server:
-    """A mesh of `mode`; `serve`, fields of its ServeConfig (prefill_workers=2)."""
+def start_prism(
+    mode: str, model: str, log: Path, vllm_flags: tuple[str, ...] = (), **serve: Any
+) -> Server:
+    """A mesh of `mode`; `serve`, fields of its ServeConfig (prefill_workers=2);
+    `vllm_flags`, vLLM's engine arguments for every engine (--enforce-eager)."""
     port, grpc_port = free_port(), free_port()
     config = MeshConfig(ModelConfig(model),
                         ServeConfig(mode, grpc_port=grpc_port, **serve),
                         HttpConfig(http_port=port),
-                        limit=LimitConfig(0), log=LogConfig("warning"))  # fmt: skip
+                        limit=LimitConfig(0), log=LogConfig("warning"),
+                        vllm_flags=list(vllm_flags))  # fmt: skip
     mesh = Mesh(plan(config))
     with open(log, "w") as out:
         try:
-            mesh.start(timeout=300, log=out)
+            mesh.start(timeout=900, log=out)
         except RuntimeError as exc:
             # The stages that did start would hold the machine (a GPU's memory) for the next.
             mesh.stop()

@@ -26,6 +26,7 @@ from vllm.v1.executor import Executor
 from prism import registry
 from prism.media.modalities import MODALITIES
 from prism.modes import EngineRole
+from prism.runtime import processes
 from prism.runtime.ports import free_port
 from prism.transfer.nixl_agent import read_device_memory_by_ipc
 
@@ -82,6 +83,7 @@ def start_engine(
     """The worker's engine, started, at the priority `--engine-nice` gives it, with its
     local sockets in `sockets` (the worker's own directory), publishing its KV events as
     `kv_events` says."""
+    processes.wait_for_turn()
     _configure(config, sockets)
     engine = _async_llm(engine_args(config, kv_events))
     niceness = config.worker.engine_nice
@@ -100,6 +102,12 @@ def _configure(config: WorkerStageConfig, sockets: Path) -> None:
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.engine.kv_cache_gib)
     # vLLM leaves its sockets in the temporary directory; in the worker's, they go with it.
     os.environ["VLLM_RPC_BASE_PATH"] = str(sockets)
+    if current_platform.is_cpu():
+        # vLLM's CPU backend compiles with Inductor directly, and vLLM 0.32 cannot load the
+        # AOT artifact it then saves (it calls `finalize_loading`, which only its own
+        # backend's functions have): every start would compile again. Without AOT,
+        # Inductor's own cache (TORCHINDUCTOR_CACHE_DIR) serves the next start.
+        os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
     if worker.role != EngineRole.AGGREGATED:
         host = worker.kv_host or registry.advertise_host(config.registry, config.address.host)
         port = worker.kv_port or free_port(host)

@@ -17,9 +17,11 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import IO
 
 from prism.config.stages import MeshConfig, ServeConfig
@@ -40,6 +42,8 @@ class Mesh:
         # The stages' output, relayed by one thread each, through one lock.
         self._output = threading.Lock()
         self._relays: list[threading.Thread] = []
+        # Where the gates of the stages that start in turn are (`spawn`), once one does.
+        self._gates: tempfile.TemporaryDirectory | None = None
 
     def stage(self, name: str) -> StageProcess:
         """The stage called `name`, or the first `name-N` replica."""
@@ -53,17 +57,12 @@ class Mesh:
         stages: list[StageProcess] | None = None, report: Callable[[str], None] | None = None,
     ) -> None:  # fmt: skip
         """Starts every stage, or those of `stages` (output to `log` if given, else to
-        stdout), each once the stage it waits for (`after`) serves, and waits until they
-        serve; `report` is told each stage's phase as it changes."""
+        stdout), and waits until they serve; `report` is told each stage's phase as it
+        changes."""
         chosen = list(self.stages if stages is None else stages)
-        names = {stage.name for stage in chosen}
-        waiting = [stage for stage in chosen if names & set(stage.after)]
         for stage in chosen:
-            if stage in waiting:
-                stage.progress = Progress(f"waiting for {', '.join(stage.after)}")
-            else:
-                self.spawn(stage, log)
-        self._wait_healthy(chosen, timeout, log, waiting, report)
+            self.spawn(stage, log)
+        self._wait_healthy(chosen, timeout, report)
 
     def restart(
         self, name: str, argv: list[str] | None = None, timeout: float = ServeConfig.start_timeout,
@@ -77,13 +76,22 @@ class Mesh:
         if argv is not None:
             stage.argv = argv
         self.spawn(stage, log)
-        self._wait_healthy([stage], timeout, log)
+        self._wait_healthy([stage], timeout)
 
     def spawn(self, stage: StageProcess, log: IO | None = None) -> None:
+        """Starts `stage`, its output relayed to `log` (else stdout); one that waits for
+        others (`after`) imports meanwhile and starts its engine once they serve."""
         stage.progress = Progress()
+        env = {**os.environ, **stage.env}
+        if stage.after:
+            self._gates = self._gates or tempfile.TemporaryDirectory(prefix="prism-gates-")
+            gate = Path(self._gates.name) / stage.name
+            gate.unlink(missing_ok=True)
+            env[processes.START_GATE] = str(gate)
+            stage.progress = Progress(f"importing, then waiting for {', '.join(stage.after)}")
         stage.process = subprocess.Popen(
             stage.argv,
-            env={**os.environ, **stage.env},
+            env=env,
             # Through the launcher, which names the stage on each line and reads its phase.
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -109,23 +117,35 @@ class Mesh:
         )
         thread.start()
         self._relays.append(thread)
+        if stage.after:
+            threading.Thread(
+                target=self._open_gate, args=(stage, gate), name=f"gate-{stage.name}", daemon=True
+            ).start()
+
+    def _open_gate(self, stage: StageProcess, gate: Path) -> None:
+        """Lets `stage` start its engine once the stages it waits for serve."""
+        before = [s for s in self.stages if s.name in stage.after]
+        process = stage.process
+        while not all(s.healthy() for s in before):
+            if process is None or process.poll() is not None:
+                return
+            time.sleep(0.5)
+        with contextlib.suppress(FileNotFoundError):  # the mesh stopped meanwhile
+            gate.touch()
+        stage.progress.enter("starting the engine")
 
     def _wait_healthy(
-        self, chosen: list[StageProcess], timeout: float, log: IO | None = None,
-        waiting: list[StageProcess] | None = None, report: Callable[[str], None] | None = None,
+        self, chosen: list[StageProcess], timeout: float,
+        report: Callable[[str], None] | None = None,
     ) -> None:  # fmt: skip
         deadline = time.monotonic() + timeout
-        waiting = list(waiting or [])
         pending, told = list(chosen), dict.fromkeys(stage.name for stage in chosen)
         while pending:
-            self.check_alive([stage for stage in pending if stage not in waiting])
+            self.check_alive(pending)
             for stage in pending:
-                if stage not in waiting and stage.healthy():
+                if stage.healthy():
                     stage.progress.enter(phases.SERVING)
             pending = [stage for stage in pending if stage.progress.phase != phases.SERVING]
-            for stage in [s for s in waiting if not {p.name for p in pending} & set(s.after)]:
-                waiting.remove(stage)
-                self.spawn(stage, log)
             for stage in chosen:
                 if report is not None and told[stage.name] != stage.progress.phase:
                     told[stage.name] = stage.progress.phase
@@ -162,6 +182,8 @@ class Mesh:
         # What the stages said last reaches the output before it may be closed.
         for thread in self._relays:
             thread.join(timeout=max(0.1, deadline - time.monotonic()))
+        if self._gates is not None:
+            self._gates.cleanup()
 
 
 class _StopRequested(Exception):

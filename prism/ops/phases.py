@@ -27,7 +27,8 @@ PHASES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
     for pattern, phase in (
         (r"Initializing a V1 LLM engine", "starting the engine"),
         (r"Starting to load model", "loading weights"),
-        (r"Directly load the compiled graph", "loading compiled graphs"),
+        (r"Directly load the compiled graph|Directly load AOT compilation",
+         "loading compiled graphs"),
         (r"Dynamo bytecode transform|Compiling a graph for|Warming up model for the "
          r"compilation|Compiling model again", "compiling"),
         (r"Memory profiling takes|Available KV cache memory", "profiling memory"),

@@ -140,16 +140,18 @@ def _logging(config: MeshConfig, stages: list[StageProcess]) -> None:
 def _start_order(
     config: MeshConfig, placed: list[StageProcess], engines: list[StageProcess]
 ) -> None:
-    """Which stages wait for others to serve before they start.
+    """Which engines wait for other stages to serve before they start their engine (they
+    import meanwhile; prism.ops.launcher).
 
-    Stages that share a GPU start one after another: vLLM sizes an engine's KV cache from
-    the memory its profiling run sees used on the device, and a stage loading beside it
-    meanwhile would be counted as its own. On the CPU, engines that compile (vLLM's
-    `--no-enforce-eager`; Prism's CPU engines run eagerly otherwise) wait for the first,
-    whose compiled graphs they then load from the cache they share."""
+    An engine on a GPU waits for the stages placed on it before: vLLM sizes an engine's KV
+    cache from the memory its profiling run sees used on the device, and a stage loading
+    beside it meanwhile would be counted as its own. On the CPU, engines that compile
+    (vLLM's `--no-enforce-eager`; Prism's CPU engines run eagerly otherwise) wait for the
+    first, whose compiled graphs they then load from the cache they share."""
     last_on: dict[int, str] = {}
     for stage in placed:
-        stage.after = sorted({last_on[gpu] for gpu in stage.placement.gpus if gpu in last_on})
+        if stage in engines:
+            stage.after = sorted({last_on[g] for g in stage.placement.gpus if g in last_on})
         last_on.update(dict.fromkeys(stage.placement.gpus, stage.name))
     compiled = config.engine.engine == "vllm" and "--no-enforce-eager" in config.vllm_flags
     if compiled and not any(stage.placement.gpus for stage in engines):

@@ -118,3 +118,18 @@ def exit_with_parent(interval: float = 1.0) -> threading.Thread:
     thread = threading.Thread(target=watch, name="prism-exit-with-parent", daemon=True)
     thread.start()
     return thread
+
+
+# A file whose existence lets this engine start (prism.ops.launcher starts some engines in
+# turn: those that share a GPU, or that compile the same graphs).
+START_GATE = "PRISM_START_GATE"
+
+
+def wait_for_turn(poll_s: float = 0.2) -> None:
+    """Waits, where the launcher gave this process a start gate, until the gate opens:
+    its imports are done meanwhile, beside the stages it waits for."""
+    gate = os.environ.get(START_GATE)
+    if gate:
+        log.info("waiting for the stages started before this one (%s)", gate)
+        while not os.path.exists(gate):
+            time.sleep(poll_s)

@@ -1,11 +1,23 @@
-"""The oracle alone, for a lease too short for verify-gpu's serve step: MODES' greedy
-answers to 4 image prompts (16 tokens each) beside one offline vLLM engine's, each mesh
-started in turn on the GPU, each step's seconds printed as it ends.
+"""The oracle on a GPU host, within a budget: each mode's greedy answers to image prompts
+beside one offline vLLM engine's, per model, token for token, streamed through the public
+gRPC API, with the first differing position and both sides' margin where they differ.
 
-    python3 scripts/gpu-host/parity.py MODEL OUT_DIR e/p/d,e/pd
+    python3 scripts/gpu-host/parity.py OUT_DIR --model qwen2-vl=/tmp/tiny-qwen2-vl \\
+        --model llava=/tmp/tiny-llava --modes epd,e/pd,e/p/d,ep/d --eager --budget 300
+
+`--eager` runs both sides without compilation or CUDA graphs (vLLM's `--enforce-eager`):
+on a GPU an engine then starts in seconds of loading instead of minutes of compiling, and
+greedy parity is a check of correctness, not of speed. A step that the budget no longer
+leaves room for (as long as the slowest of its kind so far took) is cut, and said to be.
+Everything lands in OUT_DIR/parity.json as it ends; the exit status is 1 where a mode
+answered otherwise than the offline engine, or failed.
 """
 
+from __future__ import annotations
+
+import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -16,36 +28,82 @@ from bench import parity
 from bench.lib.servers import start_prism
 from bench.lib.shapes import slug
 
-PROMPTS, TOKENS = 4, 16
 
-
-def main() -> None:
-    model, out, modes = sys.argv[1], Path(sys.argv[2]), sys.argv[3].split(",")
-    out.mkdir(parents=True, exist_ok=True)
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--model", action="append", required=True, metavar="NAME=DIR")
+    parser.add_argument("--modes", default="epd,e/pd,e/p/d,ep/d")
+    parser.add_argument("--eager", action="store_true")
+    parser.add_argument("--budget", type=float, default=600, help="seconds for the whole run")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=16)
+    args = parser.parse_args()
+    # On SIGTERM (the lease's limit), the meshes still running are stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    args.out.mkdir(parents=True, exist_ok=True)
     begin = time.monotonic()
-    result: dict = {"model": model, "prompts": PROMPTS, "max_tokens": TOKENS, "modes": {}}
+    result: dict = {"eager": args.eager, "prompts": args.prompts, "max_tokens": args.tokens,
+                    "models": {}, "cut": [], "failed": []}  # fmt: skip
+    # The longest step of each kind so far: what the next one is expected to take.
+    longest = {"oracle": 0.0, "mesh": 0.0}
 
-    def lap(what: str) -> float:
-        seconds = round(time.monotonic() - begin, 1)
-        print(f"{seconds:7.1f} s  {what}", flush=True)
-        result.setdefault("seconds", {})[what] = seconds
-        out.joinpath("parity.json").write_text(json.dumps(result, indent=1))
-        return seconds
+    def save() -> None:
+        result["seconds"] = round(time.monotonic() - begin, 1)
+        args.out.joinpath("parity.json").write_text(json.dumps(result, indent=1))
 
-    expected = parity.oracle(model, PROMPTS, TOKENS)
-    lap("offline engine answered")
-    for mode in modes:
-        server = start_prism(mode, model, out / f"{slug(mode)}.log")
-        lap(f"{mode} started")
-        try:
-            got = parity.answers(server.grpc_address, model, PROMPTS, TOKENS)
-        finally:
-            for stop in server.stop:
-                stop()
-        rows = parity.compare(expected, got)
-        result["modes"][mode] = rows
-        lap(f"{mode}: {sum(r['equal'] for r in rows)}/{len(rows)} prompts equal")
+    def fits(kind: str, what: str) -> bool:
+        left = args.budget - (time.monotonic() - begin)
+        if left > longest[kind]:
+            return True
+        result["cut"].append(f"{what}: {left:.0f} s left, the last {kind} took {longest[kind]:.0f}")
+        print(f"cut {what} ({left:.0f} s left)", flush=True)
+        save()
+        return False
+
+    vllm_flags = ("--enforce-eager",) if args.eager else ()
+    for entry in args.model:
+        name, _, model = entry.partition("=")
+        rows: dict = {}
+        result["models"][name] = {"model": model, "modes": rows}
+        if not fits("oracle", f"{name}: the offline engine and every mode"):
+            continue
+        started = time.monotonic()
+        expected = parity.oracle(model, args.prompts, args.tokens, eager=args.eager)
+        longest["oracle"] = max(longest["oracle"], time.monotonic() - started)
+        result["models"][name]["oracle_s"] = round(time.monotonic() - started, 1)
+        save()
+        for mode in args.modes.split(","):
+            if not fits("mesh", f"{name} {mode}"):
+                continue
+            started = time.monotonic()
+            log = args.out / f"{name}-{slug(mode)}.log"
+            try:
+                server = start_prism(mode, model, log, vllm_flags)
+            except RuntimeError as exc:
+                result["failed"].append(f"{name} {mode}: {exc}")
+                continue
+            ready = time.monotonic() - started
+            try:
+                got = parity.answers(server.grpc_address, model, args.prompts, args.tokens)
+            finally:
+                for stop in server.stop:
+                    stop()
+            longest["mesh"] = max(longest["mesh"], time.monotonic() - started)
+            compared = parity.compare(expected, got)
+            rows[mode] = {"start_s": round(ready, 1), "rows": compared,
+                          "equal": all(row["equal"] for row in compared)}  # fmt: skip
+            print(f"{time.monotonic() - begin:7.1f} s  {name} {mode}: started in {ready:.0f} s, "
+                  f"{sum(r['equal'] for r in compared)}/{len(compared)} prompts equal",
+                  flush=True)  # fmt: skip
+            save()
+    save()
+    unequal = [f"{name} {mode}" for name, model in result["models"].items()
+               for mode, row in model["modes"].items() if not row["equal"]]  # fmt: skip
+    for what in unequal + result["failed"]:
+        print(f"NOT EQUAL or failed: {what}", flush=True)
+    return 1 if unequal or result["failed"] else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

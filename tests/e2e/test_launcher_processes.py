@@ -78,7 +78,7 @@ def test_stopping_a_mesh_ends_a_stage_that_ignores_sigterm(tmp_path):
     assert time.monotonic() - started < 20
 
 
-def test_a_stage_starts_once_those_it_waits_for_serve_and_a_late_one_is_named_with_its_phase(
+def test_an_engine_starts_once_those_it_waits_for_serve_and_a_late_one_is_named_with_its_phase(
     tmp_path,
 ):
     served = tmp_path / "served"
@@ -90,8 +90,14 @@ def test_a_stage_starts_once_those_it_waits_for_serve_and_a_late_one_is_named_wi
          "time.sleep(60)"],
         served.exists, log_level="WARNING",
     )  # fmt: skip
-    # Never serves.
-    second = StageProcess("decode-0", "", ["sleep", "60"], lambda: False, after=["prefill-0"])
+    # Imports at once, starts its engine once its gate opens, and never serves.
+    engine = ("from prism.runtime import processes; import os; "
+              "print('imported', os.path.exists(os.environ['PRISM_START_GATE']), flush=True); "
+              "processes.wait_for_turn(0.05); print('its turn', flush=True); "
+              "import time; time.sleep(60)")  # fmt: skip
+    second = StageProcess(
+        "decode-0", "", [sys.executable, "-c", engine], lambda: False, after=["prefill-0"]
+    )
     mesh, reports = Mesh([first, second]), []
     output = tmp_path / "mesh.log"
     try:
@@ -100,14 +106,17 @@ def test_a_stage_starts_once_those_it_waits_for_serve_and_a_late_one_is_named_wi
     finally:
         mesh.stop(grace=1)
     assert [r.split(" (")[0] for r in reports] == [
-        "prefill-0: importing", "decode-0: waiting for prefill-0", "prefill-0: loading weights",
-        "prefill-0: serving", "decode-0: importing",
+        "prefill-0: importing", "decode-0: importing, then waiting for prefill-0",
+        "prefill-0: loading weights", "prefill-0: serving", "decode-0: starting the engine",
     ]  # fmt: skip
     message = str(raised.value)
-    assert message.startswith("stages not serving after 8 s (--start-timeout): decode-0 importing")
+    assert message.startswith(
+        "stages not serving after 8 s (--start-timeout): decode-0 starting the engine for "
+    )
     assert "prefill-0" not in message.split(":", 1)[1]
-    # vLLM's INFO line made the phase, and was held back at the stage's level.
-    assert output.read_text() == ""
+    # vLLM's INFO line made the phase, and was held back at the stage's level; the engine
+    # imported before its gate opened, and started once it had.
+    assert output.read_text() == "decode-0  | imported False\ndecode-0  | its turn\n"
 
 
 def _running(pid: int) -> bool:

@@ -36,6 +36,8 @@ def test_each_phase_of_an_engines_start_is_read_from_vllms_lines():
     # Inductor's work during the warm-up.
     warm = "INFO 11-28 17:11:30 [backends.py:296] Directly load the compiled graph(s) for compile"
     assert phases.phase_of(warm) == "loading compiled graphs"
+    aot = "INFO 11-28 17:11:30 [decorators.py:319] [backbone] Directly load AOT compilation from"
+    assert phases.phase_of(aot) == "loading compiled graphs"
     cpu = "INFO 11-28 17:11:28 [cpu_model_runner.py:87] Warming up model for the compilation..."
     assert phases.phase_of(cpu) == "compiling"
     assert phases.phase_of("2026-11-28 17:15:30,757 INFO prism.runtime.stage [] serving") is None
