@@ -19,6 +19,8 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -43,8 +45,29 @@ def question(seed: int) -> str:
     return f"Prompt {seed}: describe this image in detail."
 
 
+# The video prompt, after the image prompts, for models with a video path.
+VIDEO_QUESTION = "Describe this video in detail."
+
+
+def mp4() -> bytes:
+    """16 frames of noise at 8 fps, 64x48, MPEG-4 in MP4 (as the tests' videos)."""
+    from prism.media.video import encode_video
+
+    rng = np.random.RandomState(2000)
+    frames = [(rng.rand(48, 64, 3) * 255).astype("uint8") for _ in range(16)]
+    with tempfile.TemporaryDirectory() as directory:
+        return encode_video(frames, 8.0, f"{directory}/video.mp4")
+
+
+def has_video(model: str) -> bool:
+    """Whether the model's family takes videos (Qwen2-VL and Qwen2.5-VL)."""
+    config = json.loads(Path(model, "config.json").read_text())
+    return config.get("model_type") in ("qwen2_vl", "qwen2_5_vl")
+
+
 def oracle(model: str, n: int, max_tokens: int, eager: bool = False) -> list[dict]:
-    """Each prompt's greedy token ids and, per position, the top log probabilities;
+    """Each prompt's greedy token ids and, per position, the top log probabilities (`n`
+    image prompts, then a video prompt where the model takes videos);
     `eager`: without compilation or CUDA graphs on a GPU too (as a mesh started with
     vLLM's `--enforce-eager`)."""
     command = [sys.executable, "-m", "bench.parity", model, str(n), str(max_tokens)]
@@ -61,16 +84,21 @@ def oracle(model: str, n: int, max_tokens: int, eager: bool = False) -> list[dic
 
 
 def answers(address: str, model: str, n: int, max_tokens: int) -> list[dict]:
-    """The mesh's answers to the same prompts, through its public gRPC API."""
+    """The mesh's answers to the same prompts (and the video prompt, where the model takes
+    videos), streamed through its public gRPC API."""
     out = []
     with grpc.insecure_channel(address) as channel:
         stub = inference_pb2_grpc.InferenceServiceStub(channel)
-        for seed in range(n):
-            image = common_pb2.Image(data=png(seed), mime_type="image/png")
-            content = [
-                inference_pb2.ContentPart(image=image),
-                inference_pb2.ContentPart(text=question(seed)),
-            ]
+        video = common_pb2.Video(data=mp4(), mime_type="video/mp4") if has_video(model) else None
+        for seed in range(n + (video is not None)):
+            if seed < n:
+                media = inference_pb2.ContentPart(
+                    image=common_pb2.Image(data=png(seed), mime_type="image/png")
+                )
+            else:
+                media = inference_pb2.ContentPart(video=video)
+            text = question(seed) if seed < n else VIDEO_QUESTION
+            content = [media, inference_pb2.ContentPart(text=text)]
             request = inference_pb2.ChatRequest(
                 model=model,
                 messages=[inference_pb2.ChatMessage(role=inference_pb2.ROLE_USER, content=content)],
@@ -113,6 +141,7 @@ def _run_oracle(model: str, n: int, max_tokens: int, eager: bool) -> None:
     from vllm.platforms import current_platform
 
     cpu = current_platform.is_cpu()
+    video = has_video(model)
     if cpu:
         # The model in this process, as Prism's CPU workers run it (prism.engine.launch):
         # no engine core and model process to start and spin between; the same answers.
@@ -123,21 +152,19 @@ def _run_oracle(model: str, n: int, max_tokens: int, eager: bool) -> None:
         model=model,
         dtype="float32" if cpu else "auto",
         enforce_eager=cpu or eager,
-        limit_mm_per_prompt={"image": 8},
+        limit_mm_per_prompt={"image": 8} | ({"video": 1} if video else {}),
         seed=0,
     )
     results = []
-    for seed in range(n):
-        url = "data:image/png;base64," + base64.b64encode(png(seed)).decode()
-        messages = [
-            {
-                "role": "user",
-                "content": [
-                    {"type": "image_url", "image_url": {"url": url}},
-                    {"type": "text", "text": question(seed)},
-                ],
-            }
-        ]
+    for seed in range(n + video):
+        if seed < n:
+            url = "data:image/png;base64," + base64.b64encode(png(seed)).decode()
+            media = {"type": "image_url", "image_url": {"url": url}}
+        else:
+            url = "data:video/mp4;base64," + base64.b64encode(mp4()).decode()
+            media = {"type": "video_url", "video_url": {"url": url}}
+        text = question(seed) if seed < n else VIDEO_QUESTION
+        messages = [{"role": "user", "content": [media, {"type": "text", "text": text}]}]
         params = SamplingParams(temperature=0, max_tokens=max_tokens, logprobs=TOP, ignore_eos=True)
         (output,) = llm.chat(messages, params, use_tqdm=False)
         completion = output.outputs[0]

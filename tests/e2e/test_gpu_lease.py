@@ -49,7 +49,8 @@ def test_the_lease_checks_parity_eagerly_and_leaves_nothing_running(tmp_path, mo
     result = json.loads((work / "parity" / "parity.json").read_text())
     assert result["eager"] and not result["cut"] and not result["failed"]
     (mode,) = result["models"]["qwen2-vl"]["modes"].values()
-    assert mode["equal"] and [row["equal"] for row in mode["rows"]] == [True] * 4
+    # Four image prompts and one video prompt (Qwen2-VL has a video path).
+    assert mode["equal"] and [row["equal"] for row in mode["rows"]] == [True] * 5
     assert "qwen2-vl ep/d: started in" in run.stdout
     # Every process of the step's session was gone by its end.
     models = str(tmp_path / "parity" / "models")

@@ -27,7 +27,8 @@ def test_the_gpu_verification_runs_in_its_cpu_form(tmp_path: Path) -> None:
     serve = json.loads((results / "serve.json").read_text())
     assert {row["server"] for row in serve["rows"]} == {"vllm_serve", "e/p/d"}
     assert {row["concurrency"] for row in serve["rows"]} == {1, 32}
-    assert [row["equal"] for row in serve["parity"]["modes"]["e/p/d"]] == [True] * 4
+    # Four image prompts and one video prompt.
+    assert [row["equal"] for row in serve["parity"]["modes"]["e/p/d"]] == [True] * 5
     text = doc.read_text()
     # The device's section, with each figure's command; the rest of the document kept.
     assert text.startswith("# Prism on GPUs\n\nKept as it was.\n")
