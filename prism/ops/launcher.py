@@ -107,13 +107,20 @@ class Mesh:
         )
         width = max(len(s.name) for s in self.stages)
         prefix = f"{stage.name:<{width}} | " if stage.tag_lines else ""
-        out = log if log is not None else sys.stdout
         level = logging.getLevelName(stage.log_level.upper())
+
+        def relay(lines: IO[str]) -> None:
+            # A file of the relay's own, as a child's inherited descriptor was: the stage's
+            # output still reaches `log` after the caller has closed its handle to it.
+            with (
+                open(os.dup(log.fileno()), "w", errors="replace")
+                if log is not None
+                else contextlib.nullcontext(sys.stdout)
+            ) as out:
+                phases.relay(lines, out, prefix, level, stage.progress, self._output)
+
         thread = threading.Thread(
-            target=phases.relay,
-            args=(stage.process.stdout, out, prefix, level, stage.progress, self._output),
-            name=f"relay-{stage.name}",
-            daemon=True,
+            target=relay, args=(stage.process.stdout,), name=f"relay-{stage.name}", daemon=True
         )
         thread.start()
         self._relays.append(thread)

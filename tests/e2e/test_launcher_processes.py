@@ -85,8 +85,10 @@ def test_an_engine_starts_once_those_it_waits_for_serve_and_a_late_one_is_named_
     # Says what vLLM says when it loads weights, serves once its file exists.
     first = StageProcess(
         "prefill-0", "",
-        [sys.executable, "-c", "import time; print('INFO 11-28 17:11:27 [r.py:68] Starting to "
-         f"load model m...', flush=True); time.sleep(3); open({str(served)!r}, 'w'); "
+        # (a second after its start: the launcher reports its first phase meanwhile).
+        [sys.executable, "-c", "import time; time.sleep(1); "
+         f"print('INFO 11-28 17:11:27 [r.py:68] Starting to load model m...', flush=True); "
+         f"time.sleep(3); open({str(served)!r}, 'w'); "
          "time.sleep(60)"],
         served.exists, log_level="WARNING",
     )  # fmt: skip
