@@ -14,7 +14,7 @@ demo:
 
 # The unit lane first, on its own, so that its rule (no torch, no vLLM) is judged every time.
 test: test-unit
-	$(PY) -m pytest -q tests/contract tests/e2e
+	$(PY) -m pytest -q --durations=15 tests/contract tests/e2e
 
 # The everyday loop: no engine, no subprocess, no torch or vLLM (tests/support/unit_lane.py).
 test-unit:

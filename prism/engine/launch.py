@@ -19,11 +19,11 @@ from vllm.platforms import current_platform
 from vllm.usage.usage_lib import UsageContext
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.utils.ompmultiprocessing import OMPProcessManager
-from vllm.utils.system_utils import set_env_var
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.executor import Executor
 
 from prism import registry
+from prism.engine.core_process import forked_core
 from prism.media.modalities import MODALITIES
 from prism.modes import EngineRole
 from prism.runtime import processes
@@ -224,17 +224,11 @@ def _async_llm(args: AsyncEngineArgs) -> AsyncLLM:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     args.distributed_executor_backend = "uni"
     config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
-    omp = OMPProcessManager(config)
-    if omp.auto_setup:
-        # vLLM's own binding keeps a core free for its scheduler process. Here that process
-        # runs the model, and shares every core with the request path: bound, the model
-        # would wait for a core that the request path holds while another sits idle. As
-        # many OpenMP threads as vLLM would bind, unbound.
-        environment = set_env_var("OMP_NUM_THREADS", str(len(omp.cpu_lists[0])))
-    else:
-        environment = omp.configure_omp_envs(rank=0, local_rank=0)
-    # The engine core process is started inside: it inherits the OpenMP settings.
-    with environment:
+    # vLLM's own binding (`auto`) keeps a core free for its scheduler process. Here that
+    # process runs the model, and shares every core with the request path: bound, the model
+    # would wait for a core that the request path holds while another sits idle. So as many
+    # OpenMP threads as vLLM would bind, unbound (`forked_core`).
+    with forked_core(OMPProcessManager(config)):
         return AsyncLLM(
             vllm_config=config,
             executor_class=Executor.get_class(config),
