@@ -20,6 +20,7 @@ from prism.rpc.server import Server, start_server
 
 # isort: split
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import json
@@ -27,7 +28,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -214,6 +215,14 @@ def _concurrent_case(i: int) -> tuple:
 # Sent all at once, 16 at a time (test_openai_sdk): each answer is its own and offline
 # vLLM's, so that KV or embeddings crossing between concurrent requests show.
 CONCURRENT_CASES = {f"concurrent_{i}": _concurrent_case(i) for i in range(64)}
+
+
+def assert_answers_differ(expected: dict[str, dict], names: Iterable[str] = CONCURRENT_CASES):
+    """No two of the expected answers to `names` are the same: answers handed to the wrong
+    requests would not equal theirs."""
+    texts = [expected[name]["text"] for name in names]
+    same = [text for text, count in collections.Counter(texts).items() if count > 1]
+    assert not same, same
 
 
 def cases(family: str) -> dict[str, tuple]:

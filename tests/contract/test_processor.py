@@ -196,7 +196,7 @@ def test_chat_applies_the_template_and_bad_requests_fail_before_any_work(tokeniz
     message = inference_pb2.ChatMessage(
         role=inference_pb2.ROLE_USER, content=[inference_pb2.ContentPart(text="Is it red?")]
     )
-    too_long = inference_pb2.CompleteRequest(token_ids=inference_pb2.TokenIds(ids=[5] * 64))
+    too_long = inference_pb2.CompleteRequest(token_ids=inference_pb2.TokenIds(ids=[5] * 65))
     results, pipeline = asyncio.run(
         handle(
             tokenizer,
@@ -220,6 +220,7 @@ def test_chat_applies_the_template_and_bad_requests_fail_before_any_work(tokeniz
     assert (empty.param, other_model.param) == ("messages", "model")
     assert other_model.code == grpc.StatusCode.NOT_FOUND
     assert long_prompt.code == grpc.StatusCode.INVALID_ARGUMENT and "context" in long_prompt.message
+    assert long_prompt.param == "input_tokens"
 
 
 def _chat(*parts: inference_pb2.ContentPart) -> inference_pb2.ChatRequest:

@@ -59,6 +59,8 @@ def test_the_cases_are_not_trivial(mesh, served):
     assert answers["choice"]["choices"][0]["text"] in ("yes", "no")
     assert answers["grammar"]["choices"][0]["text"] in ("cat", "dog", "bird")
     assert answers["stop_included"]["choices"][0]["text"] == ","
+    # The context's last 20 tokens, not the 32 asked for.
+    assert answers["context_nearly_full"]["usage"][1] == 20
 
 
 def test_the_tool_cases_are_not_trivial(mesh, served):
@@ -95,6 +97,15 @@ def test_what_vllm_refuses_is_a_400_naming_the_parameter(mesh, served, case, par
     answer = parity.ask(mesh.base_url, mesh.model, parity.cases(mesh.model)[case])
     assert answer["status"] == 400, answer
     assert answer["body"]["error"]["param"] == param, answer
+
+
+@pytest.mark.parametrize("case", ["bad_context_full", "bad_context_exceeded"])
+def test_a_prompt_the_context_cannot_hold_is_refused_as_vllm_refuses_it(mesh, served, case):
+    expected = served(mesh.family)[case]
+    assert expected["status"] == 400, expected
+    answer = parity.ask(mesh.base_url, mesh.model, parity.cases(mesh.model)[case])
+    assert answer["status"] == 400, answer
+    assert answer["body"]["error"]["param"] == expected["body"]["error"]["param"], answer
 
 
 def test_the_openai_sdk_reads_tool_calls_and_their_stream(mesh, served):

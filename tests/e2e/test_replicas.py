@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
-from conftest import start_mesh
+from conftest import CONCURRENT_CASES, ask_case, assert_answers_differ, start_mesh
 from support.consul_double import ConsulDouble
 from support.content import data_url, png, user
 from support.waiting import wait_for
@@ -23,7 +24,20 @@ def served(mesh, stage: str) -> float:
     )
 
 
-def test_requests_spread_over_two_workers_and_survive_losing_one(models, tmp_path):
+def answers_equal_offline_vllms_at_concurrency(mesh, expected: dict[str, dict]) -> None:
+    """Concurrent requests spread over both workers: each answer is offline vLLM's to
+    its own prompt, and no two are alike, so that answers crossing between requests or
+    replicas show."""
+    names = list(CONCURRENT_CASES)[:24]
+    assert_answers_differ(expected, names)
+    with ThreadPoolExecutor(8) as pool:
+        answers = pool.map(lambda name: ask_case(mesh, CONCURRENT_CASES[name], stream=True), names)
+        wrong = {name: text for name, (text, _) in zip(names, answers, strict=True)
+                 if text != expected[name]["text"]}  # fmt: skip
+    assert not wrong, wrong
+
+
+def test_requests_spread_over_two_workers_and_survive_losing_one(models, oracle, tmp_path):
     with ConsulDouble() as consul:
         registry = RegistryConfig(consul.url, consul_check_interval="500ms")
         mesh = start_mesh("llava", "epd", models["llava"], tmp_path, workers=2,
@@ -50,6 +64,7 @@ def test_requests_spread_over_two_workers_and_survive_losing_one(models, tmp_pat
             workers = ["worker-0", "worker-1"]
             # Until the processor has found both (it follows Consul's changes).
             assert wait_for(lambda: ask(0) or all(served(mesh, w) for w in workers))
+            answers_equal_offline_vllms_at_concurrency(mesh, oracle("llava"))
             before = [served(mesh, w) for w in workers]
             for i in range(20):
                 ask(i)

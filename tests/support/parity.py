@@ -23,6 +23,7 @@ import httpx
 
 from prism.runtime import processes
 from prism.runtime.ports import free_port
+from prism.services.processor.serving import context_length
 from support.content import data_url, image_part, png, user
 
 # A schema whose every answer is short: the random-weight model cannot run on forever.
@@ -80,15 +81,21 @@ def _streamed(case: tuple[str, dict]) -> tuple[str, dict]:
     return case[0], {**case[1], "stream": True}
 
 
-def _image(seed: int) -> dict:
-    return image_part(data_url(png(seed)))
+@functools.cache
+def _image_url(seed: int, size: tuple[int, int]) -> str:
+    # Cached: every test builds the cases again, and a large image takes a while.
+    return data_url(png(seed, size))
+
+
+def _image(seed: int, size: tuple[int, int] = (64, 48)) -> dict:
+    return image_part(_image_url(seed, size))
 
 
 def _chat(*parts: Any, **body: Any) -> tuple[str, dict]:
     return "chat/completions", {"messages": user(*parts), "temperature": 0, **body}
 
 
-def _completion(prompt: str, **body: Any) -> tuple[str, dict]:
+def _completion(prompt: str | list[int], **body: Any) -> tuple[str, dict]:
     return "completions", {"prompt": prompt, "temperature": 0, **body}
 
 
@@ -203,6 +210,21 @@ def reasoning_cases(model: str | None) -> dict[str, tuple[str, dict]]:
     }
 
 
+def large_cases(model: str | None) -> dict[str, tuple[str, dict]]:
+    """The largest inputs a mesh takes: as many images as it allows, a large image, and
+    prompts at the edge of the context (token ids, so that their length is exact)."""
+    context = context_length(model) if model else 0
+    token = int(_token(model, "a"))
+    return {
+        "images_eight": _chat(*(_image(40 + i) for i in range(8)), "What differs?", max_tokens=6),
+        "image_1024": _chat(_image(48, (1024, 1024)), "Describe it.", max_tokens=6),
+        # 20 tokens of room: the 32 asked for are cut to them.
+        "context_nearly_full": _completion([token] * (context - 20), max_tokens=32),
+        "bad_context_full": _completion([token] * context, max_tokens=4),
+        "bad_context_exceeded": _completion([token] * (context + 1), max_tokens=4),
+    }
+
+
 def cases(model: str | None) -> dict[str, tuple[str, dict]]:
     """Name -> (path under /v1, body without `model`), for the model in directory `model`
     (None: the names only matter)."""
@@ -282,6 +304,7 @@ def cases(model: str | None) -> dict[str, tuple[str, dict]]:
         "bad_n_greedy": _completion("Hello", max_tokens=5, n=2),
         **tool_cases(model),
         **responses_cases(model),
+        **large_cases(model),
     }
 
 

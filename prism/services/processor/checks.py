@@ -105,11 +105,16 @@ def check_sampling(
     max_model_len: int,
     tokenizer: PreTrainedTokenizerBase,
 ) -> None:
-    if len(prompt_ids) >= max_model_len:
+    # As vLLM refuses them: a prompt past the context, then one that leaves no room.
+    if len(prompt_ids) > max_model_len:
         raise invalid(
-            f"prompt has {len(prompt_ids)} tokens, the model's context is {max_model_len}",
-            "messages",
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"prompt contains {len(prompt_ids)} input tokens, which exceeds this limit even "
+            "without any output tokens. Please reduce the length of the input prompt.",
+            "input_tokens",
         )
+    if len(prompt_ids) == max_model_len:
+        raise invalid("max_tokens must be at least 1, got 0.", "max_tokens")
     if sampling.HasField("max_tokens") and sampling.max_tokens > max_model_len:
         # As vLLM: past the context alone, an error; within it, clamped to what is left.
         raise invalid(
