@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -205,11 +206,24 @@ def ask_case(mesh: Any, case: tuple, stream: bool) -> tuple[str, Any]:
 VIDEO_CAPS = {"max_video_frames": 100, "max_video_seconds": 30, "max_video_pixels": 128 * 96}
 
 
+# Words of the concurrent prompts: prompts that differ by a number only ("item 7") get the
+# same answer from a random-weight model too often for swapped answers to show.
+_WORDS = (
+    "apple", "river", "stone", "cloud", "garden", "window", "music", "paper", "silver",
+    "forest", "candle", "bridge", "ocean", "winter", "market", "letter", "mountain", "coffee",
+    "thunder", "needle", "castle", "pepper", "rabbit", "engine", "mirror", "harbor", "lemon",
+    "planet", "violin", "meadow", "tunnel", "basket", "desert", "feather", "lantern",
+    "orchard", "pillow", "saddle", "temple", "wagon", "yellow", "zebra", "anchor", "blanket",
+    "cactus", "dragon",
+)  # fmt: skip
+
+
 def _concurrent_case(i: int) -> tuple:
+    text = " ".join(random.Random(i).sample(_WORDS, 6))
     if i % 4 == 3:
-        return ("completion", f"Item {i} of the list is", 8)
+        return ("completion", f"{text}:", 8)
     parts = [image_part(data_url(png(300 + i)))] if i % 2 else []
-    return ("chat", user(*parts, f"Tell me about item {i}."), 8)
+    return ("chat", user(*parts, f"{text}?"), 8)
 
 
 # Sent all at once, 16 at a time (test_openai_sdk): each answer is its own and offline
@@ -218,11 +232,12 @@ CONCURRENT_CASES = {f"concurrent_{i}": _concurrent_case(i) for i in range(64)}
 
 
 def assert_answers_differ(expected: dict[str, dict], names: Iterable[str] = CONCURRENT_CASES):
-    """No two of the expected answers to `names` are the same: answers handed to the wrong
-    requests would not equal theirs."""
+    """The expected answers to `names` differ, so that answers handed to the wrong requests
+    would not equal theirs: at most one in 32 is the same as another's (a random-weight
+    model's answers to different prompts may meet)."""
     texts = [expected[name]["text"] for name in names]
     same = [text for text, count in collections.Counter(texts).items() if count > 1]
-    assert not same, same
+    assert len(set(texts)) >= len(texts) - len(texts) // 32, same
 
 
 def cases(family: str) -> dict[str, tuple]:
