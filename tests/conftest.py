@@ -180,12 +180,14 @@ def openai_client(mesh: Any) -> Any:
 
 
 def ask_case(mesh: Any, case: tuple, stream: bool) -> tuple[str, Any]:
-    """One parity case (kind, messages or prompt, max_tokens) through the OpenAI SDK,
-    greedy: the answer's text and usage."""
-    kind, body, max_tokens = case
+    """One parity case (kind, messages or prompt, max_tokens[, sampling parameters])
+    through the OpenAI SDK, greedy unless the case says otherwise: the answer's text and
+    usage."""
+    kind, body, max_tokens, *sampling = case
     client = openai_client(mesh)
+    params = {"temperature": 0, "max_tokens": max_tokens, **(sampling[0] if sampling else {})}
     if kind == "chat":
-        kwargs = dict(model=mesh.model, messages=body, temperature=0, max_tokens=max_tokens)
+        kwargs = dict(model=mesh.model, messages=body, **params)
         if not stream:
             reply = client.chat.completions.create(**kwargs)
             return reply.choices[0].message.content, reply.usage
@@ -193,7 +195,7 @@ def ask_case(mesh: Any, case: tuple, stream: bool) -> tuple[str, Any]:
         chunks = list(client.chat.completions.create(**kwargs, stream=True, stream_options=options))
         text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
         return text, chunks[-1].usage
-    kwargs = dict(model=mesh.model, prompt=body, temperature=0, max_tokens=max_tokens)
+    kwargs = dict(model=mesh.model, prompt=body, **params)
     if not stream:
         reply = client.completions.create(**kwargs)
         return reply.choices[0].text, reply.usage
@@ -229,6 +231,12 @@ def _concurrent_case(i: int) -> tuple:
 # Sent all at once, 16 at a time (test_openai_sdk): each answer is its own and offline
 # vLLM's, so that KV or embeddings crossing between concurrent requests show.
 CONCURRENT_CASES = {f"concurrent_{i}": _concurrent_case(i) for i in range(64)}
+# The first 16 again, sampled with a seed each: vLLM's answer to a seeded request is the
+# same whatever else runs beside it.
+SEEDED_CASES = {
+    f"seeded_{i}": (*case, {"temperature": 1.0, "seed": 100 + i})
+    for i, case in enumerate(list(CONCURRENT_CASES.values())[:16])
+}
 
 
 def assert_answers_differ(expected: dict[str, dict], names: Iterable[str] = CONCURRENT_CASES):
@@ -284,7 +292,8 @@ def oracle(models, tmp_path_factory):
     def get(family: str) -> dict[str, dict]:
         if family not in cache:
             tmp = tmp_path_factory.mktemp(f"o-{family}")
-            cache[family] = run_oracle(models[family], tmp, cases(family) | CONCURRENT_CASES)
+            named = cases(family) | CONCURRENT_CASES | SEEDED_CASES
+            cache[family] = run_oracle(models[family], tmp, named)
         return cache[family]
 
     return get

@@ -10,7 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from conftest import CASES, CONCURRENT_CASES, ask_case, assert_answers_differ, openai_client
+from conftest import (
+    CASES,
+    CONCURRENT_CASES,
+    SEEDED_CASES,
+    ask_case,
+    assert_answers_differ,
+    openai_client,
+)
 from support.content import image_part, png
 
 
@@ -47,6 +54,25 @@ def test_concurrent_answers_each_equal_offline_vllms(mesh, oracle):
         if answer != (expected[name]["text"], len(expected[name]["token_ids"]))
     }
     assert not wrong, wrong
+
+
+def test_seeded_samples_at_concurrency_each_equal_offline_vllms(mesh, oracle):
+    """16 sampled requests, 8 at a time, each with its own seed: in the modes where
+    prefill and decode sample apart, every answer is offline vLLM's seeded one, by text."""
+    if mesh.mode not in ("e/p/d", "ep/d"):
+        pytest.skip("prefill and decode apart only")
+    expected = oracle(mesh.family)
+    assert_answers_differ(expected, SEEDED_CASES)
+    with ThreadPoolExecutor(8) as pool:
+        texts = pool.map(lambda name: ask_case(mesh, SEEDED_CASES[name], stream=True)[0],
+                         SEEDED_CASES)  # fmt: skip
+        wrong = {name: (text, expected[name]["text"])
+                 for name, text in zip(SEEDED_CASES, texts, strict=True)
+                 if text != expected[name]["text"]}  # fmt: skip
+    assert not wrong, wrong
+    # Sampled, not greedy: at least some answers are not the greedy ones.
+    greedy = [expected[f"concurrent_{i}"]["text"] for i in range(len(SEEDED_CASES))]
+    assert [expected[name]["text"] for name in SEEDED_CASES] != greedy
 
 
 def test_image_changes_the_answer(oracle, mesh):
