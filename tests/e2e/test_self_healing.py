@@ -1,8 +1,8 @@
 """`prism serve` heals itself: each kind of stage SIGKILLed under load is started again at
 its address, /health drops while a stage the mode needs is down and returns when it is
 back, the mesh answers again without a hand, nothing hangs, and every gauge returns to
-zero. E/P/D on vLLM (a decode engine restarts for real, and the front: processor and
-REST API in one process); E/PD on simulated workers for the rest of the stages, with the
+zero. E/P/D and EP/D on vLLM (prefill and decode engines restart for real, and answer as
+offline vLLM does after each restart; the front: processor and REST API in one process); E/PD on simulated workers for the rest of the stages, with the
 gateway apart (`--front split`)."""
 
 from __future__ import annotations
@@ -10,9 +10,12 @@ from __future__ import annotations
 import signal
 import threading
 import time
+import types
 
 import psutil
 import pytest
+from conftest import CASES as PARITY_CASES
+from conftest import ask_case
 from support.served import Load, Served
 from support.waiting import wait_for
 
@@ -63,23 +66,39 @@ def kill_and_recover(served: Served, name: str, must_drop: bool) -> float:
 
 CASES = {
     # mode, its flags, the stages killed one at a time, those /health must be seen down for
-    "e-p-d-vllm": ("e/p/d", [], ["encoder-0", "front", "decode-0"], {"front", "decode-0"}),
+    "e-p-d-vllm": ("e/p/d", [], ["encoder-0", "front", "prefill-0", "decode-0"],
+                   {"front", "prefill-0", "decode-0"}),
+    "ep-d-vllm": ("ep/d", [], ["prefill-0", "decode-0"], {"prefill-0", "decode-0"}),
     "e-pd-sim": ("e/pd", ["--engine", "sim", "--front", "split"],
                  ["encoder-0", "processor", "worker-0", "gateway"], {"processor", "gateway"}),
 }  # fmt: skip
 
 
+def assert_answers_as_offline_vllm(served: Served, expected: dict[str, dict]) -> None:
+    """Greedy answers, with an image and without, equal offline vLLM's."""
+    mesh = types.SimpleNamespace(base_url=f"{served.base_url}/v1", model=served.model)
+    for case in ("one_image", "text_only"):
+        text, _ = ask_case(mesh, PARITY_CASES[case], stream=True)
+        assert text == expected[case]["text"], case
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_each_stage_killed_under_load_is_restarted_and_the_mesh_serves_again(
-    models, tmp_path, case
+    models, oracle, tmp_path, case
 ):
     mode, flags, victims, seen_down = CASES[case]
+    # Real engines answer as offline vLLM does, after every recovery as before.
+    expected = oracle("llava") if case.endswith("-vllm") else None
     served = Served(["--mode", mode, "--model", str(models["llava"]), *flags], tmp_path)
     gauges = []
     try:
         assert served.answers(), served.tail()
         load = Load(served)
-        recovered = {name: kill_and_recover(served, name, name in seen_down) for name in victims}
+        recovered = {}
+        for name in victims:
+            recovered[name] = kill_and_recover(served, name, name in seen_down)
+            if expected is not None:
+                assert_answers_as_offline_vllm(served, expected)
         outcomes = load.stop()
         print(f"{case}: back after {recovered} s; load: {dict(outcomes)}")
         assert served.process.poll() is None
