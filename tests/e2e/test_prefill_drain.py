@@ -24,12 +24,20 @@ PROMPT = list(range(5, 105))
 KV_TOKENS_PER_S = 50
 
 
-ENGINES = {"vllm": {}, "sim": {"engine": "sim", "sim_kv_tokens_per_s": KV_TOKENS_PER_S}}
+# Each engine's settings, and how long the drained prefill is watched before decode reads:
+# on vLLM longer than a drained stage with nothing held takes to exit (its engine's
+# shutdown is bounded by 5 s); a simulated decode reads over the prefill's gRPC server,
+# which the drain soon stops taking new calls on.
+ENGINES = {
+    "vllm": ({}, 8.0),
+    "sim": ({"engine": "sim", "sim_kv_tokens_per_s": KV_TOKENS_PER_S}, 1.0),
+}
 
 
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_a_drained_prefill_lives_until_a_decode_has_read_its_kv(models, tmp_path, engine):
-    mesh = start_mesh("llava", "ep/d", models["llava"], tmp_path, **ENGINES[engine])
+    settings, watched_s = ENGINES[engine]
+    mesh = start_mesh("llava", "ep/d", models["llava"], tmp_path, **settings)
     try:
         prefill, decode = mesh.mesh.stage("prefill"), mesh.mesh.stage("decode")
         request = engine_pb2.GenerateRequest(
@@ -46,9 +54,7 @@ def test_a_drained_prefill_lives_until_a_decode_has_read_its_kv(models, tmp_path
         os.kill(prefill.process.pid, signal.SIGTERM)
         # Draining: it takes no new requests, though it lives on for what it holds.
         assert wait_for(lambda: not check_health(prefill.address), timeout=10)
-        # Longer than a drained stage with nothing held takes to exit (its engine's
-        # shutdown is bounded by 5 s).
-        time.sleep(8)
+        time.sleep(watched_s)
         assert prefill.process.poll() is None
         read = engine_pb2.GenerateRequest(
             request_id="drained", prompt_token_ids=PROMPT, sampling=greedy(8),
