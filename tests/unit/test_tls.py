@@ -5,17 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
-import ipaddress
 
 import grpc
 import pytest
 from conftest import serving
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support.certs import certificate
 
 from prism.proto.stage.v1 import load_pb2, load_pb2_grpc
 from prism.rpc.channel import channel as open_channel
@@ -23,38 +18,6 @@ from prism.rpc.channel import check_health, is_serving
 from prism.rpc.server import start_server
 from prism.rpc.tls import Tls, configure_tls
 from prism.runtime.ports import free_port
-
-
-def certificate(name: str, issuer: tuple | None = None) -> tuple[bytes, bytes, tuple]:
-    """(cert PEM, key PEM, signer): a CA when `issuer` is None, else a loopback leaf."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    issuer_name, issuer_key = issuer or (subject, key)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.BasicConstraints(ca=issuer is None, path_length=None), critical=True)
-    )
-    if issuer is not None:
-        builder = builder.add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-    cert = builder.sign(issuer_key, hashes.SHA256())
-    pem = cert.public_bytes(serialization.Encoding.PEM)
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )  # fmt: skip
-    return pem, key_pem, (subject, key)
 
 
 @pytest.fixture

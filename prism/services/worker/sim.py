@@ -27,6 +27,7 @@ from prism.media.modalities import MODALITIES
 from prism.modes import EngineRole, modes_served
 from prism.proto.stage.v1 import engine_pb2, engine_pb2_grpc
 from prism.proto.v1 import common_pb2, errors_pb2
+from prism.rpc.channel import channel as open_channel
 from prism.rpc.errors import PrismError, invalid
 from prism.rpc.server import Server
 from prism.runtime.stage import Replica, Stage
@@ -154,7 +155,8 @@ class SimServicer:
         address = f"{params.remote_host}:{params.remote_port}"
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+            # Over the mesh's TLS, as every stage calls another.
+            channel = self._channels[address] = open_channel(address)
         try:
             reply = await engine_pb2_grpc.EngineServiceStub(channel).Abort(
                 engine_pb2.EngineServiceAbortRequest(request_id=params.remote_request_id),
