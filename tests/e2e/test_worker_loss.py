@@ -14,8 +14,9 @@ from collections import Counter
 
 import httpx
 import psutil
+import pytest
 from conftest import run_oracle, start_mesh
-from support.content import data_url, png, user
+from support.content import data_url, image_part, png, user
 from support.waiting import wait_for
 
 from prism.rpc.channel import check_health
@@ -65,15 +66,28 @@ def test_a_worker_killed_mid_stream_hands_the_request_to_another(models, tmp_pat
         mesh.stop()
 
 
-def test_a_request_migrated_from_a_killed_vllm_worker_ends_as_offline_vllm_would(models, tmp_path):
-    """Greedy, on vLLM: the worker streaming the request is SIGKILLed mid-stream; another
-    resumes from the prompt plus the tokens streamed, and the whole answer is offline
-    vLLM's, token for token."""
-    case = ("chat", user("Tell me more."), 160, {"ignore_eos": True})
+# mode, the replicas it needs, the stages that may be streaming the request
+MIGRATIONS = {
+    "epd": ({"workers": 2}, ("worker-0", "worker-1")),
+    "e-p-d": ({"decode_workers": 2}, ("decode-0", "decode-1")),
+}
+
+
+@pytest.mark.parametrize("mode", list(MIGRATIONS))
+def test_a_request_migrated_from_a_killed_vllm_engine_ends_as_offline_vllm_would(
+    models, tmp_path, mode
+):
+    """Greedy, on vLLM, with an image: the aggregated worker (EPD) or the decode (E/P/D)
+    streaming the request is SIGKILLed mid-stream; another resumes from the prompt plus
+    the tokens streamed (in E/P/D, prefilled again with the image's embeddings), and the
+    whole answer is offline vLLM's, token for token."""
+    replicas, stages = MIGRATIONS[mode]
+    messages = user(image_part(data_url(png(71))), "Tell me more.")
+    case = ("chat", messages, 160, {"ignore_eos": True})
     expected = run_oracle(models["llava"], tmp_path, {"long": case})["long"]
-    mesh = start_mesh("llava", "epd", models["llava"], tmp_path, workers=2)
+    mesh = start_mesh("llava", mode.replace("-", "/"), models["llava"], tmp_path, **replicas)
     try:
-        body = {**long_chat(mesh, 160), "messages": case[1]}
+        body = {**long_chat(mesh, 160), "messages": messages}
         events = []
         with httpx.stream("POST", f"{mesh.base_url}/chat/completions", json=body,
                           timeout=120) as reply:  # fmt: skip
@@ -82,7 +96,7 @@ def test_a_request_migrated_from_a_killed_vllm_worker_ends_as_offline_vllm_would
                     continue
                 events.append(json.loads(line[len("data: ") :]))
                 if len(events) == 10:
-                    (serving,) = [w for w in ("worker-0", "worker-1") if in_flight(mesh, w)]
+                    (serving,) = [s for s in stages if in_flight(mesh, s)]
                     os.killpg(mesh.mesh.stage(serving).process.pid, signal.SIGKILL)
         assert not [e for e in events if "error" in e], mesh.log_problems()
         assert "resuming elsewhere" in mesh.log_path.read_text()
