@@ -16,6 +16,8 @@ import pytest
 from support.content import audio, data_url, png, user
 
 from prism.devtools.tiny_models import MAX_POSITIONS
+from prism.gateway.openai.chat import chat_request
+from prism.gateway.openai.completions import completion_request
 from prism.proto.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from prism.rpc.channel import sync_channel
 from prism.rpc.errors import PrismError
@@ -112,7 +114,7 @@ def cases() -> dict[str, tuple[str, dict | bytes, int, str | None]]:
             400, PART + ".audio_url"),
         "prompt over the context": (CHAT, {"model": "MODEL",
                                            "messages": user("word " * MAX_POSITIONS)},
-                                    400, "messages"),
+                                    400, "input_tokens"),
         "completion without prompt": (COMPLETIONS, {"model": "MODEL"}, 400, "prompt"),
         "completion token out of vocabulary": (COMPLETIONS, {"model": "MODEL", "prompt": [10**9]},
                                                400, "prompt"),
@@ -123,9 +125,14 @@ def cases() -> dict[str, tuple[str, dict | bytes, int, str | None]]:
     }  # fmt: skip
 
 
+def for_mesh(mesh, body: dict) -> bytes:
+    """`body`, naming the mesh's model where it says MODEL."""
+    return json.dumps(body).replace('"MODEL"', json.dumps(mesh.model)).encode()
+
+
 def post(mesh, path: str, body: dict | bytes) -> tuple[int, dict]:
     if isinstance(body, dict):
-        body = json.dumps(body).replace('"MODEL"', json.dumps(mesh.model)).encode()
+        body = for_mesh(mesh, body)
     request = urllib.request.Request(
         mesh.base_url + path, data=body, headers={"Content-Type": "application/json"}
     )
@@ -143,18 +150,23 @@ def engine_prompt_tokens(mesh) -> float:
     )  # fmt: skip
 
 
-def test_hostile_requests_get_their_4xx_and_the_mesh_keeps_serving(mesh, image_server):
+def table(image_server) -> dict[str, tuple[str, dict | bytes, int, str | None]]:
+    """`cases()`, and those that need the test's image server."""
     real_png = image_server("/hostile/real.png", png(3)).replace("localhost", "127.0.0.1")
-    table = {
+    return {
         **cases(),
         # A real PNG on loopback, by address: the mesh allows the test server's name only.
         "ssrf to loopback": (CHAT, chat(image(real_png)), 400, IMAGE_URL),
         "ssrf by redirect": (CHAT, chat(image(image_server("/hostile/hop", location=real_png))),
                              400, IMAGE_URL),
     }  # fmt: skip
-    assert len(table) >= 25
+
+
+def test_hostile_requests_get_their_4xx_and_the_mesh_keeps_serving(mesh, image_server):
+    table_ = table(image_server)
+    assert len(table_) >= 25
     before = engine_prompt_tokens(mesh)
-    for name, (path, body, status, param) in table.items():
+    for name, (path, body, status, param) in table_.items():
         got, reply = post(mesh, path, body)
         assert got == status, (name, reply)
         error = reply["error"]
@@ -165,6 +177,37 @@ def test_hostile_requests_get_their_4xx_and_the_mesh_keeps_serving(mesh, image_s
     status, reply = post(mesh, CHAT, chat(image(data_url(png(4)))))
     assert status == 200 and reply["choices"][0]["message"]["content"] is not None
     assert engine_prompt_tokens(mesh) > before
+
+
+# The public gRPC API's names for OpenAI's fields.
+GRPC_PARAMS = {"max_completion_tokens": "max_tokens"}
+
+
+def test_the_same_table_over_the_public_grpc_api(mesh, image_server):
+    """Each case that is a well-formed request, as the REST door turns it into the public
+    gRPC API's, is refused over gRPC too: the status the REST door maps it to, the same
+    parameter, and nothing reaches an engine. (The rest are malformed JSON or OpenAI
+    fields, which protobuf's types or the REST door's parsing refuse.)"""
+    stub = inference_pb2_grpc.InferenceServiceStub(sync_channel(mesh.processor))
+    calls = {CHAT: (chat_request, stub.Chat), COMPLETIONS: (completion_request, stub.Complete)}
+    before, sent, wrong = engine_prompt_tokens(mesh), [], {}
+    for name, (path, body, status, param) in table(image_server).items():
+        if isinstance(body, bytes):
+            continue
+        convert, call = calls[path]
+        try:
+            request = convert(json.loads(for_mesh(mesh, body)))
+        except PrismError:
+            continue
+        with pytest.raises(grpc.RpcError) as info:
+            list(call(request, timeout=60))
+        error = PrismError.from_rpc_error(info.value)
+        if (error.http_status, error.param) != (status, GRPC_PARAMS.get(param, param)):
+            wrong[name] = error
+        sent.append(name)
+    assert not wrong, wrong
+    assert len(sent) >= 15, sent
+    assert engine_prompt_tokens(mesh) == before
 
 
 @pytest.mark.parametrize(
