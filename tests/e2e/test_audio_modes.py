@@ -20,6 +20,8 @@ from support.content import audio, audio_part, data_url, input_audio_part, user
 
 from prism.devtools.tiny_models import build
 from prism.media.audio import AudioDecoder
+from prism.proto.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from prism.rpc.channel import sync_channel
 
 FAMILY = "qwen2-audio"
 MODES = ("epd", "e/pd", "e/p/d", "ep/d")
@@ -106,6 +108,24 @@ def encoder_lookups(mesh) -> float:
         mesh.metric("encoder", f"prism_embedding_cache_{outcome}_total")
         for outcome in ("hits", "misses")
     )
+
+
+def test_audio_over_the_public_grpc_api_answers_as_offline_vllm(audio_mesh, expected):
+    """Two clips, as bytes and as a data URL, in a ChatRequest a gRPC client builds."""
+    clips = [
+        common_pb2.Audio(data=audio(3, seconds=0.5), mime_type="audio/wav"),
+        common_pb2.Audio(url=data_url(audio(4, seconds=1.5), "audio/wav")),
+    ]
+    parts = [inference_pb2.ContentPart(audio=clips[0]), inference_pb2.ContentPart(text="then"),
+             inference_pb2.ContentPart(audio=clips[1])]  # fmt: skip
+    request = inference_pb2.ChatRequest(
+        model=audio_mesh.model,
+        messages=[inference_pb2.ChatMessage(role=inference_pb2.ROLE_USER, content=parts)],
+        sampling=common_pb2.SamplingParams(temperature=0, max_tokens=12),
+    )
+    stub = inference_pb2_grpc.InferenceServiceStub(sync_channel(audio_mesh.processor))
+    replies = list(stub.Chat(request, timeout=120))
+    assert "".join(reply.text for reply in replies) == expected["two_clips"]["text"]
 
 
 def test_hostile_audio_gets_a_4xx_and_the_mesh_serves_on(audio_mesh, expected):
