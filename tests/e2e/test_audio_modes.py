@@ -10,6 +10,8 @@ EPD and EP/D the worker (or prefill) hears the clip itself.
 from __future__ import annotations
 
 import io
+import os
+import signal
 from pathlib import Path
 
 import openai
@@ -148,3 +150,25 @@ def test_hostile_audio_gets_a_4xx_and_the_mesh_serves_on(audio_mesh, expected):
         assert message in info.value.message, (name, info.value.message)
     text, _ = ask_case(audio_mesh, CASES["input_audio"], stream=False)
     assert text == expected["input_audio"]["text"]
+
+
+def test_with_the_encoder_killed_the_worker_hears_the_clips_and_answers_the_same(
+    audio_mesh, expected
+):
+    """Encoding that never fails a request, for audio: with the mesh's encoder killed,
+    the worker (or prefill) that would read the clips' embeddings runs the audio tower
+    itself. Last in this module: the encoder is started again after."""
+    if "encoder-0" not in {stage.name for stage in audio_mesh.mesh.stages}:
+        pytest.skip("the worker hears the clips in this mode already")
+    encoder = audio_mesh.mesh.stage("encoder-0")
+    before = audio_mesh.metric("front", "prism_encode_fallbacks_total")
+    os.killpg(encoder.process.pid, signal.SIGKILL)
+    encoder.process.wait(timeout=30)
+    try:
+        for case in ("input_audio", "two_clips"):
+            text, _ = ask_case(audio_mesh, CASES[case], stream=True)
+            assert text == expected[case]["text"], case
+        assert audio_mesh.metric("front", "prism_encode_fallbacks_total") == before + 2
+    finally:
+        with open(audio_mesh.log_path, "a") as log:
+            audio_mesh.mesh.restart("encoder-0", log=log)

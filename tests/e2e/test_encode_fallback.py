@@ -1,6 +1,7 @@
 """Encoding that never fails a request (prism.services.processor.encode_fallback): with
 every encoder of an E/PD or E/P/D mesh killed, the worker that would read their embeddings
-encodes the images from the pixels and answers as offline vLLM does; the processor counts
+encodes the images from the pixels and answers as offline vLLM does (LLaVA and Qwen2-VL;
+audio in test_audio_modes.py); the processor counts
 each such request; with an encoder back, it encodes again."""
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from support.content import data_url, image_part, png, user
 from support.waiting import wait_for
 
 
-@pytest.mark.parametrize("mode", ["e/pd", "e/p/d"])
+@pytest.mark.parametrize(("family", "mode"), [("llava", "e/pd"), ("qwen2-vl", "e/p/d")])
 def test_with_every_encoder_killed_the_worker_encodes_and_answers_the_same(
-    mode, models, oracle, tmp_path
+    family, mode, models, oracle, tmp_path
 ):
-    expected = oracle("llava")
-    mesh = start_mesh("llava", mode, models["llava"], tmp_path)
+    expected = oracle(family)
+    mesh = start_mesh(family, mode, models[family], tmp_path)
     try:
         os.killpg(mesh.mesh.stage("encoder-0").process.pid, signal.SIGKILL)
         mesh.mesh.stage("encoder-0").process.wait(timeout=30)
