@@ -16,6 +16,7 @@ from conftest import start_mesh
 from support.content import user
 from support.waiting import wait_for
 
+from prism.ops.stage_process import StageProcess
 from prism.proto.stage.v1 import engine_pb2, engine_pb2_grpc
 from prism.proto.v1 import common_pb2
 from prism.rpc.channel import check_health, sync_channel
@@ -24,10 +25,19 @@ from prism.rpc.errors import PrismError
 BOUND, TIMEOUT_S = 4, 1.5
 
 
+def long_grace(stages: list[StageProcess]) -> None:
+    """A worker's drain grace that test_sigterm_drains_a_worker's 1000 tokens fit in,
+    however busy the machine (the default 10 s did not always)."""
+    for stage in stages:
+        if stage.name.startswith("worker"):
+            stage.argv += ["--shutdown-grace-s", "120"]
+
+
 @pytest.fixture(scope="module")
 def bounded(models, tmp_path_factory):
     mesh = start_mesh("llava", "epd", models["llava"], tmp_path_factory.mktemp("limits"),
-                      max_in_flight=BOUND, request_timeout=TIMEOUT_S)  # fmt: skip
+                      place=long_grace, max_in_flight=BOUND,
+                      request_timeout=TIMEOUT_S)  # fmt: skip
     # An engine's first requests pay one-time set-up that could overrun the deadline.
     for _ in range(3):
         httpx.post(f"{mesh.base_url}/chat/completions", json=chat(mesh, 4), timeout=60)
@@ -102,7 +112,7 @@ def test_sigterm_drains_a_worker(bounded):
         request_id="drain-me", prompt_token_ids=[5, 6, 7],
         sampling=common_pb2.SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True),
     )  # fmt: skip
-    call = stub.Generate(request, timeout=60)
+    call = stub.Generate(request, timeout=120)
     first = next(call)
     assert first.token_ids
     os.kill(stage.process.pid, signal.SIGTERM)

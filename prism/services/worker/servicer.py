@@ -403,10 +403,13 @@ async def serve(config: WorkerStageConfig) -> None:
 
 async def _serve(config: WorkerStageConfig, directory: Path) -> None:
     worker, media = config.worker, config.media
-    stage = Stage(config, EngineRole(worker.role).mesh_role)
     # Roles that prefill tell what their prefix cache holds; decode is routed by load.
     kv_events = KvEvents(directory) if worker.role != EngineRole.DECODE else None
+    # The engine before the stage: on the CPU its core is forked from this process, which
+    # must not yet run the stage's tracing (its exporter's thread would start again in the
+    # core, and export over this process's gRPC channel there).
     engine = start_engine(config, directory, kv_events.config() if kv_events else None)
+    stage = Stage(config, EngineRole(worker.role).mesh_role)
     role = make_role(worker.role, engine, worker.kv_lease_s)
     reads_embeddings = worker.enable_mm_embeds or role.reads_embeddings
     transfer = (
