@@ -2,8 +2,9 @@
 its address, /health drops while a stage the mode needs is down and returns when it is
 back, the mesh answers again without a hand, nothing hangs, and every gauge returns to
 zero. E/P/D and EP/D on vLLM (prefill and decode engines restart for real, and answer as
-offline vLLM does after each restart; the front: processor and REST API in one process); E/PD on simulated workers for the rest of the stages, with the
-gateway apart (`--front split`)."""
+offline vLLM does after each restart; the front: processor and REST API in one process);
+E/PD on simulated workers for the rest of the stages, with the gateway apart
+(`--front split`)."""
 
 from __future__ import annotations
 
