@@ -51,6 +51,7 @@ from prism.modes import MODES
 from prism.ops.launcher import Mesh
 from prism.ops.plan import plan
 from prism.ops.stage_process import StageProcess
+from prism.ops.template import MODULES, Template
 from prism.runtime.ports import free_port
 
 # The unit lane's rules: no process, no torch, no vLLM.
@@ -404,6 +405,23 @@ def mesh_config(mode: str, model: str, **fields: Any) -> MeshConfig:
     return config
 
 
+_template: Template | None = None
+
+
+def stage_template() -> Template:
+    """The tests' one stage template (prism.ops.template), started with the first mesh:
+    every mesh's stages on the CPU are forked from it, so that none imports vLLM again."""
+    global _template
+    if _template is None:
+        _template = Template(MODULES.values())
+    return _template
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _template is not None:
+        _template.close()
+
+
 def start_mesh(
     family: str,
     mode: str,
@@ -427,7 +445,7 @@ def start_mesh(
     stages = plan(config)
     if place is not None:
         place(stages)
-    mesh = Mesh(stages)
+    mesh = Mesh(stages, stage_template())
     log_path = log_dir / f"mesh-{family}-{mode.replace('/', '')}.log"
     with open(log_path, "w") as log:
         try:

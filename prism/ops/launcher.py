@@ -30,6 +30,7 @@ from prism.ops.phases import Progress
 from prism.ops.plan import plan
 from prism.ops.stage_process import StageProcess, prepare_child
 from prism.ops.supervisor import Supervisor
+from prism.ops.template import Template, runs
 from prism.planner import local as planning
 from prism.runtime import processes
 
@@ -37,8 +38,11 @@ from prism.runtime import processes
 class Mesh:
     """Starts and stops a planned set of stages."""
 
-    def __init__(self, stages: list[StageProcess]):
+    def __init__(self, stages: list[StageProcess], template: Template | None = None):
         self.stages = stages
+        # Where the stages it runs are forked from (prism.ops.template); the others, and
+        # all without one, are spawned.
+        self.template = template
         # The stages' output, relayed by one thread each, through one lock.
         self._output = threading.Lock()
         self._relays: list[threading.Thread] = []
@@ -60,6 +64,10 @@ class Mesh:
         stdout), and waits until they serve; `report` is told each stage's phase as it
         changes."""
         chosen = list(self.stages if stages is None else stages)
+        if self.template is not None:
+            if report is not None:
+                report("importing what the stages run, once for all (prism.ops.template)")
+            self.template.wait_ready(timeout)
         for stage in chosen:
             self.spawn(stage, log)
         self._wait_healthy(chosen, timeout, report)
@@ -89,22 +97,26 @@ class Mesh:
             gate.unlink(missing_ok=True)
             env[processes.START_GATE] = str(gate)
             stage.progress = Progress(f"importing, then waiting for {', '.join(stage.after)}")
-        stage.process = subprocess.Popen(
-            stage.argv,
-            env=env,
-            # Through the launcher, which names the stage on each line and reads its phase.
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            # Its own process group, so that stop() also reaches the processes a stage
-            # spawned (vLLM's engine core) even when the stage itself died abruptly.
-            # Not its own session: the kernel shares CPU equally between sessions
-            # (autogroups), whatever their niceness, and the engine is to run nicer
-            # than every stage that feeds it.
-            process_group=0,
-            preexec_fn=functools.partial(prepare_child, stage.cpus),
-        )
+        if self.template is not None and runs(stage):
+            stage.process = self.template.spawn(stage.argv, env, stage.cpus)
+        else:
+            stage.process = subprocess.Popen(
+                stage.argv,
+                env=env,
+                # Through the launcher, which names the stage on each line and reads its
+                # phase.
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+                # Its own process group, so that stop() also reaches the processes a stage
+                # spawned (vLLM's engine core) even when the stage itself died abruptly.
+                # Not its own session: the kernel shares CPU equally between sessions
+                # (autogroups), whatever their niceness, and the engine is to run nicer
+                # than every stage that feeds it.
+                process_group=0,
+                preexec_fn=functools.partial(prepare_child, stage.cpus),
+            )
         width = max(len(s.name) for s in self.stages)
         prefix = f"{stage.name:<{width}} | " if stage.tag_lines else ""
         level = logging.getLevelName(stage.log_level.upper())
@@ -269,7 +281,7 @@ def run(config: MeshConfig) -> int:
     except ValueError as exc:
         _say(str(exc))
         return 2
-    mesh = Mesh(stages)
+    mesh = Mesh(stages, Template.for_stages(stages))
     placed = [stage for stage in mesh.stages if stage.placement.gpus]
     if placed:
         print("prism: GPU plan", flush=True)
@@ -306,3 +318,5 @@ def run(config: MeshConfig) -> int:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(config.serve.status_file)
         mesh.stop()
+        if mesh.template is not None:
+            mesh.template.close()

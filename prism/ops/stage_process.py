@@ -14,12 +14,16 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from prism.config.common import AddressConfig, MetricsConfig
 from prism.ops import gpus
 from prism.ops.phases import Progress
 from prism.rpc.channel import check_health
 from prism.runtime.ports import free_port
+
+if TYPE_CHECKING:
+    from prism.ops.template import Forked
 
 _PR_SET_PDEATHSIG = 1
 
@@ -98,5 +102,6 @@ class StageProcess:
     # whether each line of it begins with its name (not where the lines are JSON objects).
     log_level: str = "INFO"
     tag_lines: bool = True
-    process: subprocess.Popen | None = None
+    # Spawned, or forked from the launcher's template (prism.ops.template).
+    process: subprocess.Popen | Forked | None = None
     progress: Progress = field(default_factory=Progress)

@@ -75,7 +75,8 @@ def test_serve_leaves_no_orphans(models, target, sig, tmp_path):
             assert not wait_gone([worker], timeout=30)
 
             def restarted() -> bool:
-                for child in psutil.Process(serve.pid).children():
+                # The launcher's, or its stage template's (prism.ops.template).
+                for child in psutil.Process(serve.pid).children(recursive=True):
                     with contextlib.suppress(psutil.Error):  # the killed one, a zombie
                         if " worker " in " ".join(child.cmdline()):
                             return True

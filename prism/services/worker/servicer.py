@@ -24,7 +24,7 @@ from opentelemetry.trace import Span
 
 from prism import logs, telemetry
 from prism.engine.kv_events import KvEvents
-from prism.engine.launch import config_info, embeddings_device, start_engine
+from prism.engine.launch import config_info, embeddings_device, start_engine, stop_engine
 from prism.engine.types import (
     AsyncLLM,
     EngineDeadError,
@@ -443,6 +443,6 @@ async def _serve(config: WorkerStageConfig, directory: Path) -> None:
             tasks=tasks,
         )
     finally:
-        engine.shutdown()
+        stop_engine(engine)
         if transfer is not None:
             transfer.close()
