@@ -5,11 +5,12 @@ most of its start, paid again by every stage of a mesh and by every restart. The
 starts one template process that imports them once and then forks each stage it is asked
 for. The child takes the stage's command line, environment, working directory, cores,
 process group and output, and runs `prism.cli` as `python -m prism.cli` would, up to the
-interpreter's normal exit. The template reaps its children and tells the launcher each
+interpreter's normal exit; `ps` shows the stage's command line (as one string: psutil
+reads it as one argument). The template reaps its children and tells the launcher each
 one's exit status; the launcher's handle (`Forked`) stands in for `subprocess.Popen`.
 
-Stages on GPUs are spawned as before: each must begin its CUDA runtime in a process of its
-own, and their start is the engine's compilation, not imports.
+A mesh on GPUs is spawned as before: each stage begins its CUDA runtime in a process of
+its own, and there a start is the engine's compilation more than imports.
 
 `python -m prism.ops.template SOCKET MODULE...` is the template itself.
 """
@@ -29,6 +30,7 @@ import tempfile
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -48,6 +50,8 @@ MODULES = {
 _CLI = ["-m", "prism.cli"]
 # A request: the stage's command line and environment, as JSON.
 _MAX_REQUEST = 1 << 20
+# How long the template waits for the launcher to watch a child it forked.
+_ACKNOWLEDGE_S = 30
 
 
 def _command(argv: list[str]) -> str | None:
@@ -75,8 +79,12 @@ class Forked:
         self.returncode: int | None = None
         self.stdout = open(stdout, errors="replace")  # noqa: SIM115 (the relay closes it)
         self._report = report
+        # Open until the handle goes: a thread may wait on it as another finds it ended.
         self._pidfd = os.pidfd_open(pid)
+        weakref.finalize(self, os.close, self._pidfd)
         self._lock = threading.Lock()
+        # Until told, the template leaves the child unreaped, so that the pidfd is its.
+        report.send(b"watching")
 
     def poll(self) -> int | None:
         return self._ended(0)
@@ -92,7 +100,6 @@ class Forked:
             with self._lock:
                 if self.returncode is None:
                     self.returncode = self._code()
-                    os.close(self._pidfd)
                     self._report.close()
         return self.returncode
 
@@ -136,11 +143,13 @@ class Template:
 
     @classmethod
     def for_stages(cls, stages: Iterable[StageProcess]) -> Template | None:
-        """A template for those of `stages` it can run (`runs`), if any. Some settings
-        take effect as a module is imported (vLLM's log level): the template imports with
-        the environment all those stages share."""
+        """A template for those of `stages` it can run (`runs`), if any, and none for a
+        mesh on GPUs (whose platform vLLM would find in the template, through the GPUs'
+        driver). Some settings take effect as a module is imported (vLLM's log level):
+        the template imports with the environment all those stages share."""
+        stages = list(stages)
         chosen = [stage for stage in stages if runs(stage)]
-        if not chosen:
+        if not chosen or any(stage.placement.gpus for stage in stages):
             return None
         shared = dict(chosen[0].env)
         for stage in chosen[1:]:
@@ -155,6 +164,7 @@ class Template:
         (`Forked.stdout`); waits up to `timeout` s for the template to have imported its
         modules."""
         connection = self._connect(timeout)
+        connection.settimeout(timeout)
         read, write = os.pipe()
         try:
             request = {"argv": argv, "env": env, "cwd": os.getcwd(), "cpus": sorted(cpus)}
@@ -228,7 +238,14 @@ def _serve(path: str) -> dict:
             # The template's only other threads are idle native pools its imports started
             # (torch's), as in the worker that vLLM forks its engine core from.
             warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                # The launcher is told (no reply); the stages already forked keep running.
+                print(f"prism.ops.template: cannot fork: {exc}", file=sys.stderr, flush=True)
+                os.close(fds[0])
+                connection.close()
+                continue
         if pid == 0:
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -242,23 +259,26 @@ def _serve(path: str) -> dict:
         # As the child does itself: whichever comes first, the launcher finds its group.
         with contextlib.suppress(OSError):
             os.setpgid(pid, pid)
-        connection.send(json.dumps({"pid": pid}).encode())
+        # The child is reaped once the launcher watches it (its pidfd open), or has gone.
+        with contextlib.suppress(OSError):
+            connection.settimeout(_ACKNOWLEDGE_S)
+            connection.send(json.dumps({"pid": pid}).encode())
+            connection.recv(16)
         children[pid] = connection
 
 
 def _reap(children: dict[int, socket.socket]) -> None:
-    while children:
+    for pid in list(children):
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            reaped, status = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        connection = children.pop(pid, None)
-        if connection is not None:
-            with contextlib.suppress(OSError):
-                connection.send(json.dumps({"code": os.waitstatus_to_exitcode(status)}).encode())
-            connection.close()
+            reaped, status = pid, 255 << 8
+        if reaped == 0:
+            continue
+        connection = children.pop(pid)
+        with contextlib.suppress(OSError):
+            connection.send(json.dumps({"code": os.waitstatus_to_exitcode(status)}).encode())
+        connection.close()
 
 
 def _become(request: dict) -> None:

@@ -10,11 +10,11 @@ import time
 import grpc
 import psutil
 import pytest
-from conftest import CASES
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 from support.calls import abort_while_running, greedy, inference, text_message
+from support.cases import CASES
 from support.waiting import wait_for
 from transformers import AutoTokenizer
 

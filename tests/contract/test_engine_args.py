@@ -7,7 +7,7 @@ import dataclasses
 import os
 
 import pytest
-from conftest import mesh_config
+from support.meshes import mesh_config
 
 from prism import cli
 from prism.config.stages import WorkerStageConfig

@@ -7,8 +7,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from conftest import ALLOWED_HOST
 from support.content import png, video
+from support.meshes import ALLOWED_HOST
 
 from prism.media.fetch import MediaLoader
 from prism.media.policy import MediaPolicy, VideoLimits

@@ -17,8 +17,9 @@ from pathlib import Path
 import openai
 import pytest
 import soundfile
-from conftest import ask_case, openai_client, run_oracle, start_mesh
+from support.cases import ask_case, openai_client, run_oracle
 from support.content import audio, audio_part, data_url, input_audio_part, user
+from support.meshes import start_mesh
 
 from prism.devtools.tiny_models import build
 from prism.media.audio import AudioDecoder

@@ -10,7 +10,7 @@ import threading
 import grpc
 import openai
 import pytest
-from conftest import laid_out
+from support.cases import laid_out
 from support.content import data_url, image_part, png, user
 from support.waiting import wait_for
 

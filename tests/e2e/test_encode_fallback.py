@@ -10,8 +10,9 @@ import os
 import signal
 
 import pytest
-from conftest import assert_equals_offline_vllm, start_mesh, stream_outcome
+from support.cases import assert_equals_offline_vllm
 from support.content import data_url, image_part, png, user
+from support.meshes import start_mesh, stream_outcome
 from support.waiting import wait_for
 
 

@@ -14,9 +14,9 @@ import grpc
 import openai
 import pytest
 import torch
-from conftest import CASES
 from safetensors import safe_open
 from support import metrics
+from support.cases import CASES
 from support.content import data_url, image_part, png, user
 from support.waiting import wait_for
 from transformers import AutoConfig

@@ -24,15 +24,16 @@ import grpc
 import httpx
 import psutil
 import pytest
-from conftest import ROOT, unavailable
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from support.content import data_url, image_part, png, user
+from support.meshes import unavailable
 from transformers import AutoTokenizer
 
 from prism.runtime.ports import free_port
 
-NODE = ROOT / "e2e" / "node"
+HERE = Path(__file__).parent
+NODE = HERE / "node"
 IMAGE = png(3)
 # Greedy and short, as both sides of each comparison ask.
 SAMPLING = {"temperature": 0, "max_tokens": 12}
@@ -252,7 +253,7 @@ def test_tritonclient_unmodified_talks_to_the_kserve_port(served, tmp_path):
     }  # fmt: skip
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     result = subprocess.run(
-        [sys.executable, str(ROOT / "e2e" / "triton_client.py"), str(tmp_path / "plan.json")],
+        [sys.executable, str(HERE / "triton_client.py"), str(tmp_path / "plan.json")],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

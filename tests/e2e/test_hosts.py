@@ -15,9 +15,10 @@ import threading
 import time
 
 import pytest
-from conftest import assert_equals_offline_vllm, start_mesh, stream_outcome, unavailable
 from support import hosts
+from support.cases import assert_equals_offline_vllm, run_oracle
 from support.content import data_url, image_part, png, user
+from support.meshes import start_mesh, stream_outcome, unavailable
 from support.waiting import wait_for
 
 from prism.rpc.channel import check_health
@@ -142,14 +143,23 @@ def test_e_pd_across_hosts_equals_offline_vllm_and_survives_losing_an_encoder_mi
             mesh.stop()
 
 
+def partition_chat(i: int) -> list[dict]:
+    return user(image_part(data_url(png(300 + i))), "Go on.")
+
+
 def test_e_p_d_across_hosts_equals_offline_vllm_under_latency_and_loss_and_survives_a_partition(
     models, oracle, tmp_path
 ):
     """Encoder, prefill and two decodes each on a host of their own. The output stays
     offline vLLM's with 50 ms of latency and 1 % loss each way between the processor's host
     and the rest. Then one decode's host is cut off while it streams: its requests move to
-    the other decode and complete within the deadline; once the link is back, the decode
-    serves again."""
+    the other decode and complete within the deadline, each with offline vLLM's text; once
+    the link is back, the decode serves again."""
+    requests = (0, 1, 2, 3, 99)
+    answers = run_oracle(models["llava"], tmp_path, {
+        str(i): ("chat", partition_chat(i), 200, {"ignore_eos": True}) for i in requests
+    })  # fmt: skip
+    expected = {i: answers[str(i)]["text"] for i in requests}
     names = ["front", "encode", "prefill", "decode0", "decode1"]
     with hosts.Hosts(names, impairable=("front",)) as net:
         placement = {"front": net["front"],
@@ -168,10 +178,9 @@ def test_e_p_d_across_hosts_equals_offline_vllm_under_latency_and_loss_and_survi
             outcomes: list[str] = []
 
             def client(i: int) -> None:
-                parts = [{"type": "image_url", "image_url": {"url": data_url(png(300 + i))}}]
-                body = {"model": mesh.model, "messages": user(*parts, "Go on."),
-                        "max_tokens": 200, "temperature": 0}  # fmt: skip
-                outcomes.append(stream_outcome(mesh.base_url, body, timeout=90))
+                body = {"model": mesh.model, "messages": partition_chat(i), "max_tokens": 200,
+                        "temperature": 0}  # fmt: skip
+                outcomes.append(stream_outcome(mesh.base_url, body, 90, expected[i]))
 
             def clients() -> list[threading.Thread]:
                 outcomes.clear()

@@ -3,12 +3,13 @@
 An E/P/D mesh registered with Consul (tests/support/consul_double.py, which runs the registered gRPC
 and HTTP checks as the agent does) is left idle for a minute, after a few requests: no
 process of any stage, engines included, keeps a core busy polling, and no check goes
-critical. Then a storm of streamed requests: every one is answered whole and still no
-check goes critical.
+critical. Then a storm of greedy streamed requests: every one is answered whole, with
+offline vLLM's text, and still no check goes critical.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -16,9 +17,10 @@ from collections import Counter
 
 import httpx
 import psutil
-from conftest import start_mesh, stream_outcome
+from support.cases import run_oracle
 from support.consul_double import ConsulDouble
 from support.content import data_url, image_part, png, user
+from support.meshes import stage_template, start_mesh, stream_outcome
 from support.waiting import wait_for
 
 from prism.registry.config import RegistryConfig
@@ -38,7 +40,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def storm(mesh, count: int, concurrency: int) -> Counter[str]:
+def storm_case(i: int) -> tuple:
+    """The storm's `i`th request, greedy: odd ones with one of four images."""
+    parts = [image_part(data_url(png(i % 8)))] if i % 2 else []
+    return ("chat", user(*parts, "More."), 16, {"ignore_eos": True})
+
+
+def storm(mesh, count: int, concurrency: int, expected: dict[str, str]) -> Counter[str]:
+    """`count` streamed requests (`storm_case`), `concurrency` at a time: how each ended,
+    each answer compared with `expected` (offline vLLM's, by the case's JSON)."""
     outcomes: Counter[str] = Counter()
     pending = iter(range(count))
     lock = threading.Lock()
@@ -49,10 +59,10 @@ def storm(mesh, count: int, concurrency: int) -> Counter[str]:
                 i = next(pending, None)
             if i is None:
                 return
-            parts = [image_part(data_url(png(i % 8)))] if i % 2 else []
-            body = {"model": mesh.model, "messages": user(*parts, "More."),
-                    "max_tokens": 16, "temperature": 0}  # fmt: skip
-            outcome = stream_outcome(mesh.base_url, body)
+            case = storm_case(i)
+            body = {"model": mesh.model, "messages": case[1], "max_tokens": 16,
+                    "temperature": 0}  # fmt: skip
+            outcome = stream_outcome(mesh.base_url, body, expected=expected[json.dumps(case)])
             with lock:
                 outcomes[outcome] += 1
 
@@ -67,6 +77,10 @@ def storm(mesh, count: int, concurrency: int) -> Counter[str]:
 def test_an_idle_e_p_d_mesh_takes_no_cpu_and_keeps_its_checks_passing_idle_and_in_a_storm(
     models, tmp_path
 ):
+    cases = {json.dumps(storm_case(i)): storm_case(i) for i in range(8)}
+    answers = run_oracle(models["llava"], tmp_path, cases)
+    expected = {key: answer["text"] for key, answer in answers.items()}
+    assert len(set(expected.values())) == len(expected) == 5
     # Checks every second with a 2 s timeout: a minute idle sees as many as five minutes
     # at Consul's usual 5 s.
     with ConsulDouble() as consul:
@@ -86,7 +100,9 @@ def test_an_idle_e_p_d_mesh_takes_no_cpu_and_keeps_its_checks_passing_idle_and_i
                 assert reply.status_code == 200, reply.text
             assert wait_for(lambda: not mesh.metric("front", "prism_requests_in_flight"))
 
-            processes = {}
+            # The stages, their engine cores, and the template they were forked from.
+            template = stage_template().process.pid
+            processes = {template: f"template python {template}"}
             for stage in mesh.mesh.stages:
                 parent = psutil.Process(stage.process.pid)
                 for process in [parent, *parent.children(recursive=True)]:
@@ -101,7 +117,7 @@ def test_an_idle_e_p_d_mesh_takes_no_cpu_and_keeps_its_checks_passing_idle_and_i
             assert max(busy.values()) < LIMIT, busy
             assert consul.transitions[settled:] == []
 
-            outcomes = storm(mesh, count=160, concurrency=32)
+            outcomes = storm(mesh, count=160, concurrency=32, expected=expected)
             assert outcomes == {"completed": 160}, (outcomes, mesh.log_problems())
             assert consul.transitions[settled:] == []
         finally:

@@ -10,8 +10,9 @@ import pickle
 import httpx
 import pytest
 import safetensors.torch
-from conftest import ask_case, start_mesh
+from support.cases import ask_case
 from support.content import data_url, image_part, png, user
+from support.meshes import start_mesh
 
 from prism.services.encoder.towers import MediaEncoder
 

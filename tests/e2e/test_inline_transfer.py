@@ -5,7 +5,8 @@ from pathlib import Path
 
 import openai
 import pytest
-from conftest import CASES, start_mesh
+from support.cases import CASES
+from support.meshes import start_mesh
 
 
 @pytest.fixture(scope="module")

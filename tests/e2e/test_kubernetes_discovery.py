@@ -9,8 +9,8 @@ import itertools
 
 import httpx
 import pytest
-from conftest import start_mesh
 from support.kube_api import KubeApi, endpoint_slice
+from support.meshes import start_mesh
 from support.waiting import wait_for
 
 from prism.registry.config import RegistryConfig

@@ -14,8 +14,9 @@ import threading
 
 import openai
 import pytest
-from conftest import laid_out, start_mesh
+from support.cases import laid_out
 from support.content import data_url, image_part, png, user
+from support.meshes import start_mesh
 from support.waiting import wait_for
 
 from prism.media.modality import content_hash

@@ -12,7 +12,7 @@ import io
 
 import PIL.Image
 import pytest
-from conftest import FAMILIES
+from support.cases import FAMILIES
 from support.content import audio
 from transformers import AutoTokenizer
 from vllm.config import ModelConfig

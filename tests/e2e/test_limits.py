@@ -12,8 +12,8 @@ from collections import Counter
 import grpc
 import httpx
 import pytest
-from conftest import start_mesh
 from support.content import user
+from support.meshes import start_mesh
 from support.waiting import wait_for
 
 from prism.ops.stage_process import StageProcess

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import openai
-from conftest import ENGINE_MAX_NUM_SEQS
 from support.content import data_url, png, user
+from support.meshes import ENGINE_MAX_NUM_SEQS
 from support.waiting import wait_for
 
 from prism.modes import MODES

@@ -9,8 +9,8 @@ import math
 
 import jsonschema
 import pytest
-from conftest import openai_client
 from support import parity
+from support.cases import openai_client
 
 NAMES = list(parity.cases(None))
 # Follow-ups are test_responses_parity.py's: each needs its first turn's id.

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from conftest import (
+from support.cases import (
     CASES,
     CONCURRENT_CASES,
     SEEDED_CASES,

@@ -11,8 +11,8 @@ import signal
 import time
 
 import pytest
-from conftest import start_mesh
 from support.calls import greedy
+from support.meshes import start_mesh
 from support.waiting import wait_for
 
 from prism.proto.stage.v1 import engine_pb2, engine_pb2_grpc

@@ -2,7 +2,7 @@
 are placed in time, answers in every mode exactly as one offline vLLM engine does.
 
 Its own tiny model, oracle and meshes, one mesh at a time: the session's families
-(conftest.FAMILIES) do not include it.
+(support.cases.FAMILIES) do not include it.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import CASES, VIDEO_CASES, ask_case, openai_client, run_oracle, start_mesh
+from support.cases import CASES, VIDEO_CASES, ask_case, openai_client, run_oracle
 from support.content import data_url, image_part, png, user, video, video_part
+from support.meshes import start_mesh
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from vllm import SamplingParams
 from vllm.v1.engine import EngineCoreOutput

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import start_mesh
 from support import parity
+from support.meshes import start_mesh
 from test_openai_parity import assert_same
 
 FAMILY = "llava"

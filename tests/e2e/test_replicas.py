@@ -9,9 +9,10 @@ import signal
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
-from conftest import CONCURRENT_CASES, ask_case, assert_answers_differ, start_mesh
+from support.cases import CONCURRENT_CASES, ask_case, assert_answers_differ
 from support.consul_double import ConsulDouble
 from support.content import data_url, png, user
+from support.meshes import start_mesh
 from support.waiting import wait_for
 
 from prism.registry.config import RegistryConfig

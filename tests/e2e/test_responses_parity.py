@@ -13,8 +13,8 @@ import grpc
 import httpx
 import jsonschema
 import pytest
-from conftest import openai_client
 from support import parity
+from support.cases import openai_client
 
 from prism.proto.v1 import responses_pb2, responses_pb2_grpc
 from prism.rpc.errors import PrismError

@@ -13,8 +13,9 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from conftest import openai_client, run_oracle, start_mesh
+from support.cases import openai_client, run_oracle
 from support.content import data_url, image_part, png, user
+from support.meshes import start_mesh
 
 # Far over the step's 64 tokens: the prompt takes several chunks.
 LONG = " ".join(f"word{i}" for i in range(200))

@@ -15,8 +15,8 @@ import types
 
 import psutil
 import pytest
-from conftest import CASES as PARITY_CASES
-from conftest import ask_case
+from support.cases import CASES as PARITY_CASES
+from support.cases import ask_case
 from support.served import Load, Served
 from support.waiting import wait_for
 
@@ -94,13 +94,13 @@ def test_each_stage_killed_under_load_is_restarted_and_the_mesh_serves_again(
     gauges = []
     try:
         assert served.answers(), served.tail()
-        load = Load(served)
-        recovered = {}
-        for name in victims:
-            recovered[name] = kill_and_recover(served, name, name in seen_down)
-            if expected is not None:
-                assert_answers_as_offline_vllm(served, expected)
-        outcomes = load.stop()
+        with Load(served) as load:
+            recovered = {}
+            for name in victims:
+                recovered[name] = kill_and_recover(served, name, name in seen_down)
+                if expected is not None:
+                    assert_answers_as_offline_vllm(served, expected)
+            outcomes = load.stop()
         print(f"{case}: back after {recovered} s; load: {dict(outcomes)}")
         assert served.process.poll() is None
         assert outcomes["completed"] > 0, outcomes

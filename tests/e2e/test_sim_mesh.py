@@ -10,8 +10,8 @@ import concurrent.futures
 
 import openai
 import pytest
-from conftest import start_mesh, stream_outcome
 from support.content import data_url, image_part, png, user
+from support.meshes import start_mesh, stream_outcome
 from support.waiting import wait_for
 
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import openai_client, start_mesh
+from support.cases import openai_client
 from support.certs import write_certificates
 from support.content import data_url, image_part, png, user
+from support.meshes import start_mesh
 
 from prism.rpc.channel import check_health
 from prism.rpc.tls import Tls, configure_tls

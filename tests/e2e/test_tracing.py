@@ -11,10 +11,10 @@ from concurrent import futures
 import grpc
 import httpx
 import pytest
-from conftest import start_mesh
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from support.content import data_url, png, user
+from support.meshes import start_mesh
 from support.waiting import wait_for
 
 from prism.proto.kserve import grpc_service_pb2 as kserve_pb2

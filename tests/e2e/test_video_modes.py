@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest import VIDEO_CASES, VIDEO_FAMILIES, ask_case
+from support.cases import VIDEO_CASES, VIDEO_FAMILIES, ask_case
 from support.content import data_url, png, user, video, video_part
 
 VIDEO_PARAM = "messages[0].content[0].video_url"

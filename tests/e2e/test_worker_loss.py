@@ -15,8 +15,9 @@ from collections import Counter
 import httpx
 import psutil
 import pytest
-from conftest import run_oracle, start_mesh
+from support.cases import run_oracle
 from support.content import data_url, image_part, png, user
+from support.meshes import start_mesh
 from support.waiting import wait_for
 
 from prism.rpc.channel import check_health

@@ -13,12 +13,12 @@ from collections import Counter
 from pathlib import Path
 
 import psutil
-from conftest import stream_outcome
 
 from prism.ops.stage_process import http_ok
 from prism.runtime.ports import free_port
 from support import metrics
 from support.content import data_url, image_part, png, user
+from support.meshes import stream_outcome
 from support.waiting import wait_for
 
 
@@ -57,11 +57,13 @@ class Served:
         return next(s for s in self.status["stages"] if s["name"] == name)
 
     def pid(self, name: str) -> int | None:
-        """The stage's process: the child of `prism serve` that listens on its port."""
+        """The stage's process: the one `prism serve` started (spawned, or forked from its
+        stage template) to listen on its port."""
         port = self.port if name == "gateway" else self.stage(name)["address"].split(":")[1]
-        for child in psutil.Process(self.process.pid).children():
+        for child in psutil.Process(self.process.pid).children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                argv = child.cmdline()
+                # A forked stage's command line reads as one string (prism.ops.template).
+                argv = " ".join(child.cmdline()).split()
                 if "--port" in argv and argv[argv.index("--port") + 1] == str(port):
                     return child.pid
         return None
@@ -109,6 +111,15 @@ class Load:
             self._stop.wait(self.pause_s)
             self.outcomes[outcome.split(":")[0]] += 1
             sent += 1
+
+    def __enter__(self) -> Load:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # A test that failed midway leaves no client sending behind it.
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=120)
 
     def stop(self) -> Counter[str]:
         self._stop.set()

@@ -6,8 +6,8 @@ any selection of its tests), loads neither torch nor vLLM: the session fails, na
 test module or test that first loaded one. Code that needs them is tested in
 tests/contract. Under `make test` the other lanes load them, so nothing is judged there.
 
-A plugin rather than tests/unit/conftest.py: tests import helpers `from conftest`, which
-a second conftest module would shadow.
+A plugin, loaded before the other plugins and every lane's modules, so that it sees what
+loaded a HEAVY module first, wherever that was.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ import types
 
 import httpx
 import pytest
-from conftest import mesh_config
 from grpc_health.v1 import health, health_pb2
+from support.meshes import mesh_config
 from test_front import _ready
 from test_in_process_client import Processor
 from test_launcher import flag

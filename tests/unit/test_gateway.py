@@ -6,8 +6,8 @@ import json
 import threading
 from concurrent import futures
 
-from conftest import serving
 from fastapi.testclient import TestClient
+from support.serving import serving
 from support.waiting import until
 
 from prism.gateway.app import create_app

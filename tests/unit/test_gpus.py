@@ -4,7 +4,7 @@ memory each engine may take."""
 from __future__ import annotations
 
 import pytest
-from conftest import mesh_config
+from support.meshes import mesh_config
 
 from prism.ops import gpus
 from prism.ops.gpus import Placement, Unit, place

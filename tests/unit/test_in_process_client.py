@@ -7,9 +7,9 @@ import threading
 
 import grpc
 import pytest
-from conftest import serving
 from fastapi.testclient import TestClient
 from grpc_health.v1 import health, health_pb2
+from support.serving import serving
 from support.waiting import until
 
 from prism import logs

@@ -12,8 +12,8 @@ from concurrent import futures
 
 import grpc
 import pytest
-from conftest import serving
 from fastapi.testclient import TestClient
+from support.serving import serving
 from support.waiting import until, wait_for
 
 from prism.gateway.app import create_app

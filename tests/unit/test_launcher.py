@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
 import pytest
-from conftest import mesh_config
+from support.meshes import mesh_config
 
 from prism.cli import build_parser
 from prism.config.stages import MeshConfig
-from prism.ops import launcher
+from prism.ops import gpus, launcher, template
 from prism.ops.plan import plan
 from prism.registry.config import RegistryConfig
 from prism.runtime.ports import _ephemeral_ports, free_port
@@ -206,3 +207,17 @@ def test_free_ports_in_a_row_are_each_free_and_handed_out_once():
     ephemeral = _ephemeral_ports()
     assert all(first + i not in ephemeral for i in range(4))
     assert all(not first <= free_port() < first + 4 for _ in range(50))
+
+
+def test_the_template_runs_the_cpus_stages_and_no_mesh_on_gpus():
+    stages = plan(mesh_config("e/p/d", "m", log_level="warning"))
+    # Global flags before the stage command, as the plan writes them.
+    assert stages[0].argv[3:5] == ["--log-level", "warning"]
+    assert all(template.runs(stage) for stage in stages)
+    # A stage that runs through another command (a network namespace's) is spawned.
+    wrapped = dataclasses.replace(stages[0], argv=["ip", "netns", "exec", "h1", *stages[0].argv])
+    assert not template.runs(wrapped)
+    # A mesh with a stage on a GPU: no template, no process started.
+    stages[1].placement = gpus.Placement((0,))
+    assert not template.runs(stages[1])
+    assert template.Template.for_stages(stages) is None

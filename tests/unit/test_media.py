@@ -6,8 +6,8 @@ import io
 
 import PIL.Image
 import pytest
-from conftest import ALLOWED_HOST
 from support.content import png
+from support.meshes import ALLOWED_HOST
 
 from prism.media.fetch import MediaLoader, parse_data_url
 from prism.media.image import IMAGE, check_image

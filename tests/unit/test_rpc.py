@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import grpc
 import pytest
-from conftest import serving
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support.serving import serving
 
 from prism import cli
 from prism.proto.v1 import errors_pb2, inference_pb2, inference_pb2_grpc

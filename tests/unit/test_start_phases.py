@@ -8,7 +8,7 @@ import io
 import logging
 import threading
 
-from conftest import mesh_config
+from support.meshes import mesh_config
 
 from prism.cli import build_parser
 from prism.config.stages import MeshConfig

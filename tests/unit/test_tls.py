@@ -8,9 +8,9 @@ import contextlib
 
 import grpc
 import pytest
-from conftest import serving
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support.certs import certificate
+from support.serving import serving
 
 from prism.proto.stage.v1 import load_pb2, load_pb2_grpc
 from prism.rpc.channel import channel as open_channel

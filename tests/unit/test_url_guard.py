@@ -10,8 +10,8 @@ import socket
 
 import pytest
 from aiohttp.abc import AbstractResolver
-from conftest import ALLOWED_HOST
 from support.content import png
+from support.meshes import ALLOWED_HOST
 
 from prism.media.fetch import MediaLoader
 from prism.media.image import IMAGE
