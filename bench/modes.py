@@ -61,7 +61,7 @@ def bench_mode(mode: str, model: str, reps: int, max_tokens: int, log_dir: Path)
         HttpConfig(http_port=port),
         log=LogConfig("warning"),
     )
-    mesh = Mesh(plan(config))
+    mesh = Mesh.forking(plan(config))
     with open(log_dir / f"{mode.replace('/', '')}.log", "w") as log:
         mesh.start(timeout=300, log=log)
         try:

@@ -151,7 +151,7 @@ def bench_mode(
         config = MeshConfig(ModelConfig(args.model), serve, HttpConfig(http_port=port),
                             limit=LimitConfig(0),
                             log=LogConfig("warning"))  # fmt: skip
-        mesh = Mesh(plan(config))
+        mesh = Mesh.forking(plan(config))
         base_url = f"http://127.0.0.1:{port}"
         with open(logs / f"{mode.replace('/', '_')}-{workers}.log", "w") as log:
             mesh.start(timeout=300, log=log)

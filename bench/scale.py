@@ -137,7 +137,7 @@ def start_prism(name: str, model: str, workers: int, timing: Timing, log: Path) 
     config = MeshConfig(ModelConfig(model), serve, HttpConfig(http_port=port), engine=engine,
                         sim=timing.sim(workers), limit=LimitConfig(0),
                         log=LogConfig("warning"))  # fmt: skip
-    mesh = Mesh(plan(config))
+    mesh = Mesh.forking(plan(config))
     with open(log, "w") as out:
         mesh.start(timeout=300, log=out)
     pids = {s.name: s.process.pid for s in mesh.stages

@@ -41,12 +41,14 @@ def start_once(args: argparse.Namespace, flags: list[str], cache: Path, log: Pat
     config = MeshConfig(ModelConfig(args.model), serve, HttpConfig(http_port=free_port()),
                         limit=LimitConfig(0), log=LogConfig("warning"),
                         vllm_flags=flags)  # fmt: skip
-    mesh, begin, cpu = Mesh(plan(config)), time.monotonic(), children_cpu_s()
+    mesh, begin, cpu = Mesh.forking(plan(config)), time.monotonic(), children_cpu_s()
     phases: dict[str, list[tuple[str, float]]] = {stage.name: [] for stage in mesh.stages}
 
     def report(line: str) -> None:
         name, _, rest = line.partition(": ")
-        phases[name].append((rest.rsplit(" (", 1)[0], round(time.monotonic() - begin, 1)))
+        # Not the template's line (it imports before any stage starts): stages' phases.
+        if name in phases:
+            phases[name].append((rest.rsplit(" (", 1)[0], round(time.monotonic() - begin, 1)))
 
     with log.open("w") as out:
         try:

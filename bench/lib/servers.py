@@ -274,7 +274,7 @@ def start_prism(
                         HttpConfig(http_port=port),
                         limit=LimitConfig(0), log=LogConfig("warning"),
                         vllm_flags=list(vllm_flags))  # fmt: skip
-    mesh = Mesh(plan(config))
+    mesh = Mesh.forking(plan(config))
     with open(log, "w") as out:
         try:
             mesh.start(timeout=900, log=out)

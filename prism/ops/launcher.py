@@ -48,6 +48,15 @@ class Mesh:
         self._relays: list[threading.Thread] = []
         # Where the gates of the stages that start in turn are (`spawn`), once one does.
         self._gates: tempfile.TemporaryDirectory | None = None
+        self._owns_template = False
+
+    @classmethod
+    def forking(cls, stages: list[StageProcess]) -> Mesh:
+        """A mesh as `prism serve` runs one: the stages a template can run are forked from
+        one of its own (`Template.for_stages`), which ends as the mesh stops."""
+        mesh = cls(stages, Template.for_stages(stages))
+        mesh._owns_template = True
+        return mesh
 
     def stage(self, name: str) -> StageProcess:
         """The stage called `name`, or the first `name-N` replica."""
@@ -203,6 +212,8 @@ class Mesh:
             thread.join(timeout=max(0.1, deadline - time.monotonic()))
         if self._gates is not None:
             self._gates.cleanup()
+        if self._owns_template and self.template is not None:
+            self.template.close()
 
 
 class _StopRequested(Exception):
@@ -281,7 +292,7 @@ def run(config: MeshConfig) -> int:
     except ValueError as exc:
         _say(str(exc))
         return 2
-    mesh = Mesh(stages, Template.for_stages(stages))
+    mesh = Mesh.forking(stages)
     placed = [stage for stage in mesh.stages if stage.placement.gpus]
     if placed:
         print("prism: GPU plan", flush=True)
@@ -318,5 +329,3 @@ def run(config: MeshConfig) -> int:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(config.serve.status_file)
         mesh.stop()
-        if mesh.template is not None:
-            mesh.template.close()

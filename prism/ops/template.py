@@ -38,15 +38,20 @@ import setproctitle
 
 from prism.ops.stage_process import StageProcess, prepare_child
 
-# What each stage command imports before it serves (prism.cli's dispatch).
+# What each stage command runs, for the template to import: the modules its `serve`
+# imports as it starts (a command's package alone leaves vLLM, the engine and the
+# servicers to be imported after the fork), and prism.cli, which dispatches to it.
 MODULES = {
-    "worker": "prism.services.worker",
-    "encoder": "prism.services.encoder.serving",
-    "processor": "prism.services.processor.serving",
-    "front": "prism.services.front",
-    "gateway": "prism.gateway.app",
-    "planner": "prism.planner.loop",
+    "worker": ("prism.services.worker.servicer",),
+    "encoder": ("prism.services.encoder.serving", "prism.transfer.nixl"),
+    "processor": ("prism.services.processor.serving", "prism.services.processor.servicer"),
+    "front": ("prism.services.front", "prism.services.processor.servicer"),
+    "gateway": ("prism.gateway.app",),
+    "planner": ("prism.planner.loop",),
 }
+# A worker on a simulated engine imports neither vLLM nor torch.
+SIM_WORKER = ("prism.services.worker.sim",)
+ALL_MODULES = sorted({"prism.cli", *SIM_WORKER, *(m for ms in MODULES.values() for m in ms)})
 _CLI = ["-m", "prism.cli"]
 # A request: the stage's command line and environment, as JSON.
 _MAX_REQUEST = 1 << 20
@@ -60,6 +65,17 @@ def _command(argv: list[str]) -> str | None:
         return None
     # Its global flags (--log-level LEVEL ...) come first; their values name no command.
     return next((word for word in argv[3:] if word in MODULES), None)
+
+
+def imports(argv: list[str]) -> tuple[str, ...]:
+    """What the stage command line `argv` (one the template `runs`) imports as it starts."""
+    command = _command(argv)
+    assert command is not None, argv
+    engine = argv[argv.index("--engine") + 1] if "--engine" in argv else ""
+    return (
+        "prism.cli",
+        *(SIM_WORKER if command == "worker" and engine == "sim" else MODULES[command]),
+    )
 
 
 def runs(stage: StageProcess) -> bool:
@@ -154,7 +170,7 @@ class Template:
         shared = dict(chosen[0].env)
         for stage in chosen[1:]:
             shared = {k: v for k, v in shared.items() if stage.env.get(k) == v}
-        return cls({MODULES[_command(stage.argv)] for stage in chosen}, {**os.environ, **shared})
+        return cls({m for stage in chosen for m in imports(stage.argv)}, {**os.environ, **shared})
 
     def spawn(
         self, argv: list[str], env: dict[str, str], cpus: set[int], timeout: float = 300

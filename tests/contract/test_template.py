@@ -23,7 +23,7 @@ from prism.runtime.ports import free_port
 
 @pytest.fixture(scope="module")
 def template() -> Iterator[Template]:
-    made = Template([MODULES["gateway"]])
+    made = Template(MODULES["gateway"])
     yield made
     made.close()
 
@@ -94,7 +94,7 @@ def test_exit_statuses_are_popens(template):
 
 
 def test_stages_end_with_their_template():
-    own = Template([MODULES["gateway"]])
+    own = Template(MODULES["gateway"])
     try:
         argv, port = gateway()
         with stopped(own.spawn(argv, dict(os.environ), set())) as stage:

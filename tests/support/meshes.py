@@ -21,7 +21,7 @@ from prism.config.stages import MeshConfig, ServeConfig
 from prism.ops.launcher import Mesh
 from prism.ops.plan import plan
 from prism.ops.stage_process import StageProcess
-from prism.ops.template import MODULES, Template
+from prism.ops.template import ALL_MODULES, Template
 from prism.rpc.channel import sync_channel
 from prism.runtime.ports import free_port
 from support import metrics
@@ -143,7 +143,7 @@ def stage_template() -> Template:
     every mesh's stages on the CPU are forked from it, so that none imports vLLM again."""
     global _template
     if _template is None:
-        _template = Template(MODULES.values())
+        _template = Template(ALL_MODULES)
     return _template
 
 
