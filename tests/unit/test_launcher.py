@@ -214,6 +214,17 @@ def test_the_template_runs_the_cpus_stages_and_no_mesh_on_gpus():
     # Global flags before the stage command, as the plan writes them.
     assert stages[0].argv[3:5] == ["--log-level", "warning"]
     assert all(template.runs(stage) for stage in stages)
+    # What each imports as it starts, the engine and the servicers included.
+    assert {stage.name: template.imports(stage.argv)[1:] for stage in stages} == {
+        "encoder-0": template.MODULES["encoder"],
+        "prefill-0": ("prism.services.worker.servicer",),
+        "decode-0": ("prism.services.worker.servicer",),
+        "front": ("prism.services.front", "prism.services.processor.servicer"),
+    }
+    # A simulated engine's worker imports neither vLLM nor torch.
+    args = build_parser().parse_args(["serve", "--model", "m", "--engine", "sim"])
+    (sim,) = [stage for stage in plan(MeshConfig.from_args(args)) if stage.name == "worker-0"]
+    assert template.imports(sim.argv) == ("prism.cli", *template.SIM_WORKER)
     # A stage that runs through another command (a network namespace's) is spawned.
     wrapped = dataclasses.replace(stages[0], argv=["ip", "netns", "exec", "h1", *stages[0].argv])
     assert not template.runs(wrapped)
