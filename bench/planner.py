@@ -33,8 +33,9 @@ import aiohttp
 
 from bench.lib.load import ServerFailed, image_url, one
 from bench.lib.metrics import counter
-from bench.lib.report import planner_section, publish
+from bench.lib.report import publish
 from bench.lib.results import RECORDS, save, stamp
+from bench.lib.sections.planner import planner_section
 from bench.lib.stats import percentile
 from bench.lib.text import words
 from prism.runtime.ports import free_port

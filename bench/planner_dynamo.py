@@ -36,8 +36,9 @@ import time
 from functools import partial
 from pathlib import Path
 
-from bench.lib.report import planner_dynamo_section, publish
+from bench.lib.report import publish
 from bench.lib.results import RECORDS, save, stamp
+from bench.lib.sections.planner_dynamo import planner_dynamo_section
 from bench.lib.servers import (
     DYNAMO_PYTHON,
     await_ready,

@@ -32,8 +32,9 @@ import aiohttp
 
 from bench.lib.load import Sample, image_url, one
 from bench.lib.metrics import counter
-from bench.lib.report import publish, routing_section
+from bench.lib.report import publish
 from bench.lib.results import RECORDS, save, stamp
+from bench.lib.sections.routing import routing_section
 from bench.lib.shapes import ANSWER_WORDS, QUESTION_WORDS, SYSTEM_WORDS
 from bench.lib.stats import percentile
 from bench.lib.text import words

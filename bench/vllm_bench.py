@@ -21,8 +21,9 @@ import json
 import tempfile
 from pathlib import Path
 
-from bench.lib.report import publish, vllm_bench_section
+from bench.lib.report import publish
 from bench.lib.results import RECORDS, save, stamp
+from bench.lib.sections.vllm_bench import vllm_bench_section
 from bench.lib.servers import start_prism, start_vllm
 from bench.lib.vllm_client import IMAGE, run_client
 

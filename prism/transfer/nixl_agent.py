@@ -45,7 +45,7 @@ def read_device_memory_by_ipc() -> None:
     """Lets UCX READ device memory over CUDA IPC, in this process and those it starts (a
     value set in the environment wins). UCX turns CUDA IPC's zero-copy GET off where NVML
     finds no NVLink (a PCIe card, a single GPU), and a READ of device memory then goes as
-    active messages over TCP, staged through the host (docs/gpu.md, the second lease);
+    active messages over TCP, staged through the host (bench/notes/gpu-leases.md, the second lease);
     NIXL turns it on itself in releases after ai-dynamo/nixl#2208."""
     os.environ.setdefault("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "on")
 

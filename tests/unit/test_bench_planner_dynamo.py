@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from bench.lib.report import by_phase, mean_replicas
+from bench.lib.sections.common import mean_replicas
+from bench.lib.sections.planner_dynamo import by_phase
 from bench.planner import summarize
 from bench.planner_dynamo import PHASES, PDLoad, prism_decisions, splits
 
