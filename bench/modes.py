@@ -23,8 +23,9 @@ from pathlib import Path
 from openai import OpenAI
 
 from bench.lib.load import image_url
+from prism.config.commands import MeshConfig, ServeConfig
 from prism.config.common import LogConfig, ModelConfig
-from prism.config.stages import HttpConfig, MeshConfig, ServeConfig
+from prism.config.gateway import HttpConfig
 from prism.modes import MODES
 from prism.ops.launcher import Mesh
 from prism.ops.plan import plan

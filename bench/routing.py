@@ -38,8 +38,9 @@ from bench.lib.sections.routing import routing_section
 from bench.lib.shapes import ANSWER_WORDS, QUESTION_WORDS, SYSTEM_WORDS
 from bench.lib.stats import percentile
 from bench.lib.text import words
+from prism.config.commands import MeshConfig, ServeConfig
 from prism.config.common import LimitConfig, LogConfig, ModelConfig
-from prism.config.stages import HttpConfig, MeshConfig, ServeConfig
+from prism.config.gateway import HttpConfig
 from prism.ops.launcher import Mesh
 from prism.ops.plan import plan
 from prism.runtime.ports import free_port

@@ -56,8 +56,11 @@ from bench.lib.servers import (
     stop_all,
 )
 from bench.lib.stats import percentile
+from prism.config.commands import MeshConfig, ServeConfig
 from prism.config.common import LimitConfig, LogConfig, ModelConfig
-from prism.config.stages import EngineConfig, HttpConfig, MeshConfig, ServeConfig, SimEngineConfig
+from prism.config.engine import EngineConfig
+from prism.config.gateway import HttpConfig
+from prism.config.sim import SimEngineConfig
 from prism.ops.launcher import Mesh
 from prism.ops.plan import plan
 from prism.runtime.ports import free_port

@@ -17,8 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from prism.config.commands import MeshConfig, ServeConfig
 from prism.config.common import LimitConfig, LogConfig, ModelConfig
-from prism.config.stages import HttpConfig, MeshConfig, ServeConfig
+from prism.config.gateway import HttpConfig
 from prism.ops.launcher import Mesh
 from prism.ops.plan import plan
 from prism.runtime.ports import free_port

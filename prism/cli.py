@@ -17,11 +17,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from prism import logs
-from prism.config.common import LogConfig, TlsConfig
-from prism.config.deploy import KubernetesConfig
-from prism.config.flags import Flags
-from prism.config.planner import PlannerStageConfig
-from prism.config.stages import (
+from prism.config.commands import (
     EncoderStageConfig,
     FrontStageConfig,
     GatewayStageConfig,
@@ -29,6 +25,10 @@ from prism.config.stages import (
     ProcessorStageConfig,
     WorkerStageConfig,
 )
+from prism.config.common import LogConfig, TlsConfig
+from prism.config.deploy import KubernetesConfig
+from prism.config.flags import Flags
+from prism.config.planner import PlannerStageConfig
 
 
 def _stage(sub: argparse._SubParsersAction, name: str, help: str, port: int,

@@ -27,12 +27,12 @@ from contextlib import contextmanager
 import grpc
 
 from prism import telemetry
+from prism.config.common import POLICIES
 from prism.kv_index import KvIndex
 from prism.modes import MeshRole
 from prism.registry import Registry
 from prism.rpc.errors import PrismError
 
-POLICIES = ("round-robin", "random", "least-loaded", "kv")
 # Roles that `kv` routes by their prefix cache: those that compute the prompt.
 CACHE_ROLES = (MeshRole.WORKER, MeshRole.PREFILL)
 

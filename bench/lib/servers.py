@@ -24,8 +24,9 @@ from typing import Any
 import psutil
 
 from bench.lib.shapes import ANCHOR, DYNAMO_AGG, DYNAMO_E_PD, DYNAMO_PD, SAME_ENGINE
+from prism.config.commands import MeshConfig, ServeConfig
 from prism.config.common import LimitConfig, LogConfig, ModelConfig
-from prism.config.stages import HttpConfig, MeshConfig, ServeConfig
+from prism.config.gateway import HttpConfig
 from prism.ops import gpus
 from prism.ops.launcher import Mesh
 from prism.ops.plan import plan

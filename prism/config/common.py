@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prism import logs, transfer
+from prism import logs
 from prism.config.flags import Flags, flag
-from prism.routing import POLICIES
 
 
 @dataclass
@@ -96,13 +95,17 @@ class MediaConfig(Flags):
     max_audio_seconds: float = flag(600, "length of one audio clip (seconds)")
 
 
+# The ways embeddings travel (prism.transfer, one implementation each).
+TRANSFERS = ("nixl", "inline")
+
+
 @dataclass
 class TransferConfig(Flags):
     transfer: str = flag(
         "nixl",
         "how image embeddings go from encoder to worker: nixl (the worker pulls them "
         "from the encoder's memory) or inline (in the gRPC message; no NIXL needed)",
-        choices=transfer.KINDS,
+        choices=TRANSFERS,
         always=True,
     )
 
@@ -125,6 +128,10 @@ class LimitConfig(Flags):
         "with Retry-After (0: no bound)",
         always=True,
     )
+
+
+# How the processor may pick among replicas (prism.routing).
+POLICIES = ("round-robin", "random", "least-loaded", "kv")
 
 
 @dataclass

@@ -31,7 +31,7 @@ from prism.runtime.ports import free_port
 from prism.transfer.nixl_agent import read_device_memory_by_ipc
 
 if TYPE_CHECKING:
-    from prism.config.stages import WorkerStageConfig
+    from prism.config.commands import WorkerStageConfig
 
 log = logging.getLogger(__name__)
 

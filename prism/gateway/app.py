@@ -28,9 +28,10 @@ from prism.rpc.server import InFlightLimit
 from prism.runtime.stage import freeze_startup_heap
 
 if TYPE_CHECKING:
+    from prism.config.commands import GatewayStageConfig
     from prism.config.common import LimitConfig
-    from prism.config.stages import GatewayConfig, GatewayStageConfig
-    from prism.registry.config import ConnectConfig, RegistryConfig
+    from prism.config.gateway import GatewayConfig
+    from prism.config.registry import ConnectConfig, RegistryConfig
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ async def _lifespan(
 
 
 class FrontSettings(Protocol):
-    """What a front's config (prism.config.stages) says of its doors and the registry."""
+    """What a front's config (prism.config.commands) says of its doors and the registry."""
 
     gateway: GatewayConfig
     limit: LimitConfig

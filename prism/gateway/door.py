@@ -16,7 +16,7 @@ from prism.gateway import app as gateway
 from prism.gateway.client import InProcessClient
 
 if TYPE_CHECKING:
-    from prism.config.stages import FrontStageConfig
+    from prism.config.commands import FrontStageConfig
     from prism.gateway.openai.responses.store import ResponseStore
     from prism.rpc.server import Server
 

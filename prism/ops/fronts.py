@@ -12,8 +12,10 @@ import os
 import tempfile
 from collections.abc import Callable
 
+from prism.config.commands import MeshConfig
 from prism.config.common import AddressConfig, LimitConfig, MetricsConfig
-from prism.config.stages import GatewayConfig, HttpConfig, MeshConfig, ProcessorConfig
+from prism.config.gateway import GatewayConfig, HttpConfig
+from prism.config.processor import ProcessorConfig
 from prism.modes import MeshRole
 from prism.ops.stage_process import StageProcess, grpc_stage, http_ok
 from prism.rpc.channel import check_health

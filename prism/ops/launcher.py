@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from prism.config.stages import MeshConfig, ServeConfig
+from prism.config.commands import MeshConfig, ServeConfig
 from prism.ops import gpus, phases
 from prism.ops.phases import Progress
 from prism.ops.plan import plan

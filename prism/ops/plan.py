@@ -10,11 +10,12 @@ import functools
 import os
 import sys
 
-from prism.config.stages import MeshConfig, WorkerConfig
+from prism.config.commands import MeshConfig
+from prism.config.engine import WorkerConfig
+from prism.config.registry import STATIC
 from prism.modes import EngineRole, MeshRole, mode
 from prism.ops import fronts, gpus
 from prism.ops.stage_process import StageProcess, core_slices, grpc_stage
-from prism.registry.config import STATIC
 from prism.runtime.ports import free_port
 
 

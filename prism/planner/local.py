@@ -18,7 +18,7 @@ import threading
 from typing import IO, TYPE_CHECKING
 
 from prism import telemetry
-from prism.config.stages import MeshConfig
+from prism.config.commands import MeshConfig
 from prism.modes import MeshRole, mode
 from prism.ops.plan import plan
 from prism.ops.stage_process import StageProcess

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from prism.registry.config import STATIC, ConnectConfig, RegistryConfig
+from prism.config.registry import STATIC, ConnectConfig, RegistryConfig
 
 
 @dataclass(frozen=True)

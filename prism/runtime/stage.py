@@ -30,7 +30,7 @@ from prism.runtime.service import Service
 
 if TYPE_CHECKING:
     from prism.config.common import AddressConfig, MetricsConfig, ModelConfig
-    from prism.registry.config import ConnectConfig, RegistryConfig
+    from prism.config.registry import ConnectConfig, RegistryConfig
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class StageFailed(Exception):
 
 
 class StageSettings(Protocol):
-    """What a gRPC stage's config (prism.config.stages) says of where and how it serves."""
+    """What a gRPC stage's config (prism.config.commands) says of where and how it serves."""
 
     address: AddressConfig
     metrics: MetricsConfig

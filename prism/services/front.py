@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
-from prism.config.stages import FrontStageConfig
+from prism.config.commands import FrontStageConfig
 from prism.gateway.client import LocalCall
 from prism.gateway.door import HttpDoor
 from prism.gateway.openai.responses.respond import Responder

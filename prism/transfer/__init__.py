@@ -17,12 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from prism.config.common import TRANSFERS
+
 if TYPE_CHECKING:  # torch is imported where tensors are handled, not by the CLI
     import torch
 
     from prism.proto.stage.v1 import tensor_pb2
-
-KINDS = ("nixl", "inline")
 
 
 class TransferError(Exception):
@@ -91,4 +91,4 @@ def open_transfer(
         from prism.transfer.nixl import NixlTransfer
 
         return NixlTransfer(pool_bytes=pool_bytes, lease_s=lease_s, device=device)
-    raise ValueError(f"unknown transfer {kind!r}; choose from {', '.join(KINDS)}")
+    raise ValueError(f"unknown transfer {kind!r}; choose from {', '.join(TRANSFERS)}")

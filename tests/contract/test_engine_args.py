@@ -10,7 +10,7 @@ import pytest
 from support.meshes import mesh_config
 
 from prism import cli
-from prism.config.stages import WorkerStageConfig
+from prism.config.commands import WorkerStageConfig
 from prism.engine import launch
 from prism.engine.launch import engine_args, vllm_flags
 from prism.modes import EngineRole

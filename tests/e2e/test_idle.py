@@ -23,7 +23,7 @@ from support.content import data_url, image_part, png, user
 from support.meshes import stage_template, start_mesh, stream_outcome
 from support.waiting import wait_for
 
-from prism.registry.config import RegistryConfig
+from prism.config.registry import RegistryConfig
 
 # PRISM_IDLE_S=300 for the five idle minutes a deployment on Consul must stay green.
 IDLE_S = float(os.environ.get("PRISM_IDLE_S", "60"))

@@ -13,7 +13,7 @@ from support.kube_api import KubeApi, endpoint_slice
 from support.meshes import start_mesh
 from support.waiting import wait_for
 
-from prism.registry.config import RegistryConfig
+from prism.config.registry import RegistryConfig
 
 LONG = " ".join(f"word{i}" for i in range(60))
 # A new prompt for each check: none is cached anywhere yet.

@@ -15,7 +15,7 @@ from support.content import data_url, png, user
 from support.meshes import start_mesh
 from support.waiting import wait_for
 
-from prism.registry.config import RegistryConfig
+from prism.config.registry import RegistryConfig
 
 
 def served(mesh, stage: str) -> float:

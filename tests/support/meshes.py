@@ -16,8 +16,8 @@ import grpc
 import httpx
 import pytest
 
+from prism.config.commands import MeshConfig, ServeConfig
 from prism.config.common import ModelConfig
-from prism.config.stages import MeshConfig, ServeConfig
 from prism.ops.launcher import Mesh
 from prism.ops.plan import plan
 from prism.ops.stage_process import StageProcess

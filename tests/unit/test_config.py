@@ -6,36 +6,46 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import importlib
+import pkgutil
 import typing
 from typing import Any
 
 import pytest
 
+import prism.config
 from prism.cli import build_parser
-from prism.config import common, deploy, stages
-from prism.config.common import LogConfig, ModelConfig
-from prism.config.flags import Flags, flag
-from prism.config.stages import (
+from prism.config import sim
+from prism.config.commands import (
     EncoderStageConfig,
     FrontStageConfig,
     GatewayStageConfig,
     MeshConfig,
+    ModelStageConfig,
     ProcessorStageConfig,
     ServeConfig,
+    StageConfig,
     WorkerStageConfig,
 )
+from prism.config.common import LogConfig, ModelConfig
+from prism.config.flags import Flags, flag
+from prism.config.planner import PlannerStageConfig
 from prism.ops.plan import plan
-from prism.registry import config as registry
 
 CONFIGS = [
     cls
-    for module in (common, stages, deploy, registry)
+    for info in pkgutil.iter_modules(prism.config.__path__, "prism.config.")
+    for module in [importlib.import_module(info.name)]
     for cls in vars(module).values()
-    if isinstance(cls, type) and issubclass(cls, Flags) and cls.__module__ == module.__name__
+    if isinstance(cls, type)
+    and issubclass(cls, Flags)
+    and cls is not Flags
+    and cls.__module__ == module.__name__
 ]
 # A whole command's config: no default to compare with (most need --model); tested below.
-WHOLES = (MeshConfig, WorkerStageConfig, EncoderStageConfig, ProcessorStageConfig,
-          FrontStageConfig, GatewayStageConfig)  # fmt: skip
+WHOLES = (MeshConfig, StageConfig, ModelStageConfig, WorkerStageConfig, EncoderStageConfig,
+          ProcessorStageConfig, FrontStageConfig, GatewayStageConfig,
+          PlannerStageConfig)  # fmt: skip
 LEAVES = [cls for cls in CONFIGS if cls not in WHOLES]
 
 
@@ -127,7 +137,7 @@ def test_a_flags_minimum_is_refused_on_the_command_line_and_in_code(capsys):
         build_parser().parse_args(["worker", "--model", "m", "--sim-engines", "3"]).sim_engines == 3
     )
     with pytest.raises(ValueError, match="--sim-engines must be at least 1, got 0"):
-        stages.SimEngineConfig(sim_engines=0)
+        sim.SimEngineConfig(sim_engines=0)
 
 
 @pytest.mark.parametrize(

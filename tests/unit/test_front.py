@@ -9,8 +9,9 @@ import pytest
 from grpc_health.v1 import health, health_pb2
 from test_in_process_client import CHAT, Processor
 
+from prism.config.commands import FrontStageConfig
 from prism.config.common import ModelConfig
-from prism.config.stages import FrontStageConfig, GatewayConfig, HttpConfig
+from prism.config.gateway import GatewayConfig, HttpConfig
 from prism.gateway.door import HttpDoor
 from prism.runtime.ports import free_port
 from prism.runtime.stage import Stage, StageFailed

@@ -16,15 +16,16 @@ from test_front import _ready
 from test_in_process_client import Processor
 from test_launcher import flag
 
+from prism.config.commands import FrontStageConfig
 from prism.config.common import ModelConfig
-from prism.config.stages import FrontStageConfig, HttpConfig
+from prism.config.gateway import HttpConfig
+from prism.config.registry import RegistryConfig
 from prism.gateway.door import HttpDoor
 from prism.modes import MeshRole
 from prism.ops import fronts, launcher
 from prism.ops.gpus import Placement
 from prism.ops.plan import plan
 from prism.ops.stage_process import StageProcess
-from prism.registry.config import RegistryConfig
 from prism.runtime.ports import free_port
 
 

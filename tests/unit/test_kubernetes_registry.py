@@ -10,8 +10,8 @@ from urllib.parse import urlsplit
 import pytest
 from support.kube_api import KubeApi, endpoint_slice
 
+from prism.config.registry import RegistryConfig
 from prism.registry import open_registry
-from prism.registry.config import RegistryConfig
 from prism.registry.kubernetes import ApiAccess, KubernetesRegistry, ready_addresses
 
 

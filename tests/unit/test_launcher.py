@@ -10,10 +10,10 @@ import pytest
 from support.meshes import mesh_config
 
 from prism.cli import build_parser
-from prism.config.stages import MeshConfig
+from prism.config.commands import MeshConfig
+from prism.config.registry import RegistryConfig
 from prism.ops import gpus, launcher, template
 from prism.ops.plan import plan
-from prism.registry.config import RegistryConfig
 from prism.runtime.ports import _ephemeral_ports, free_port
 
 

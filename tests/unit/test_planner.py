@@ -7,8 +7,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from prism.cli import build_parser
+from prism.config.commands import MeshConfig
 from prism.config.planner import PlannerConfig
-from prism.config.stages import MeshConfig
 from prism.modes import mode
 from prism.planner import decide as rules
 from prism.planner import local, observe

@@ -10,6 +10,7 @@ import asyncio
 import grpc
 import pytest
 
+from prism.config.sim import SimConfig
 from prism.kv_index import lay_out, prompt_keys
 from prism.media.modality import content_hash
 from prism.modes import EngineRole
@@ -20,7 +21,7 @@ from prism.rpc.server import Server, start_server
 from prism.runtime.ports import free_port
 from prism.services.worker.kv_publisher import KvPublisher
 from prism.services.worker.sim import SimServicer
-from prism.services.worker.sim_engine import SimConfig, SimEngine
+from prism.services.worker.sim_engine import SimEngine
 
 IMAGE = 99
 MEDIA_TOKENS = 6

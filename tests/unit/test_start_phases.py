@@ -11,7 +11,7 @@ import threading
 from support.meshes import mesh_config
 
 from prism.cli import build_parser
-from prism.config.stages import MeshConfig
+from prism.config.commands import MeshConfig
 from prism.ops import phases
 from prism.ops.plan import plan
 

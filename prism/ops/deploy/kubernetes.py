@@ -33,15 +33,15 @@ import re
 from importlib.metadata import version
 from typing import Any
 
+from prism.config.commands import MeshConfig, ServeConfig
 from prism.config.common import AddressConfig, MetricsConfig, ModelConfig
 from prism.config.deploy import KubernetesConfig
 from prism.config.planner import role_counts
-from prism.config.stages import MeshConfig, ServeConfig
+from prism.config.registry import RegistryConfig
 from prism.modes import MODES
 from prism.ops.deploy import network_policy, security, tls
 from prism.ops.deploy.ports import ENGINES, HEALTH_PORT, KV_PORT, METRICS_PORT, UCX_PORTS, port
 from prism.ops.plan import plan
-from prism.registry.config import RegistryConfig
 
 # The image this checkout builds, by its fixed version.
 IMAGE = f"prism:{version('prism-mesh')}"

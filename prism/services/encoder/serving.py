@@ -22,7 +22,7 @@ from prism.services.encoder.towers import Embedding, MediaEncoder
 from prism.transfer import Transfer, open_transfer
 
 if TYPE_CHECKING:
-    from prism.config.stages import EncoderStageConfig
+    from prism.config.commands import EncoderStageConfig
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

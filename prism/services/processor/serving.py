@@ -21,7 +21,7 @@ from prism.services.processor.inputs import ModelInputs
 from prism.services.processor.pipeline import Pipeline
 
 if TYPE_CHECKING:
-    from prism.config.stages import ProcessorStageConfig
+    from prism.config.commands import ProcessorStageConfig
     from prism.services.processor.servicer import InferenceServicer
 
 

@@ -13,7 +13,7 @@ from prism.rpc.server import InFlightLimit
 from prism.runtime.service import Service, StreamHandler, UnaryHandler
 
 if TYPE_CHECKING:
-    from prism.config.stages import WorkerStageConfig
+    from prism.config.commands import WorkerStageConfig
 
 
 def check_request(request: engine_pb2.GenerateRequest) -> None:

@@ -52,7 +52,7 @@ from prism.tracing import tracer
 from prism.transfer import Transfer, TransferError, open_transfer
 
 if TYPE_CHECKING:
-    from prism.config.stages import WorkerStageConfig
+    from prism.config.commands import WorkerStageConfig
 
 log = logging.getLogger(__name__)
 

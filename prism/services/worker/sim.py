@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from prism import telemetry
+from prism.config.sim import SimConfig
 from prism.kv_index import lay_out, prompt_keys
 from prism.media.modalities import MODALITIES
 from prism.modes import EngineRole, modes_served
@@ -33,11 +34,12 @@ from prism.rpc.server import Server
 from prism.runtime.stage import Replica, Stage
 from prism.services.worker import check_request, engine_service
 from prism.services.worker.kv_publisher import KvPublisher
-from prism.services.worker.sim_engine import Seq, SimConfig, SimEngine
+from prism.services.worker.sim_engine import Seq, SimEngine
 
 if TYPE_CHECKING:
+    from prism.config.commands import WorkerStageConfig
     from prism.config.common import ModelConfig
-    from prism.config.stages import SimEngineConfig, WorkerStageConfig
+    from prism.config.sim import SimEngineConfig
 
 log = logging.getLogger(__name__)
 

@@ -22,21 +22,11 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
+from prism.config.sim import SimConfig
+
 # Generated tokens come from this range, plain tokens in the vocabularies Prism builds
 # and in common ones (special tokens sit below it or far above it).
 _TOKENS = range(256, 1024)
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    prefill_tokens_per_s: float = 20_000.0
-    decode_step_s: float = 0.005
-    block_size: int = 16
-    num_blocks: int = 8192
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: int = 2048
-    stream_interval: int = 1
 
 
 class BlockPool:

@@ -12,19 +12,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 
+from prism.config.gateway import (
+    RESPONSES_MAX_ENTRIES,
+    RESPONSES_MAX_MB,
+    RESPONSES_TTL_S,
+    GatewayConfig,
+)
 from prism.rpc.errors import PrismError
 
-if TYPE_CHECKING:
-    from prism.config.stages import GatewayConfig
-
-# The flags' defaults (--responses-store-size, --responses-store-mb, --responses-ttl-s).
-MAX_ENTRIES = 1000
-MAX_MB = 256.0
-TTL_S = 3600.0
 SCHEMA = (
     "CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, at REAL NOT NULL, "
     "response TEXT NOT NULL, messages TEXT NOT NULL, size INTEGER NOT NULL)"
@@ -47,11 +46,11 @@ class ResponseStore:
 
     def __init__(
         self,
-        max_entries: int = MAX_ENTRIES,
-        ttl_s: float = TTL_S,
+        max_entries: int = RESPONSES_MAX_ENTRIES,
+        ttl_s: float = RESPONSES_TTL_S,
         path: str = "",
         timer: Callable[[], float] = time.time,
-        max_bytes: int = int(MAX_MB * 2**20),
+        max_bytes: int = int(RESPONSES_MAX_MB * 2**20),
     ) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes

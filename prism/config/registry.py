@@ -1,4 +1,4 @@
-"""The registry's flags, which every stage and `prism serve` take (prism.config.stages
+"""The registry's flags, which every stage and `prism serve` take (prism.config.commands
 lists which command takes which). Only prism.config.flags is imported, which imports only
 the standard library: the front loads nothing more for them."""
 

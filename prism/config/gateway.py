@@ -1,0 +1,66 @@
+"""Where and how a front serves the OpenAI REST API (a gateway, or a front in one process
+with the processor), and what its Responses API keeps."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from prism.config.flags import Flags, flag
+
+# What the Responses API keeps by default (prism.gateway.openai.responses.store).
+RESPONSES_MAX_ENTRIES = 1000
+RESPONSES_MAX_MB = 256.0
+RESPONSES_TTL_S = 3600.0
+
+
+@dataclass
+class GatewayConfig(Flags):
+    """The OpenAI REST API's own settings: its key, timeouts, KServe, the stored responses."""
+
+    api_key: str = flag(
+        help="require 'Authorization: Bearer KEY' on /v1 (default: PRISM_API_KEY; none if unset)",
+        factory=lambda: os.environ.get("PRISM_API_KEY", ""),
+        secret=True,
+    )
+    request_timeout: float = flag(
+        0, "seconds a generation may take before it ends with 504 (0: no limit)", always=True
+    )
+    http_keep_alive_s: float = flag(
+        75.0,
+        "seconds an idle HTTP connection stays open: longer than the idle timeouts of "
+        "clients and load balancers (aiohttp 15 s, AWS ALB 60 s), so that they close first "
+        "and no request is sent on a connection the server is closing",
+        metavar="S",
+    )
+    kserve_grpc_port: int = flag(
+        0,
+        "also serve KServe v2 gRPC (inference.GRPCInferenceService, as Triton with its "
+        "vLLM backend) on this port (0: not served)",
+    )
+    responses_store_size: int = flag(
+        RESPONSES_MAX_ENTRIES,
+        "responses the Responses API keeps for previous_response_id and GET (the oldest "
+        "goes first; 0: none kept)",
+    )
+    responses_store_mb: float = flag(
+        RESPONSES_MAX_MB,
+        "megabytes the stored responses take at most, their images' data URLs included (the "
+        "oldest go first; a response larger than all is not kept)",
+        metavar="MB",
+    )
+    responses_ttl_s: float = flag(RESPONSES_TTL_S, "seconds a stored response is kept", metavar="S")
+    responses_store: str = flag(
+        "",
+        "a SQLite file for the stored responses, which fronts that share it all find "
+        "(default: this process's memory; prism serve --front-workers N gives its fronts one)",
+        metavar="PATH",
+    )
+
+
+@dataclass
+class HttpConfig(Flags):
+    """Where a front's OpenAI REST API answers."""
+
+    http_host: str = flag("", "address the OpenAI REST API binds (default: --host)")
+    http_port: int = flag(8000, always=True)
