@@ -25,13 +25,12 @@ from pathlib import Path
 from typing import IO
 
 from prism.config.commands import MeshConfig, ServeConfig
-from prism.ops import gpus, phases
+from prism.ops import gpus, phases, scaling
 from prism.ops.phases import Progress
 from prism.ops.plan import plan
 from prism.ops.stage_process import StageProcess, prepare_child
 from prism.ops.supervisor import Supervisor
 from prism.ops.template import Template, runs
-from prism.planner import local as planning
 from prism.runtime import processes
 
 
@@ -288,7 +287,7 @@ def run(config: MeshConfig) -> int:
     signal.signal(signal.SIGTERM, _raise_stop)
     planned = config.planner.planner != "none"
     try:
-        stages, starting = planning.plan_mesh(config) if planned else (plan(config),) * 2
+        stages, starting = scaling.plan_mesh(config) if planned else (plan(config),) * 2
     except ValueError as exc:
         _say(str(exc))
         return 2
@@ -305,7 +304,7 @@ def run(config: MeshConfig) -> int:
         planner = None
         status = endpoints(config, mesh)
         if planned:
-            planner, status["planner_metrics"] = planning.start(config, mesh, supervisor)
+            planner, status["planner_metrics"] = scaling.start(config, mesh, supervisor)
         if config.serve.status_file:
             _write_status(config.serve.status_file, status)
             written = True

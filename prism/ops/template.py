@@ -21,6 +21,7 @@ import contextlib
 import importlib
 import json
 import os
+import runpy
 import select
 import signal
 import socket
@@ -324,10 +325,11 @@ def main(argv: list[str]) -> int:
         importlib.import_module(module)
     request = _serve(path)
     _become(request)
-    from prism import cli
-
-    sys.argv = [cli.__file__, *request["argv"][3:]]
-    return cli.main(request["argv"][3:])
+    # As `python -m MODULE ARGS` runs it: the module as __main__, ARGS in sys.argv.
+    _, _, module, *args = request["argv"]
+    sys.argv = [module, *args]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    return 0
 
 
 if __name__ == "__main__":

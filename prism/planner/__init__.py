@@ -4,10 +4,11 @@ workers) apart, against goals for the time to first token and between tokens.
 Every interval it reads the fronts' metrics (prism.planner.observe), decides
 (prism.planner.decide: pure, so that its rules are tested without a mesh) and asks its
 backend for the replica counts decided. Backends: `local`, the stage processes `prism
-serve` runs (prism.planner.local), and `kubernetes`, each role's Deployment through its
-`scale` subresource (prism.planner.kubernetes). A replica leaves by draining, as on any
-SIGTERM: it stops taking calls, finishes those it has, then exits; registries see replicas
-come and go as they do today.
+serve` runs (prism.ops.scaling, beside the launcher: the planner imports nothing of
+prism.ops), and `kubernetes`, each role's Deployment through its `scale` subresource
+(prism.planner.kubernetes). A replica leaves by draining, as on any SIGTERM: it stops
+taking calls, finishes those it has, then exits; registries see replicas come and go as
+they do today.
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ from prism.cli import build_parser
 from prism.config.commands import MeshConfig
 from prism.config.planner import PlannerConfig
 from prism.modes import mode
+from prism.ops import scaling
 from prism.planner import decide as rules
-from prism.planner import local, observe
+from prism.planner import observe
 from prism.planner.loop import Planner, bounds
 
 GOALS = rules.Goals(ttft_s=1.0, itl_s=0.1)
@@ -387,12 +388,12 @@ def test_prism_serve_plans_each_role_at_its_most_and_starts_what_was_asked():
         "serve", "--model", "m", "--mode", "e/pd", "--encoders", "3", "--engine", "sim",
         "--planner", "slo", "--max-replicas", "encoder=2", "--max-replicas", "worker=3",
     ]))  # fmt: skip
-    stages, starting = local.plan_mesh(config)
+    stages, starting = scaling.plan_mesh(config)
     names = [stage.name for stage in stages]
     assert names[:5] == ["encoder-0", "encoder-1", "worker-0", "worker-1", "worker-2"]
     # Three encoders asked for, two at most; a worker.
     assert [s.name for s in starting][:3] == ["encoder-0", "encoder-1", "worker-0"]
-    assert {local.role_of(s) for s in starting[3:]} <= {"front", "processor", "gateway"}
+    assert {scaling.role_of(s) for s in starting[3:]} <= {"front", "processor", "gateway"}
     # The fronts know every planned replica (the static registry), started or not.
     front = stages[-1]
     assert sum(arg.startswith("worker=") for arg in front.argv) == 3

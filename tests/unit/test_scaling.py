@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 import signal
 
+from prism.ops.scaling import LocalBackend
 from prism.ops.stage_process import StageProcess
 from prism.ops.supervisor import Supervisor
-from prism.planner.local import LocalBackend
 from prism.rpc.server import Server
 
 
@@ -38,7 +38,7 @@ class FakeMesh:
 
 def test_a_role_grows_into_its_warm_spare_first_and_a_new_spare_takes_its_place(monkeypatch):
     stopped = []
-    monkeypatch.setattr("prism.planner.local.processes.stop", lambda p, grace: stopped.append(p))
+    monkeypatch.setattr("prism.ops.scaling.processes.stop", lambda p, grace: stopped.append(p))
     stages = [StageProcess(f"worker-{i}", "", ["worker"], lambda: True) for i in range(4)]
     mesh = FakeMesh()
     mesh.spawn(stages[0])

@@ -1,4 +1,4 @@
-"""The local backend: a role's replicas are stage processes `prism serve` planned.
+"""The planner's local backend: a role's replicas are stage processes `prism serve` planned.
 
 With the planner on, the launcher plans each role's most replicas (their ports, cores,
 GPUs and the static registry's entries) and starts the count it begins with; the
@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import signal
 import threading
-from typing import IO, TYPE_CHECKING
+from typing import IO, Protocol
 
 from prism import telemetry
 from prism.config.commands import MeshConfig
@@ -28,9 +28,6 @@ from prism.planner.loop import Planner, bounds
 from prism.runtime import processes
 from prism.runtime.ports import free_port
 
-if TYPE_CHECKING:
-    from prism.ops.launcher import Mesh
-
 # Each role's replica count in `prism serve`'s flags.
 _COUNTS = {
     MeshRole.ENCODER: "encoders",
@@ -42,6 +39,14 @@ _COUNTS = {
 _STOP_GRACE_S = 60.0
 # A warm spare's flag: started and ready, NOT_SERVING until SIGUSR1.
 _STANDBY = "--standby"
+
+
+class StageHost(Spawner, Protocol):
+    """What the local backend needs of the mesh that runs the stages: its planned stages,
+    and starting one. The launcher's Mesh is one; a protocol, so that the launcher imports
+    this module and not the other way round."""
+
+    stages: list[StageProcess]
 
 
 def planned(config: MeshConfig) -> tuple[MeshConfig, dict[str, int]]:
@@ -67,7 +72,7 @@ def plan_mesh(config: MeshConfig) -> tuple[list[StageProcess], list[StageProcess
     return stages, starting
 
 
-def start(config: MeshConfig, mesh: Mesh, supervisor: Supervisor) -> tuple[Planner, str]:
+def start(config: MeshConfig, mesh: StageHost, supervisor: Supervisor) -> tuple[Planner, str]:
     """The planner of a started mesh, and the URL of its metrics (on a free port)."""
     host = config.serve.host
     port = free_port(host)
