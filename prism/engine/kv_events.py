@@ -1,6 +1,7 @@
 """A worker's prefix cache, as processors route by it: vLLM's KV events, read from the
 engine core over a local ZMQ socket (ipc: no port), keyed (prism.kv_index.EngineBlocks)
-and served as `KvEventsService.Subscribe`, a snapshot of every block held then changes.
+and handed on as `KvEventsService.Subscribe`'s messages to whoever serves that
+(`KvEvents.send`: the worker's publisher, prism.services.worker.kv_publisher).
 
 Events carry sequence numbers. A gap is filled from the engine's replay buffer; past what
 that holds, the keys held would be wrong, so the engine's prefix cache is reset: vLLM then
@@ -10,6 +11,7 @@ reports it cleared, and routing starts again from a true empty cache.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -30,7 +32,6 @@ from prism import telemetry
 from prism.kv_index import EngineBlocks
 from prism.proto.stage.v1 import kv_events_pb2
 from prism.rpc.server import Server
-from prism.services.worker.kv_publisher import KvPublisher
 
 log = logging.getLogger(__name__)
 
@@ -39,17 +40,17 @@ _REPLAY_TIMEOUT_MS = 2000
 _SERVED_MEDIA = (None, "GPU")
 
 
-class KvEvents(KvPublisher):
+class KvEvents:
     def __init__(self, directory: Path) -> None:
         """`directory`: where the engine's sockets go, the worker's own. Set `engine` once
-        it runs with `config()`."""
+        it runs with `config()`, and `send` to what takes each change."""
         self.endpoint = f"ipc://{directory}/kv-events"
         self.replay_endpoint = f"ipc://{directory}/kv-replay"
         self.blocks = EngineBlocks()
         self.engine: AsyncLLM | None = None
         self._next = 0
         self._context = zmq.asyncio.Context()
-        super().__init__(self.blocks.keys, lambda: self.block_size)
+        self.send: Callable[[kv_events_pb2.SubscribeResponse], None] = lambda change: None
 
     def config(self) -> KVEventsConfig:
         """The engine's side: publish to this worker's sockets."""
@@ -119,7 +120,7 @@ class KvEvents(KvPublisher):
         )
         telemetry.KV_EVENT_RESYNCS.inc()
         self.blocks.cleared()
-        self.send(self.snapshot())
+        self.send(kv_events_pb2.SubscribeResponse(snapshot=True))
         # Blocks it still holds would otherwise stay unknown until evicted (best effort:
         # vLLM keeps the blocks of running requests).
         if self.engine is not None and not await self.engine.reset_prefix_cache():

@@ -24,7 +24,6 @@ from vllm.v1.executor import Executor
 
 from prism import registry
 from prism.engine.core_process import forked_core
-from prism.media.modalities import MODALITIES
 from prism.modes import EngineRole
 from prism.runtime import processes
 from prism.runtime.ports import free_port
@@ -78,14 +77,18 @@ def vllm_flags(flags: list[str]) -> dict[str, object]:
 
 
 def start_engine(
-    config: WorkerStageConfig, sockets: Path, kv_events: KVEventsConfig | None = None
+    config: WorkerStageConfig,
+    sockets: Path,
+    media_limits: dict[str, int],
+    kv_events: KVEventsConfig | None = None,
 ) -> AsyncLLM:
     """The worker's engine, started, at the priority `--engine-nice` gives it, with its
-    local sockets in `sockets` (the worker's own directory), publishing its KV events as
-    `kv_events` says."""
+    local sockets in `sockets` (the worker's own directory), taking at most `media_limits`
+    items of each modality (by name) per request, publishing its KV events as `kv_events`
+    says."""
     processes.wait_for_turn()
     _configure(config, sockets)
-    engine = _async_llm(engine_args(config, kv_events))
+    engine = _async_llm(engine_args(config, media_limits, kv_events))
     niceness = config.worker.engine_nice
     if niceness is None:
         niceness = 10 if current_platform.is_cpu() else 0
@@ -141,7 +144,9 @@ def _configure(config: WorkerStageConfig, sockets: Path) -> None:
 
 
 def engine_args(
-    config: WorkerStageConfig, kv_events: KVEventsConfig | None = None
+    config: WorkerStageConfig,
+    media_limits: dict[str, int],
+    kv_events: KVEventsConfig | None = None,
 ) -> AsyncEngineArgs:
     """vLLM's engine arguments: those the worker's flags and role decide, then its vLLM
     flags."""
@@ -175,7 +180,7 @@ def engine_args(
         served_model_name=model.served_model_name or None,
         dtype=dtype,
         max_model_len=model.max_model_len or None,
-        limit_mm_per_prompt={m.name: getattr(config.media, m.cap) for m in MODALITIES},
+        limit_mm_per_prompt=media_limits,
         # CUDA graphs where there is a GPU; the CPU backend runs eagerly.
         enforce_eager=current_platform.is_cpu(),
         enable_log_requests=False,

@@ -13,6 +13,7 @@ from prism import cli
 from prism.config.commands import WorkerStageConfig
 from prism.engine import launch
 from prism.engine.launch import engine_args, vllm_flags
+from prism.media.modalities import per_prompt
 from prism.modes import EngineRole
 from prism.ops.plan import plan
 
@@ -45,7 +46,7 @@ def test_a_workers_engine_takes_them_over_its_defaults(models):
     config = WorkerStageConfig.from_args(
         args, vllm_flags=["--max-num-seqs", "8", "--no-enforce-eager"]
     )
-    engine = engine_args(config)
+    engine = engine_args(config, per_prompt(config.media))
     assert (engine.max_num_seqs, engine.enforce_eager) == (8, False)
     # Left alone: what the role decides, and eager execution on the CPU backend.
     assert engine.kv_transfer_config.kv_connector == "NixlConnector"
@@ -54,8 +55,8 @@ def test_a_workers_engine_takes_them_over_its_defaults(models):
     config = dataclasses.replace(
         config, vllm_flags=[], worker=dataclasses.replace(config.worker, role=EngineRole.AGGREGATED)
     )
-    assert engine_args(config).enforce_eager
-    assert engine_args(config).mm_tensor_ipc == "direct_rpc"
+    assert engine_args(config, per_prompt(config.media)).enforce_eager
+    assert engine_args(config, per_prompt(config.media)).mm_tensor_ipc == "direct_rpc"
 
 
 def test_serve_passes_vllm_engine_arguments_to_every_engine():
@@ -81,10 +82,10 @@ def test_a_gpu_engine_takes_device_embeddings_with_its_processes_spawned(models,
         ["worker", "--model", str(models["llava"]), "--role", "aggregated", "--enable-mm-embeds"]
     )
     config = WorkerStageConfig.from_args(args, vllm_flags=[])
-    assert engine_args(config).mm_tensor_ipc == "torch_shm"
+    assert engine_args(config, per_prompt(config.media)).mm_tensor_ipc == "torch_shm"
     assert os.environ["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
-    assert engine_args(config).mm_tensor_ipc == "direct_rpc"
+    assert engine_args(config, per_prompt(config.media)).mm_tensor_ipc == "direct_rpc"
 
 
 def test_a_disaggregated_gpu_engine_reads_device_kv_over_cuda_ipc(models, monkeypatch):
@@ -95,11 +96,11 @@ def test_a_disaggregated_gpu_engine_reads_device_kv_over_cuda_ipc(models, monkey
     )  # fmt: skip
     config = WorkerStageConfig.from_args(args, vllm_flags=[])
     monkeypatch.delenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", raising=False)
-    engine_args(config)
+    engine_args(config, per_prompt(config.media))
     assert "UCX_CUDA_IPC_ENABLE_GET_ZCOPY" not in os.environ  # no CUDA IPC on the CPU
     monkeypatch.setattr(launch.current_platform, "is_cpu", lambda: False)
-    engine_args(config)
+    engine_args(config, per_prompt(config.media))
     assert os.environ["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] == "on"
     monkeypatch.setenv("UCX_CUDA_IPC_ENABLE_GET_ZCOPY", "off")  # a user's value wins
-    engine_args(config)
+    engine_args(config, per_prompt(config.media))
     assert os.environ["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] == "off"

@@ -22,6 +22,7 @@ from vllm.distributed.kv_events import (
 from prism.engine.kv_events import KvEvents
 from prism.proto.stage.v1 import kv_events_pb2
 from prism.services.worker import kv_publisher
+from prism.services.worker.servicer import kv_events_service
 
 BLOCK = 4
 
@@ -47,7 +48,8 @@ def test_a_subscriber_gets_a_snapshot_then_changes_and_a_snapshot_when_it_falls_
 ):
     async def main() -> None:
         kv = KvEvents(tmp_path)
-        stream = kv.subscribe(kv_events_pb2.SubscribeRequest())
+        publisher = kv_events_service(kv)
+        stream = publisher.subscribe(kv_events_pb2.SubscribeRequest())
         first = await anext(stream)
         assert first.snapshot and not first.stored
         kv.apply([stored(b"a", None, 0), stored(b"b", b"a", 4)])
@@ -67,9 +69,9 @@ def test_a_subscriber_gets_a_snapshot_then_changes_and_a_snapshot_when_it_falls_
         kv.apply([AllBlocksCleared()])
         cleared = await anext(stream)
         assert cleared.snapshot and not cleared.stored
-        kv.close()
+        publisher.close()
         assert await anext(stream, None) is None
-        assert not kv._subscribers
+        assert not publisher._subscribers
 
     asyncio.run(main())
 
@@ -127,7 +129,7 @@ def resyncs_total() -> float:
 
 
 def held(kv: KvEvents) -> set[int]:
-    return set(kv.snapshot().stored)
+    return set(kv.blocks.keys())
 
 
 def test_the_worker_reads_the_engines_events_and_fills_a_gap_from_its_replay(tmp_path: Path):

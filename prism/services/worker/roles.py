@@ -17,12 +17,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import grpc
-import torch
 
+from prism.engine import calls
 from prism.engine.sampling import to_vllm
 from prism.engine.types import AsyncLLM, SamplingParams, TokensPrompt
 from prism.media.modalities import MODALITIES
@@ -38,51 +37,10 @@ log = logging.getLogger(__name__)
 _RELEASE_POLL_MAX_S = 0.25
 
 
-def embeddings_input(
-    modality: str,
-    tensors: list[torch.Tensor],
-    grids: Sequence[Sequence[int]],
-    seconds: Sequence[float] = (),
-) -> object:
-    """Precomputed embeddings of one modality in the form vLLM takes for the model's family;
-    `seconds`: each video's seconds per temporal patch, where the family places video
-    tokens in time (Qwen2.5-VL)."""
-    if any(grids):
-        # Qwen2-VL: one (tokens, hidden) block for all items, and each item's grid.
-        grid = torch.tensor([list(thw) for thw in grids])
-        data = {f"{modality}_embeds": torch.cat(tensors), f"{modality}_grid_thw": grid}
-        if any(seconds):
-            data["second_per_grid_ts"] = torch.tensor(list(seconds))
-        return data
-    if len({tensor.shape for tensor in tensors}) == 1:
-        # A 3-D tensor is read as (items, tokens, hidden); a 2-D one would be many items.
-        return torch.stack(tensors)
-    return tensors
-
-
-def media_layouts(engine_input: Any) -> engine_pb2.MediaLayouts:
-    """How vLLM laid out each image and video of a rendered prompt: what a decode engine
-    needs."""
+def _layouts(by_name: dict[str, list[engine_pb2.MediaLayout]]) -> engine_pb2.MediaLayouts:
     layouts = engine_pb2.MediaLayouts()
-    if engine_input.get("type") != "multimodal":
-        return layouts
     for modality in MODALITIES:
-        name, out = modality.name, modality.items(layouts)
-        items = engine_input["mm_kwargs"].get(name, [])
-        hashes = engine_input["mm_hashes"].get(name, [])
-        grid_key = f"{name}_grid_thw"
-        for index, placeholder in enumerate(engine_input["mm_placeholders"].get(name, [])):
-            item = items[index]
-            grid = item[grid_key].data.tolist() if grid_key in item else []
-            seconds = item["second_per_grid_ts"].data.item() if "second_per_grid_ts" in item else 0
-            out.append(
-                engine_pb2.MediaLayout(
-                    uuid=hashes[index],
-                    num_tokens=placeholder.length,
-                    grid_thw=grid,
-                    second_per_grid_ts=seconds,
-                )
-            )
+        modality.items(layouts).extend(by_name.get(modality.name, []))
     return layouts
 
 
@@ -175,8 +133,8 @@ class Prefill(Role):
         if "multi_modal_data" not in prompt:
             return prompt, engine_pb2.MediaLayouts()
         # Rendered here rather than inside generate() to learn the media layouts.
-        (engine_input,) = await self.engine.renderer.render_cmpl_async([prompt], skip_mm_cache=True)
-        return engine_input, media_layouts(engine_input)
+        engine_input, layouts = await calls.render(self.engine, prompt)
+        return engine_input, _layouts(layouts)
 
     def hand_off(
         self,
@@ -213,9 +171,7 @@ class Prefill(Role):
         self._forget_ended_leases()
         if self._held:
             try:
-                (held,) = await self.engine.collective_rpc(
-                    "prism_kv_held", args=(list(self._held),)
-                )
+                held = await calls.kv_held(self.engine, list(self._held))
             except Exception as exc:  # a dead engine holds nothing a decode could read
                 log.warning("prefill: cannot ask the engine what it holds (%r)", exc)
                 self._held.clear()
@@ -239,8 +195,7 @@ class Prefill(Role):
         # busy machine may delay: keep trying, less often, until the lease would end anyway.
         pause = 0.02
         while time.monotonic() < until:
-            (release,) = await self.engine.collective_rpc("prism_release_kv", args=(request_id,))
-            if release != "pending":
+            if await calls.release_kv(self.engine, request_id) != "pending":
                 return
             await asyncio.sleep(pause)
             pause = min(pause * 2, _RELEASE_POLL_MAX_S)
@@ -277,16 +232,14 @@ class Decode(Role):
         KV comes from prefill, but they make vLLM lay out the prompt the same way. Each
         item's identity keeps decode's prefix cache from mixing up items whose
         placeholders look alike."""
-        config = self.engine.model_config
-        hidden = config.get_inputs_embeds_size()
         data: dict[str, Any] = {}
         uuids: dict[str, list[str | None]] = {}
         for modality in MODALITIES:
             items = modality.items(layouts)
             if not items:
                 continue
-            tensors = [torch.zeros(item.num_tokens, hidden, dtype=config.dtype) for item in items]
-            data[modality.name] = embeddings_input(
+            tensors = [calls.placeholder_embeddings(self.engine, item.num_tokens) for item in items]
+            data[modality.name] = calls.embeddings_input(
                 modality.name,
                 tensors,
                 [item.grid_thw for item in items],

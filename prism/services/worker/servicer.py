@@ -23,6 +23,7 @@ import torch
 from opentelemetry.trace import Span
 
 from prism import logs, telemetry
+from prism.engine import calls
 from prism.engine.kv_events import KvEvents
 from prism.engine.launch import config_info, embeddings_device, start_engine, stop_engine
 from prism.engine.types import (
@@ -37,7 +38,7 @@ from prism.engine.types import (
 )
 from prism.media.audio import AUDIO, AudioDecoder
 from prism.media.image import IMAGE, decode_image
-from prism.media.modalities import MODALITIES
+from prism.media.modalities import MODALITIES, per_prompt
 from prism.media.modality import Modality
 from prism.media.video import VIDEO, VideoDecoder
 from prism.modes import EngineRole, modes_served
@@ -47,7 +48,8 @@ from prism.rpc.errors import PrismError, invalid
 from prism.rpc.server import Server
 from prism.runtime.stage import Stage
 from prism.services.worker import check_request, engine_service
-from prism.services.worker.roles import Role, embeddings_input, make_role
+from prism.services.worker.kv_publisher import KvPublisher
+from prism.services.worker.roles import Role, make_role
 from prism.tracing import tracer
 from prism.transfer import Transfer, TransferError, open_transfer
 
@@ -214,7 +216,7 @@ class EngineServicer:
                 param="embeddings",
             ) from None
         return {
-            modality: embeddings_input(
+            modality: calls.embeddings_input(
                 modality,
                 list(group),
                 [h.grid_thw for h in items],
@@ -396,6 +398,13 @@ class EngineServicer:
         return engine_pb2.EngineServiceAbortResponse(aborted=running or released)
 
 
+def kv_events_service(kv_events: KvEvents) -> KvPublisher:
+    """`KvEventsService`, serving what the engine's KV events say it holds."""
+    publisher = KvPublisher(kv_events.blocks.keys, lambda: kv_events.block_size)
+    kv_events.send = publisher.send
+    return publisher
+
+
 async def serve(config: WorkerStageConfig) -> None:
     with tempfile.TemporaryDirectory(prefix="prism-worker-") as directory:
         await _serve(config, Path(directory))
@@ -408,7 +417,9 @@ async def _serve(config: WorkerStageConfig, directory: Path) -> None:
     # The engine before the stage: on the CPU its core is forked from this process, which
     # must not yet run the stage's tracing (its exporter's thread would start again in the
     # core, and export over this process's gRPC channel there).
-    engine = start_engine(config, directory, kv_events.config() if kv_events else None)
+    engine = start_engine(
+        config, directory, per_prompt(media), kv_events.config() if kv_events else None
+    )
     stage = Stage(config, EngineRole(worker.role).mesh_role)
     role = make_role(worker.role, engine, worker.kv_lease_s)
     reads_embeddings = worker.enable_mm_embeds or role.reads_embeddings
@@ -432,7 +443,7 @@ async def _serve(config: WorkerStageConfig, directory: Path) -> None:
     services, tasks = [servicer.service], [servicer.watch]
     if kv_events is not None:
         kv_events.engine = engine
-        services.append(kv_events.service)
+        services.append(kv_events_service(kv_events).service)
         tasks.append(kv_events.read)
     try:
         await stage.serve(
