@@ -229,10 +229,13 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     if args.command == "worker":
-        from prism.services import worker
-
         config = WorkerStageConfig.from_args(args, vllm_flags=args.vllm_flags)
-        return _run_stage(worker.serve(config))
+        # A simulated engine's worker loads neither vLLM nor torch.
+        if config.engine.engine == "sim":
+            from prism.services.sim import serving
+        else:
+            from prism.services.worker import serving
+        return _run_stage(serving.serve(config))
     if args.command == "encoder":
         from prism.services.encoder import serving
 

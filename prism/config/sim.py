@@ -1,4 +1,4 @@
-"""The simulated engine's settings (prism.services.worker.sim_engine), and the flags that
+"""The simulated engine's settings (prism.services.sim.engine), and the flags that
 set them and a simulated encoder's time (--engine sim; benchmarks of routing and planning)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from prism.config.flags import Flags, flag
 
 @dataclass(frozen=True)
 class SimConfig:
-    """What the simulated engine runs with (prism.services.worker.sim_engine)."""
+    """What the simulated engine runs with (prism.services.sim.engine)."""
 
     prefill_tokens_per_s: float = 20_000.0
     decode_step_s: float = 0.005
@@ -27,7 +27,7 @@ _SIM = SimConfig()
 
 @dataclass
 class SimEngineConfig(Flags):
-    """The simulated engine's timing and sizes (prism.services.worker.sim_engine)."""
+    """The simulated engine's timing and sizes (prism.services.sim.engine)."""
 
     group = "simulated engine (--engine sim)"
 

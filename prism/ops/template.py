@@ -43,7 +43,7 @@ from prism.ops.stage_process import StageProcess, prepare_child
 # imports as it starts (a command's package alone leaves vLLM, the engine and the
 # servicers to be imported after the fork), and prism.cli, which dispatches to it.
 MODULES = {
-    "worker": ("prism.services.worker.servicer",),
+    "worker": ("prism.services.worker.serving",),
     "encoder": ("prism.services.encoder.serving", "prism.transfer.nixl"),
     "processor": ("prism.services.processor.serving", "prism.services.processor.servicer"),
     "front": ("prism.services.front", "prism.services.processor.servicer"),
@@ -51,7 +51,7 @@ MODULES = {
     "planner": ("prism.planner.loop",),
 }
 # A worker on a simulated engine imports neither vLLM nor torch.
-SIM_WORKER = ("prism.services.worker.sim",)
+SIM_WORKER = ("prism.services.sim.serving",)
 ALL_MODULES = sorted({"prism.cli", *SIM_WORKER, *(m for ms in MODULES.values() for m in ms)})
 _CLI = ["-m", "prism.cli"]
 # A request: the stage's command line and environment, as JSON.

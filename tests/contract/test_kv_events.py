@@ -22,7 +22,7 @@ from vllm.distributed.kv_events import (
 from prism.engine.kv_events import KvEvents
 from prism.proto.stage.v1 import kv_events_pb2
 from prism.services.worker import kv_publisher
-from prism.services.worker.servicer import kv_events_service
+from prism.services.worker.serving import kv_events_service
 
 BLOCK = 4
 

@@ -217,8 +217,8 @@ def test_the_template_runs_the_cpus_stages_and_no_mesh_on_gpus():
     # What each imports as it starts, the engine and the servicers included.
     assert {stage.name: template.imports(stage.argv)[1:] for stage in stages} == {
         "encoder-0": template.MODULES["encoder"],
-        "prefill-0": ("prism.services.worker.servicer",),
-        "decode-0": ("prism.services.worker.servicer",),
+        "prefill-0": ("prism.services.worker.serving",),
+        "decode-0": ("prism.services.worker.serving",),
         "front": ("prism.services.front", "prism.services.processor.servicer"),
     }
     # A simulated engine's worker imports neither vLLM nor torch.

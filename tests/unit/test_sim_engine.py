@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from prism.config.sim import SimConfig
-from prism.services.worker.sim_engine import BlockPool, Output, Seq, SimEngine
+from prism.services.sim.engine import BlockPool, Output, Seq, SimEngine
 
 BLOCK = 4
 FAST = SimConfig(prefill_tokens_per_s=1e6, decode_step_s=0.0005, block_size=BLOCK)

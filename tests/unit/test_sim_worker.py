@@ -19,9 +19,9 @@ from prism.proto.v1 import common_pb2, errors_pb2
 from prism.rpc.errors import PrismError
 from prism.rpc.server import Server, start_server
 from prism.runtime.ports import free_port
+from prism.services.sim.engine import SimEngine
+from prism.services.sim.servicer import SimServicer
 from prism.services.worker.kv_publisher import KvPublisher
-from prism.services.worker.sim import SimServicer
-from prism.services.worker.sim_engine import SimEngine
 
 IMAGE = 99
 MEDIA_TOKENS = 6

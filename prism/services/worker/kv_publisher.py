@@ -1,6 +1,6 @@
 """`KvEventsService` as a worker serves it, whatever feeds it: a snapshot of every block
 key held, then each change, to every subscriber. vLLM's events (prism.engine.kv_events)
-and the simulated engine (prism.services.worker.sim) both publish here."""
+and the simulated engine (prism.services.sim) both publish here."""
 
 from __future__ import annotations
 

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
@@ -24,8 +22,6 @@ from opentelemetry.trace import Span
 
 from prism import logs, telemetry
 from prism.engine import calls
-from prism.engine.kv_events import KvEvents
-from prism.engine.launch import config_info, embeddings_device, start_engine, stop_engine
 from prism.engine.types import (
     AsyncLLM,
     EngineDeadError,
@@ -38,23 +34,20 @@ from prism.engine.types import (
 )
 from prism.media.audio import AUDIO, AudioDecoder
 from prism.media.image import IMAGE, decode_image
-from prism.media.modalities import MODALITIES, per_prompt
+from prism.media.modalities import MODALITIES
 from prism.media.modality import Modality
 from prism.media.video import VIDEO, VideoDecoder
-from prism.modes import EngineRole, modes_served
 from prism.proto.stage.v1 import encoder_pb2, engine_pb2
 from prism.proto.v1 import common_pb2, errors_pb2
 from prism.rpc.errors import PrismError, invalid
 from prism.rpc.server import Server
-from prism.runtime.stage import Stage
 from prism.services.worker import check_request, engine_service
-from prism.services.worker.kv_publisher import KvPublisher
-from prism.services.worker.roles import Role, make_role
+from prism.services.worker.roles import Role
 from prism.tracing import tracer
-from prism.transfer import Transfer, TransferError, open_transfer
+from prism.transfer import Transfer, TransferError
 
 if TYPE_CHECKING:
-    from prism.config.commands import WorkerStageConfig
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -396,64 +389,3 @@ class EngineServicer:
             await self.engine.abort(request.request_id)
         released = self.role.release(request.request_id)
         return engine_pb2.EngineServiceAbortResponse(aborted=running or released)
-
-
-def kv_events_service(kv_events: KvEvents) -> KvPublisher:
-    """`KvEventsService`, serving what the engine's KV events say it holds."""
-    publisher = KvPublisher(kv_events.blocks.keys, lambda: kv_events.block_size)
-    kv_events.send = publisher.send
-    return publisher
-
-
-async def serve(config: WorkerStageConfig) -> None:
-    with tempfile.TemporaryDirectory(prefix="prism-worker-") as directory:
-        await _serve(config, Path(directory))
-
-
-async def _serve(config: WorkerStageConfig, directory: Path) -> None:
-    worker, media = config.worker, config.media
-    # Roles that prefill tell what their prefix cache holds; decode is routed by load.
-    kv_events = KvEvents(directory) if worker.role != EngineRole.DECODE else None
-    # The engine before the stage: on the CPU its core is forked from this process, which
-    # must not yet run the stage's tracing (its exporter's thread would start again in the
-    # core, and export over this process's gRPC channel there).
-    engine = start_engine(
-        config, directory, per_prompt(media), kv_events.config() if kv_events else None
-    )
-    stage = Stage(config, EngineRole(worker.role).mesh_role)
-    role = make_role(worker.role, engine, worker.kv_lease_s)
-    reads_embeddings = worker.enable_mm_embeds or role.reads_embeddings
-    transfer = (
-        open_transfer(
-            config.transfer.transfer, worker.pool_mib * 2**20, device=embeddings_device(engine)
-        )
-        if reads_embeddings
-        else None
-    )
-    videos = VideoDecoder.for_model(config.model.model, media.video_frames, media.video_fps)
-    audios = AudioDecoder.for_model(config.model.model)
-    servicer = EngineServicer(engine, role, transfer, config.limit.max_in_flight, videos, audios)
-    collectors = [telemetry.transfer_collector(transfer)] if transfer else []
-    collectors.append(
-        telemetry.gauge(
-            "prism_engine_requests_in_flight", "Requests this worker runs", servicer.in_flight
-        )
-    )
-    telemetry.info("prism_engine_config", "The running engine's settings", config_info(engine))
-    services, tasks = [servicer.service], [servicer.watch]
-    if kv_events is not None:
-        kv_events.engine = engine
-        services.append(kv_events_service(kv_events).service)
-        tasks.append(kv_events.read)
-    try:
-        await stage.serve(
-            services,
-            modes_served(worker.role, worker.enable_mm_embeds),
-            collectors,
-            in_flight=servicer.in_flight,
-            tasks=tasks,
-        )
-    finally:
-        stop_engine(engine)
-        if transfer is not None:
-            transfer.close()

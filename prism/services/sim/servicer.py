@@ -1,14 +1,5 @@
-"""`prism worker --engine sim`: `EngineService` (and `KvEventsService`) on the simulated
-engine of prism.services.worker.sim_engine: no model, no vLLM, up in a second.
-
-Each role behaves as a vLLM worker's does, where a processor sees it: prompts expand
-each image or video placeholder to its tokens (an embedding's rows, or
-`--sim-media-tokens` for a file), usage counts cached prompt tokens, prefill roles hold
-the prompt's blocks for a decode under a lease and hand on KV transfer parameters that
-name this server, and a decode "reads" them at `--sim-kv-tokens-per-s` and then frees
-them with prefill's `Abort`, as a NIXL read's notification does. Media bytes and
-embeddings are not read: the mesh in front of the engine is what a simulation measures.
-"""
+"""The simulated engine's `EngineService`: each role as a vLLM worker's looks to a processor
+(prism.services.sim)."""
 
 from __future__ import annotations
 
@@ -21,23 +12,19 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from prism import telemetry
 from prism.config.sim import SimConfig
 from prism.kv_index import lay_out, prompt_keys
 from prism.media.modalities import MODALITIES
-from prism.modes import EngineRole, modes_served
+from prism.modes import EngineRole
 from prism.proto.stage.v1 import engine_pb2, engine_pb2_grpc
 from prism.proto.v1 import common_pb2, errors_pb2
 from prism.rpc.channel import channel as open_channel
 from prism.rpc.errors import PrismError, invalid
-from prism.rpc.server import Server
-from prism.runtime.stage import Replica, Stage
+from prism.services.sim.engine import Seq, SimEngine
 from prism.services.worker import check_request, engine_service
 from prism.services.worker.kv_publisher import KvPublisher
-from prism.services.worker.sim_engine import Seq, SimEngine
 
 if TYPE_CHECKING:
-    from prism.config.commands import WorkerStageConfig
     from prism.config.common import ModelConfig
     from prism.config.sim import SimEngineConfig
 
@@ -276,67 +263,3 @@ class SimServicer:
 
     def in_flight(self) -> int:
         return len(self._running)
-
-
-async def serve(settings: WorkerStageConfig) -> None:
-    worker, sim = settings.worker, settings.sim
-    role = EngineRole(worker.role)
-    stage = Stage(settings, role.mesh_role)
-    config = sim_config(sim, settings.model, settings.engine.stream_interval)
-    servicers = [_servicer(settings, role, config) for _ in range(sim.sim_engines)]
-    engines = [servicer.engine for servicer in servicers]
-
-    def in_flight() -> int:
-        return sum(servicer.in_flight() for servicer in servicers)
-
-    collectors = [
-        telemetry.gauge("prism_engine_requests_in_flight", "Requests this worker runs", in_flight),
-        telemetry.gauge(
-            "prism_sim_kv_blocks_used", "KV blocks the simulated engines use",
-            lambda: sum(engine.pool.used() for engine in engines),
-        ),
-    ]  # fmt: skip
-    for engine in engines:
-        engine.start()
-    try:
-        await stage.serve_replicas(
-            [_replica(servicer, role) for servicer in servicers],
-            modes_served(role, worker.enable_mm_embeds),
-            collectors,
-        )
-    finally:
-        for engine in engines:
-            await engine.stop()
-
-
-def _servicer(settings: WorkerStageConfig, role: EngineRole, config: SimConfig) -> SimServicer:
-    """One simulated engine, and its service."""
-    worker, sim = settings.worker, settings.sim
-    publisher: KvPublisher | None = None
-
-    def changed(stored: list[int], removed: list[int]) -> None:
-        # Exact: a key is stored when first cached and removed when last evicted.
-        telemetry.KV_BLOCKS_HELD.inc(len(stored) - len(removed))
-        if publisher is not None:
-            publisher.publish(stored, removed)
-
-    engine = SimEngine(config, changed)
-    if role != EngineRole.DECODE:
-        publisher = KvPublisher(engine.pool.keys, lambda: config.block_size)
-    address = (worker.kv_host or settings.address.host, settings.address.port)
-    return SimServicer(
-        engine, role, placeholders(settings.model.model), sim.sim_media_tokens,
-        sim.sim_kv_tokens_per_s, address, worker.kv_lease_s, settings.limit.max_in_flight,
-        publisher,
-    )  # fmt: skip
-
-
-def _replica(servicer: SimServicer, role: EngineRole) -> Replica:
-    """One simulated engine as its own replica: its server, its KV events."""
-
-    async def learn_port(server: Server) -> None:
-        # A prefill names itself to decode by its server's port, known once it binds.
-        servicer.address = (servicer.address[0], server.port)
-
-    publisher = [servicer.publisher.service] if servicer.publisher else []
-    return Replica([servicer.service, *publisher], servicer.in_flight, [learn_port])
