@@ -93,6 +93,16 @@ class Role:
         """Starts freeing what the engine may hold for `request_id`, whose call was cut
         short before its hand-off."""
 
+    def settle(self, request_id: str, handed_off: bool, completed: bool, aborted: bool) -> None:
+        """What a request's end leaves to free: what the next stage would read, held for a
+        caller that gave up on it (an Abort that came before the hold, or a call cut
+        short), now rather than at the end of the lease; or what the engine may hold of a
+        call cut short before its hand-off."""
+        if handed_off and (not completed or aborted):
+            self.release(request_id)
+        elif not completed:
+            self.abandon(request_id)
+
     async def holding(self) -> bool:
         """Whether the engine still holds something that another stage will read."""
         return False

@@ -13,6 +13,8 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
@@ -138,6 +140,15 @@ def _describe_prompt(
     })  # fmt: skip
 
 
+@dataclass
+class _Run:
+    """How far a request got: its last reply sent with the role's hand-off; its call
+    completed."""
+
+    handed_off: bool = False
+    completed: bool = False
+
+
 class EngineServicer:
     """The handlers of `EngineService`, served by the stage runtime as `service`."""
 
@@ -255,19 +266,51 @@ class EngineServicer:
         prompt = await self._prompt(request)
         request_id = request.request_id
         self._running[request_id] = False
-        first = True
-        span: Span | None = None
-        handed_off = completed = False
+        run = _Run()
         try:
             engine_input, layouts = await self.role.render(prompt)
-            # Not made current: this generator yields, and may be closed from another
-            # task, where a context attached here could not be detached.
-            span = tracer.start_span(self.role.span_name)
-            span.set_attributes({
-                "prism.request_id": logs.REQUEST_ID.get(),
-                "prism.engine_request_id": request_id,
-            })  # fmt: skip
-            generated = 0
+            async with aclosing(
+                self._replies(request, engine_input, params, layouts, run)
+            ) as replies:
+                async for reply in replies:
+                    yield reply
+            run.completed = True
+        except (ValueError, VLLMClientError) as exc:
+            # vLLM rejects bad prompts (too long, image count) with these.
+            raise invalid(str(exc), param=getattr(exc, "parameter", None)) from None
+        except EngineDeadError:
+            # This replica is gone, as if its process were: the processor tries another
+            # or migrates the request, and the worker exits to be started again (watch).
+            raise PrismError(
+                grpc.StatusCode.UNAVAILABLE,
+                f"{self.role.name} worker: its vLLM engine core died (EngineDeadError); "
+                "the worker restarts",
+            ) from None
+        finally:
+            aborted = self._running.pop(request_id, False)
+            self.role.settle(request_id, run.handed_off, run.completed, aborted)
+
+    async def _replies(
+        self,
+        request: engine_pb2.GenerateRequest,
+        engine_input: Any,
+        params: SamplingParams,
+        layouts: engine_pb2.MediaLayouts,
+        run: _Run,
+    ) -> AsyncIterator[engine_pb2.GenerateResponse]:
+        """The engine's outputs as replies: the first describes the prompt, the last says
+        how it ended and carries the role's hand-off."""
+        request_id = request.request_id
+        # Not made current: this generator yields, and may be closed from another task,
+        # where a context attached here could not be detached.
+        span = tracer.start_span(self.role.span_name)
+        span.set_attributes({
+            "prism.request_id": logs.REQUEST_ID.get(),
+            "prism.engine_request_id": request_id,
+        })  # fmt: skip
+        first = True
+        generated = 0
+        try:
             async for output in self.engine.generate(engine_input, params, request_id):
                 self._last_output = time.monotonic()
                 completion = output.outputs[0]
@@ -285,34 +328,13 @@ class EngineServicer:
                         reply = engine_pb2.GenerateResponse()
                 if output.finished:
                     self._finish(request, output, layouts, generated, span, reply.last)
-                    handed_off = True
+                    run.handed_off = True
                 yield reply
                 if self._running.get(request_id) and not output.finished:
                     # vLLM drops an abort that comes before it knows the request: repeat it.
                     await self.engine.abort(request_id)
-            completed = True
-        except (ValueError, VLLMClientError) as exc:
-            # vLLM rejects bad prompts (too long, image count) with these.
-            raise invalid(str(exc), param=getattr(exc, "parameter", None)) from None
-        except EngineDeadError:
-            # This replica is gone, as if its process were: the processor tries another
-            # or migrates the request, and the worker exits to be started again (watch).
-            raise PrismError(
-                grpc.StatusCode.UNAVAILABLE,
-                f"{self.role.name} worker: its vLLM engine core died (EngineDeadError); "
-                "the worker restarts",
-            ) from None
         finally:
-            if span is not None:
-                span.end()
-            if handed_off and (not completed or self._running.get(request_id)):
-                # What the next stage would read is held for a caller that gave up on it
-                # (an Abort that came before the hold, or a call cut short): free it now
-                # rather than at the end of the lease.
-                self.role.release(request_id)
-            elif not completed:
-                self.role.abandon(request_id)
-            self._running.pop(request_id, None)
+            span.end()
 
     def _finish(
         self,
