@@ -157,15 +157,26 @@ _VLLM_FLAG_COMMANDS = ("serve", "worker")
 
 
 def _run_stage(serve: Coroutine[Any, Any, None]) -> int:
-    """Runs a stage until it stops: 0 when told to, 1 when it could not go on."""
+    """Runs a stage until it stops: 0 when told to, 1 when it could not go on, 2 when a
+    port it was told to serve is taken."""
+    from prism.rpc.ports import PortInUse
     from prism.runtime.stage import StageFailed
 
     try:
         asyncio.run(serve)
+    except PortInUse as exc:
+        return _refused(exc)
     except StageFailed as exc:
+        if isinstance(exc.__cause__, PortInUse):
+            return _refused(exc.__cause__)
         logging.getLogger("prism").error("exiting: %s", exc)
         return 1
     return 0
+
+
+def _refused(exc: OSError) -> int:
+    print(f"prism: {exc}", file=sys.stderr, flush=True)
+    return 2
 
 
 def _deploy(args: argparse.Namespace) -> int:
@@ -250,8 +261,12 @@ def main(argv: list[str] | None = None) -> int:
         return _run_stage(front.serve(FrontStageConfig.from_args(args)))
     if args.command == "gateway":
         from prism.gateway import app
+        from prism.rpc.ports import PortInUse
 
-        app.serve(GatewayStageConfig.from_args(args))
+        try:
+            app.serve(GatewayStageConfig.from_args(args))
+        except PortInUse as exc:
+            return _refused(exc)
         return 0
     if args.command == "planner":
         from prism.planner.loop import run

@@ -186,11 +186,6 @@ class FrontStageConfig(ProcessorStageConfig):
 
     http: HttpConfig = nested(HttpConfig)
     gateway: GatewayConfig = nested(GatewayConfig)
-    reuse_port: bool = flag(
-        False,
-        "share the HTTP port with other fronts (SO_REUSEPORT), as the gRPC ports are: the "
-        "kernel hands each new connection to one of them (prism serve --front-workers)",
-    )
 
 
 @dataclass

@@ -48,6 +48,12 @@ class AddressConfig(Flags):
         "start as a warm spare: ready, but NOT_SERVING until SIGUSR1 (the planner's local "
         "backend keeps one for a role to grow into)",
     )
+    reuse_port: bool = flag(
+        False,
+        "share this stage's ports (gRPC, HTTP, KServe) with the processes that ask the same "
+        "(SO_REUSEPORT), the kernel handing each new connection to one of them (prism serve "
+        "--front-workers); without it a port another process listens on is refused",
+    )
 
 
 @dataclass

@@ -24,12 +24,13 @@ from prism.gateway.openai.responses.store import ResponseStore
 from prism.registry import Instance, Registry, advertise_host, instance, open_registry
 from prism.routing import Router
 from prism.rpc.errors import PrismError
+from prism.rpc.ports import ensure_free
 from prism.rpc.server import InFlightLimit
 from prism.runtime.stage import freeze_startup_heap
 
 if TYPE_CHECKING:
     from prism.config.commands import GatewayStageConfig
-    from prism.config.common import LimitConfig
+    from prism.config.common import AddressConfig, LimitConfig
     from prism.config.gateway import GatewayConfig
     from prism.config.registry import ConnectConfig, RegistryConfig
 
@@ -46,12 +47,14 @@ def create_app(
     shutdown_grace_s: float = 10.0,
     processor: ProcessorClient | None = None,
     stored: ResponseStore | None = None,
+    reuse_port: bool = False,
 ) -> FastAPI:
     """The app, routing to the processors `router` finds (or calling `processor`, if
     given, with its own deadline); registered as `me` if given. With `api_key`, /v1
     requests need it as a Bearer token. With `kserve_address`, KServe v2 gRPC is served
-    there too, with the same key, bound and deadline. `stored`: the Responses API's store
-    (by default, one in memory with the flags' defaults)."""
+    there too, with the same key, bound and deadline, on a port shared with other
+    processes only with `reuse_port`. `stored`: the Responses API's store (by default, one
+    in memory with the flags' defaults)."""
     processor = processor or GrpcProcessorClient(router, request_timeout)
     # One bound on generations in flight, whichever door they came in by.
     limit = InFlightLimit(max_in_flight, "generations")
@@ -61,6 +64,7 @@ def create_app(
         registry=router.registry,
         me=me,
         kserve_address=kserve_address,
+        reuse_port=reuse_port,
         limit=limit,
         authorize=authorize,
         shutdown_grace_s=shutdown_grace_s,
@@ -85,6 +89,7 @@ async def _lifespan(
     registry: Registry,
     me: Instance | None,
     kserve_address: str,
+    reuse_port: bool,
     limit: InFlightLimit,
     authorize: Callable[[str], None],
     shutdown_grace_s: float,
@@ -97,7 +102,7 @@ async def _lifespan(
         await registry.register(me)
     server = tracker = None
     if kserve_address:
-        server = await kserve.start(kserve_address, processor, limit, authorize)
+        server = await kserve.start(kserve_address, processor, limit, authorize, reuse_port)
         app.state.kserve = server
         tracker = asyncio.create_task(health.track(server, processor))
         log.info("KServe v2 gRPC on %s", kserve_address)
@@ -116,6 +121,7 @@ async def _lifespan(
 class FrontSettings(Protocol):
     """What a front's config (prism.config.commands) says of its doors and the registry."""
 
+    address: AddressConfig
     gateway: GatewayConfig
     limit: LimitConfig
     registry: RegistryConfig
@@ -145,12 +151,16 @@ def build(
         shutdown_grace_s=shutdown_grace_s,
         processor=processor,
         stored=stored or ResponseStore.of(gateway),
+        reuse_port=config.address.reuse_port,
     )
 
 
 def serve(config: GatewayStageConfig) -> None:
-    tracing.setup("gateway")
     address = config.address
+    # uvicorn binds the HTTP port itself, shared by none.
+    ensure_free("HTTP", address.host, address.port)
+    ensure_free("KServe gRPC", address.host, config.gateway.kserve_grpc_port)
+    tracing.setup("gateway")
     app = build(config, address.host, address.port, address.shutdown_grace_s, config.peers.peer)
     log.info("gateway listening on http://%s:%d", address.host, address.port)
     freeze_startup_heap()

@@ -5,6 +5,7 @@ in the stage's own event loop, opened and closed by the stage runtime
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import socket
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ import uvicorn
 
 from prism.gateway import app as gateway
 from prism.gateway.client import InProcessClient
+from prism.rpc.ports import PortInUse, ensure_free
 
 if TYPE_CHECKING:
     from prism.config.commands import FrontStageConfig
@@ -63,7 +65,7 @@ class HttpDoor:
         self._server.should_exit = self._closed
         # Bound here rather than by uvicorn, which can neither share a port nor say why
         # it could not bind one but by exiting.
-        sockets = _bind(host, port, self.config.reuse_port)
+        sockets = _bind(host, port, self.config.address.reuse_port)
         log.info("OpenAI REST API on http://%s:%d", host, port)
         try:
             await self._server.serve(sockets)
@@ -76,6 +78,16 @@ class HttpDoor:
         self._closed = True
         if self._server is not None:
             self._server.should_exit = True
+
+
+def ensure_doors_free(config: FrontStageConfig) -> None:
+    """Refuses (PortInUse) a front's HTTP or KServe port where another process listens,
+    but where the fronts share them on purpose (--reuse-port): checked before the front
+    starts anything."""
+    if not config.address.reuse_port:
+        host = config.http.http_host or config.address.host
+        ensure_free("HTTP", host, config.http.http_port)
+        ensure_free("KServe gRPC", host, config.gateway.kserve_grpc_port)
 
 
 def _bind(host: str, port: int, reuse_port: bool) -> list[socket.socket]:
@@ -97,5 +109,7 @@ def _bind(host: str, port: int, reuse_port: bool) -> list[socket.socket]:
     except OSError as exc:
         for sock in sockets:
             sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUse("HTTP", host, port) from None
         raise OSError(f"cannot serve HTTP on {host}:{port}: {exc.strerror}") from None
     return sockets

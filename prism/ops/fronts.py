@@ -19,6 +19,7 @@ from prism.config.processor import ProcessorConfig
 from prism.modes import MeshRole
 from prism.ops.stage_process import StageProcess, grpc_stage, http_ok
 from prism.rpc.channel import check_health
+from prism.rpc.ports import ensure_free
 from prism.runtime.ports import free_port
 
 # The most fronts `--front-workers 0` starts: each holds a router, caches and a tokenizer.
@@ -119,6 +120,17 @@ def plan(
         front.env.update(env)
         shared.append(front)
     return shared
+
+
+def ensure_ports_free(config: MeshConfig) -> None:
+    """Refuses (PortInUse) the mesh's doors where another process listens: checked before
+    any stage starts, since the fronts that share their ports (SO_REUSEPORT) would share
+    them with another mesh's too."""
+    grpc_host = config.serve.grpc_host or config.serve.host
+    http_host = config.http.http_host or config.serve.host
+    ensure_free("gRPC API", grpc_host, config.serve.grpc_port)
+    ensure_free("HTTP", http_host, config.http.http_port)
+    ensure_free("KServe gRPC", http_host, config.gateway.kserve_grpc_port)
 
 
 def _shared_store(config: MeshConfig, workers: int, http: HttpConfig) -> GatewayConfig:

@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import IO
 
 from prism.config.commands import MeshConfig, ServeConfig
-from prism.ops import gpus, phases, scaling
+from prism.ops import fronts, gpus, phases, scaling
 from prism.ops.phases import Progress
 from prism.ops.plan import plan
 from prism.ops.stage_process import StageProcess, prepare_child
 from prism.ops.supervisor import Supervisor
 from prism.ops.template import Template, runs
+from prism.rpc.ports import PortInUse
 from prism.runtime import processes
 
 
@@ -287,8 +288,9 @@ def run(config: MeshConfig) -> int:
     signal.signal(signal.SIGTERM, _raise_stop)
     planned = config.planner.planner != "none"
     try:
+        fronts.ensure_ports_free(config)
         stages, starting = scaling.plan_mesh(config) if planned else (plan(config),) * 2
-    except ValueError as exc:
+    except (ValueError, PortInUse) as exc:
         _say(str(exc))
         return 2
     mesh = Mesh.forking(stages)

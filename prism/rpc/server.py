@@ -15,6 +15,7 @@ from prism.proto.stage.v1 import load_pb2, load_pb2_grpc
 from prism.proto.v1 import errors_pb2
 from prism.rpc import options
 from prism.rpc.errors import PrismError
+from prism.rpc.ports import ensure_free, split
 from prism.rpc.tls import server_credentials
 
 
@@ -98,6 +99,11 @@ class LoadServicer(load_pb2_grpc.LoadServiceServicer):
 LOAD_SERVICE = load_pb2.DESCRIPTOR.services_by_name["LoadService"].full_name
 
 
+def _server_options(reuse_port: bool) -> list[tuple[str, int]]:
+    # gRPC sets SO_REUSEPORT unless told not to, which would share a taken port quietly.
+    return [*options.SERVER_OPTIONS, ("grpc.so_reuseport", int(reuse_port))]
+
+
 async def start_server(
     address: str,
     register: Callable[[grpc.aio.Server], None],
@@ -105,16 +111,23 @@ async def start_server(
     in_flight: Callable[[], int] | None = None,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     health_address: str = "",
+    door: str = "gRPC",
+    reuse_port: bool = False,
 ) -> Server:
     """Starts a gRPC server with health checking, reflection and raised message limits,
     and with `LoadService` when given a count of the requests in flight. With
     `health_address`, the same health is also served there alone, in plaintext: kubelet's
     gRPC probes and Consul's checks cannot present a client certificate to a server that
-    requires one.
+    requires one. A port another process listens on is refused (PortInUse, naming it as
+    `door`), unless `reuse_port`: then it is shared with those that ask the same.
 
     Health reports NOT_SERVING until the caller says otherwise with `set_serving`.
     """
-    server = grpc.aio.server(interceptors=interceptors, options=options.SERVER_OPTIONS)
+    if not reuse_port:
+        ensure_free(door, *split(address))
+    if health_address:
+        ensure_free(f"{door} health", *split(health_address))
+    server = grpc.aio.server(interceptors=interceptors, options=_server_options(reuse_port))
     register(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -133,18 +146,25 @@ async def start_server(
         server,
     )
     credentials = server_credentials()
-    if credentials is None:
-        port = server.add_insecure_port(address)
-    else:
-        port = server.add_secure_port(address, credentials)
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(address)
+        else:
+            port = server.add_secure_port(address, credentials)
+    except RuntimeError:
+        port = 0
     if port == 0:
         raise OSError(f"cannot bind gRPC server to {address}")
     await server.start()
     result = Server(server, health_servicer, port)
     if health_address:
-        result.health_server = grpc.aio.server(options=options.SERVER_OPTIONS)
+        result.health_server = grpc.aio.server(options=_server_options(reuse_port=False))
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, result.health_server)
-        if result.health_server.add_insecure_port(health_address) == 0:
+        try:
+            bound = result.health_server.add_insecure_port(health_address)
+        except RuntimeError:
+            bound = 0
+        if bound == 0:
             await server.stop(None)
             raise OSError(f"cannot bind gRPC health server to {health_address}")
         await result.health_server.start()

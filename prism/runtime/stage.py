@@ -135,6 +135,7 @@ class Stage:
             servers.append(await start_server(
                 f"{host}:{port}", functools.partial(self._register, replica.services),
                 replica.names, replica.in_flight, health_address="" if i else health,
+                reuse_port=address.reuse_port,
             ))  # fmt: skip
         registries = [self.registry] + [
             open_registry(self.config.registry, (), self.config.connect) for _ in replicas[1:]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from prism.config.commands import FrontStageConfig
 from prism.gateway.client import LocalCall
-from prism.gateway.door import HttpDoor
+from prism.gateway.door import HttpDoor, ensure_doors_free
 from prism.gateway.openai.responses.respond import Responder
 from prism.gateway.openai.responses.rpc import responses_service
 from prism.gateway.openai.responses.store import ResponseStore
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 
 async def serve(config: FrontStageConfig) -> None:
+    ensure_doors_free(config)
     store = ResponseStore.of(config.gateway)
 
     def doors(servicer: InferenceServicer) -> list[HttpDoor]:

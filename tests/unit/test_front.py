@@ -13,6 +13,7 @@ from prism.config.commands import FrontStageConfig
 from prism.config.common import ModelConfig
 from prism.config.gateway import GatewayConfig, HttpConfig
 from prism.gateway.door import HttpDoor
+from prism.rpc.ports import PortInUse
 from prism.runtime.ports import free_port
 from prism.runtime.stage import Stage, StageFailed
 
@@ -52,7 +53,7 @@ def test_the_http_door_calls_the_processor_in_its_loop_and_closes_when_told(monk
             await checks.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
             assert (await client.get("/health")).status_code == 503
         # The port is taken: a second door says so rather than exiting the process.
-        with pytest.raises(OSError, match=f"cannot serve HTTP on 127.0.0.1:{port}"):
+        with pytest.raises(PortInUse, match=f"HTTP port {port} on 127.0.0.1 is in use"):
             await HttpDoor(config, processor.service.handlers).serve(server)  # type: ignore[arg-type]
         door.close()
         await asyncio.wait_for(serving, 15)

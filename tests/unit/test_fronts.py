@@ -17,7 +17,7 @@ from test_in_process_client import Processor
 from test_launcher import flag
 
 from prism.config.commands import FrontStageConfig
-from prism.config.common import ModelConfig
+from prism.config.common import AddressConfig, ModelConfig
 from prism.config.gateway import HttpConfig
 from prism.config.registry import RegistryConfig
 from prism.gateway.door import HttpDoor
@@ -100,7 +100,7 @@ def test_doors_told_to_share_a_port_both_answer(monkeypatch):
     monkeypatch.delenv("PRISM_API_KEY", raising=False)
     port = free_port()
     config = FrontStageConfig(model=ModelConfig("m"), http=HttpConfig(http_port=port),
-                              reuse_port=True)  # fmt: skip
+                              address=AddressConfig(reuse_port=True))  # fmt: skip
 
     async def main() -> None:
         checks = health.aio.HealthServicer()

@@ -22,6 +22,7 @@ from prism.rpc import options
 from prism.rpc.channel import channel as open_channel
 from prism.rpc.channel import check_health, sync_channel
 from prism.rpc.errors import PrismError, invalid
+from prism.rpc.ports import PortInUse, ensure_free
 from prism.rpc.server import start_server
 from prism.runtime.service import Service
 from prism.services.processor.serving import _track_readiness
@@ -194,3 +195,29 @@ def http_server(status: int) -> Iterator[str]:
     finally:
         server.shutdown()
         thread.join()
+
+
+def test_a_port_another_process_listens_on_is_refused_unless_both_share_it():
+    async def run():
+        first = await start_server("127.0.0.1:0", lambda s: None, ["x.Service"])
+        try:
+            # gRPC would set SO_REUSEPORT and take half of the first one's connections.
+            with pytest.raises(PortInUse, match=f"gRPC port {first.port} on 127.0.0.1"):
+                await start_server(f"127.0.0.1:{first.port}", lambda s: None, ["x.Service"])
+        finally:
+            await first.server.stop(0)
+        one = await start_server("127.0.0.1:0", lambda s: None, ["x.Service"], reuse_port=True)
+        port = one.port
+        other = await start_server(
+            f"127.0.0.1:{port}", lambda s: None, ["x.Service"], reuse_port=True
+        )
+        shared = [one, other]
+        try:
+            assert {server.port for server in shared} == {port}
+            with pytest.raises(PortInUse):
+                ensure_free("gRPC", "127.0.0.1", port)
+        finally:
+            for server in shared:
+                await server.server.stop(0)
+
+    asyncio.run(run())

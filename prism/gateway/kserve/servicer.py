@@ -267,13 +267,17 @@ async def start(
     processor: ProcessorClient,
     limit: InFlightLimit,
     authorize: Callable[[str], None],
+    reuse_port: bool = False,
 ) -> Server:
     """Serves KServe v2 at `address`, with health (in step with the gateway's) and
-    reflection, as every stage's port has them."""
+    reflection, as every stage's port has them; shared with other processes only with
+    `reuse_port`."""
     servicer = KServe(processor, limit, authorize)
     return await start_server(
         address,
         lambda server: kserve_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server),
         [SERVICE],
         interceptors=tracing.server_interceptors("gateway"),
+        door="KServe gRPC",
+        reuse_port=reuse_port,
     )
