@@ -40,7 +40,8 @@ ENV PATH=/opt/prism/.venv/bin:$PATH \
 USER 10001:10001
 
 # The stage's own health: PRISM_HEALTH names its gRPC health (HOST:PORT) or the gateway's
-# http://HOST:PORT/health (compose.yaml sets it per service); unset, nothing is checked.
+# http://HOST:PORT/health (compose.yaml sets it per service); unset, the check fails (a
+# one-shot job such as `prism model build` turns it off: compose.yaml).
 # The start period covers an engine loading its model.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=600s --retries=3 CMD ["prism", "health"]
 ENTRYPOINT ["prism"]

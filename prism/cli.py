@@ -68,8 +68,7 @@ def _health_parser(sub: argparse._SubParsersAction) -> None:
         nargs="?",
         default=os.environ.get("PRISM_HEALTH", ""),
         help="HOST:PORT of a stage's grpc.health.v1, or the gateway's http://HOST:PORT/health "
-        "(default: PRISM_HEALTH; without either, a container that serves nothing, such as "
-        "`prism model build`: exit 0)",
+        "(default: PRISM_HEALTH; without either there is nothing to check: exit 2)",
     )
     health.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for it")
     TlsConfig.add_cli_args(health)
@@ -130,8 +129,6 @@ def _vllm_flags(
 
 def _healthy(target: str, timeout: float) -> bool:
     """`prism health`: whether `target` says it serves."""
-    if not target:
-        return True
     if target.startswith(("http://", "https://")):
         import urllib.error
         import urllib.request
@@ -275,6 +272,10 @@ def main(argv: list[str] | None = None) -> int:
             return run(PlannerStageConfig.from_args(args))
         except ValueError as exc:
             raise SystemExit(f"prism planner: {exc}") from None
+    if args.command == "health" and not args.target:
+        # A check that checks nothing would call any container healthy.
+        parser.error("health: nothing to check: give HOST:PORT or http://HOST:PORT/health, "
+                     "or set PRISM_HEALTH")  # fmt: skip
     if args.command == "health":
         return 0 if _healthy(args.target, args.timeout) else 1
     if args.command == "deploy":

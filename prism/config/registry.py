@@ -4,6 +4,7 @@ the standard library: the front loads nothing more for them."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from prism.config.flags import Flags, flag
@@ -25,8 +26,10 @@ class RegistryConfig(Flags):
         "host that peers dial (default: --host, or this machine's address if that is a wildcard)",
     )
     consul_token: str = flag(
-        "",
-        "Consul ACL token (default: the CONSUL_HTTP_TOKEN environment variable)",
+        help="Consul ACL token (default: CONSUL_HTTP_TOKEN; the stages prism serve starts "
+        "get it there, never on their command line)",
+        factory=lambda: os.environ.get("CONSUL_HTTP_TOKEN", ""),
+        secret=True,
         group=_CONSUL,
     )
     consul_check_interval: str = flag("5s", "health check interval", group=_CONSUL)

@@ -115,6 +115,10 @@ def plan(config: MeshConfig) -> list[StageProcess]:
     _place_on_gpus(config, by_role)
     front = fronts.plan(config, _prism(config), _model, functools.partial(_peers, config), by_role)
     stages = [*encoders, *engines, *front]
+    if config.registry.consul_token:
+        # In the environment rather than the command line, where `ps` would show it.
+        for stage in stages:
+            stage.env["CONSUL_HTTP_TOKEN"] = config.registry.consul_token
     _logging(config, stages)
     _start_order(config, [*encoders, *engines], engines)
     if config.serve.compile_cache:

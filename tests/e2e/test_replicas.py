@@ -17,6 +17,8 @@ from support.waiting import wait_for
 
 from prism.config.registry import RegistryConfig
 
+TOKEN = "consul-acl-secret"
+
 
 def served(mesh, stage: str) -> float:
     """Requests the vLLM engine of `stage` has finished."""
@@ -39,11 +41,16 @@ def answers_equal_offline_vllms_at_concurrency(mesh, expected: dict[str, dict]) 
 
 
 def test_requests_spread_over_two_workers_and_survive_losing_one(models, oracle, tmp_path):
-    with ConsulDouble() as consul:
-        registry = RegistryConfig(consul.url, consul_check_interval="500ms")
+    # With an ACL token: the double refuses a stage that does not present it.
+    with ConsulDouble(token=TOKEN) as consul:
+        registry = RegistryConfig(consul.url, consul_token=TOKEN, consul_check_interval="500ms")
         mesh = start_mesh("llava", "epd", models["llava"], tmp_path, workers=2,
                           registry=registry)  # fmt: skip
         try:
+            # Every stage has the token from its environment; none shows it to `ps`.
+            for stage in mesh.mesh.stages:
+                with open(f"/proc/{stage.process.pid}/cmdline", "rb") as cmdline:
+                    assert TOKEN.encode() not in cmdline.read(), stage.name
             # Every stage registered itself, and Consul's checks pass for all of them.
             names = sorted(r.definition["Name"] for r in consul.services.values())
             assert names == ["prism-gateway", "prism-processor", "prism-worker", "prism-worker"]

@@ -97,6 +97,7 @@ def test_each_stage_names_its_own_health_for_the_images_check(name):
     args = parse(name)
     if args.command == "model":
         assert "PRISM_HEALTH" not in PRISM[name].get("environment", {})
+        assert PRISM[name]["healthcheck"] == {"disable": True}
         return
     health = PRISM[name]["environment"]["PRISM_HEALTH"]
     if args.command == "gateway":

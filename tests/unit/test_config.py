@@ -170,9 +170,9 @@ def test_serve_reads_its_flags_into_each_stages_config():
 @pytest.mark.parametrize("front", ["split", "combined"])
 def test_every_flag_serve_hands_on_reaches_a_stage(monkeypatch, front):
     """Each flag `prism serve` takes for its stages, set to something other than its
-    default, is what some stage reads from its command line (the API key from its
-    environment, where `ps` does not show it; a gateway apart takes the HTTP address as
-    its own). The planner's flags are the launcher's own."""
+    default, is what some stage reads from its command line (the API key and the Consul
+    token from its environment, where `ps` does not show them; a gateway apart takes the
+    HTTP address as its own). The planner's flags are the launcher's own."""
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
     hints = typing.get_type_hints(MeshConfig)
     own = ("model", "serve", "planner")
@@ -193,6 +193,10 @@ def test_every_flag_serve_hands_on_reaches_a_stage(monkeypatch, front):
     assert http.env["PRISM_API_KEY"] == config.gateway.api_key
     assert "--api-key" not in http.argv
     del parts["gateway"]["api_key"]
+    for stage in planned:
+        assert stage.env["CONSUL_HTTP_TOKEN"] == config.registry.consul_token
+        assert "--consul-token" not in stage.argv
+    del parts["registry"]["consul_token"]
     if front == "split":
         gateway = build_parser().parse_args(http.argv[3:])
         assert (gateway.host, gateway.port) == (config.http.http_host, config.http.http_port)

@@ -88,8 +88,12 @@ def test_serve_forwards_its_registry_flags_and_replica_counts():
          "--registry", "consul://h:8500", "--consul-token", "t"]
     )  # fmt: skip
     assert (args.prefill_workers, args.decode_workers) == (1, 2)
-    forwarded = MeshConfig.from_args(args).registry.to_argv()
-    assert forwarded == ["--registry", "consul://h:8500", "--consul-token", "t"]
+    config = MeshConfig.from_args(args)
+    assert config.registry.to_argv() == ["--registry", "consul://h:8500"]
+    # The token reaches every stage in its environment, not its command line.
+    for stage in plan(config):
+        assert stage.env["CONSUL_HTTP_TOKEN"] == "t"
+        assert "t" not in stage.argv
     # The static registry's entries are the launcher's --peer flags: it forwards nothing.
     static = build_parser().parse_args(["serve", "--model", "m", "--advertise-host", "a"])
     assert MeshConfig.from_args(static).registry.to_argv() == []

@@ -164,7 +164,7 @@ def test_static_registry_round_robin():
         StaticRegistry.from_pairs(["worker"])
 
 
-def test_prism_health_says_whether_a_stage_serves():
+def test_prism_health_says_whether_a_stage_serves(monkeypatch, capsys):
     with serving(lambda s: None, ["x.Service"]) as address:
         assert cli.main(["health", address]) == 0
     assert cli.main(["health", address, "--timeout", "0.5"]) == 1
@@ -173,8 +173,13 @@ def test_prism_health_says_whether_a_stage_serves():
         assert cli.main(["health", url]) == 1
     with http_server(200) as url:
         assert cli.main(["health", url]) == 0
-    # A container that serves nothing (`prism model build`) has nothing to check.
-    assert cli.main(["health", ""]) == 0
+    # A check of nothing fails: it would call any container healthy.
+    monkeypatch.delenv("PRISM_HEALTH", raising=False)
+    for argv in (["health", ""], ["health"]):
+        with pytest.raises(SystemExit) as info:
+            cli.main(argv)
+        assert info.value.code == 2
+        assert "nothing to check" in capsys.readouterr().err
 
 
 @contextlib.contextmanager
