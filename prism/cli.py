@@ -16,6 +16,7 @@ import sys
 from collections.abc import Coroutine
 from typing import Any
 
+import prism
 from prism import logs
 from prism.config.commands import (
     EncoderStageConfig,
@@ -87,6 +88,7 @@ def _deploy_parser(sub: argparse._SubParsersAction) -> None:
 # write the command lines `prism serve` starts its stages with.
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="prism", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"prism {prism.__version__}")
     LogConfig.add_cli_args(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run every stage of a mode as local processes")

@@ -14,6 +14,7 @@ from prometheus_client import Counter, Gauge, Histogram, Info, start_http_server
 from prometheus_client.core import REGISTRY, CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+import prism
 from prism.cache import CacheStats
 
 if TYPE_CHECKING:
@@ -82,6 +83,8 @@ ENCODER_BATCH_ITEMS = Histogram(
     ["modality"],
     buckets=(1, 2, 4, 8, 16, 32, 64, 128),
 )
+# Which Prism a process runs, as vLLM's and Dynamo's build info: `prism_build_info{version}`.
+Info("prism_build", "The Prism release this process runs").info({"version": prism.__version__})
 REQUESTS = Counter("prism_requests", "Requests answered, by final status", ["endpoint", "status"])
 IN_FLIGHT = Gauge("prism_requests_in_flight", "Requests being answered", ["endpoint"])
 WAITING = Gauge(

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import logging
+from importlib import metadata
 
 import pytest
 from fastapi.testclient import TestClient
 from prometheus_client import REGISTRY
 
-from prism import logs, telemetry
+import prism
+from prism import cli, logs, telemetry
 from prism.gateway.app import create_app
 from prism.proto.v1 import common_pb2, inference_pb2
 from prism.registry import StaticRegistry
@@ -96,3 +98,12 @@ def test_gateway_returns_request_ids_and_counts_requests():
         assert f'prism_requests_total{{endpoint="{path}",status="503"}}' in metrics.text
         c.get("/v1/anything/else")
         assert sample("prism_requests_total", endpoint="other", status="404") >= 1
+
+
+def test_every_process_says_which_prism_it_runs(capsys):
+    assert prism.__version__ == metadata.version("prism-mesh")
+    assert REGISTRY.get_sample_value("prism_build_info", {"version": prism.__version__}) == 1
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"prism {prism.__version__}\n"
