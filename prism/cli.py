@@ -106,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     _model_parser(sub)
     _health_parser(sub)
     _deploy_parser(sub)
+    # The global flags after a command too (`prism serve --log-level debug`), as vLLM's
+    # serve takes them, rather than as vLLM engine arguments.
+    for command in sub.choices.values():
+        LogConfig.add_cli_args(command, override=True)
     return parser
 
 

@@ -101,6 +101,7 @@ def _options(parser: argparse.ArgumentParser) -> list[str]:
             action
             for action in group._group_actions
             if not isinstance(action, argparse._HelpAction | argparse._SubParsersAction)
+            and action.help != argparse.SUPPRESS
         ]
         if not actions:
             continue

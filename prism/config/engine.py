@@ -21,6 +21,7 @@ class EngineConfig(Flags):
         choices=("vllm", "sim"),
         always=True,
     )
+    seed: int = flag(0, "the engines' random seed, as vLLM's --seed")
     stream_interval: int = flag(
         1,
         "tokens per streamed reply after the first, as vLLM's --stream-interval: fewer "
@@ -39,7 +40,6 @@ class WorkerConfig(Flags):
         "(images as pixels): the prompt's KV cache and first token; decode: the rest",
         always=True,
     )
-    seed: int = flag(0)
     enable_mm_embeds: bool = flag(
         False,
         "take precomputed embeddings (an encoder's, read over NIXL, or a client's, inline) "

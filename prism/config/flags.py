@@ -155,16 +155,24 @@ class Flags:
                 )
 
     @classmethod
-    def add_cli_args(cls, parser: argparse.ArgumentParser, **defaults: Any) -> None:
-        """Adds its flags to `parser`; `defaults` replace some of theirs (by field)."""
+    def add_cli_args(
+        cls, parser: argparse.ArgumentParser, override: bool = False, **defaults: Any
+    ) -> None:
+        """Adds its flags to `parser`; `defaults` replace some of theirs (by field). With
+        `override`, flags a parent parser has too, hidden from this one's help: given
+        here, they replace what was given there."""
         hints = typing.get_type_hints(cls)
         for field in dataclasses.fields(cls):  # type: ignore[arg-type]
             if field.metadata.get(_NESTED):
-                hints[field.name].add_cli_args(parser, **defaults)
+                hints[field.name].add_cli_args(parser, override, **defaults)
             elif _FLAG in field.metadata:
                 spec: Flag = field.metadata[_FLAG]
-                default = defaults.get(field.name, _default(field))
+                default = (
+                    argparse.SUPPRESS if override else defaults.get(field.name, _default(field))
+                )
                 keywords = _argument(field, hints[field.name], default)
+                if override:
+                    keywords |= {"help": argparse.SUPPRESS, "default": argparse.SUPPRESS}
                 target = _group(parser, spec.group or cls.group)
                 target.add_argument(*spec.aliases, option(field.name), **keywords)
 

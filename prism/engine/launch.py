@@ -185,7 +185,7 @@ def engine_args(
         enforce_eager=current_platform.is_cpu(),
         enable_log_requests=False,
         disable_log_stats=False,
-        seed=worker.seed,
+        seed=config.engine.seed,
         stream_interval=config.engine.stream_interval,
         # Structured output (a forced tool call) then starts where reasoning ends.
         reasoning_parser=config.reasoning.reasoning_parser,

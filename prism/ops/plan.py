@@ -10,7 +10,7 @@ import functools
 import os
 import sys
 
-from prism.config.commands import MeshConfig
+from prism.config.commands import MeshConfig, ServeConfig
 from prism.config.engine import WorkerConfig
 from prism.config.registry import STATIC
 from prism.modes import EngineRole, MeshRole, mode
@@ -93,8 +93,22 @@ def _engines(config: MeshConfig) -> dict[str, list[StageProcess]]:
     }
 
 
+def _refuse_unused_counts(config: MeshConfig) -> None:
+    """A replica count the mode has no role for is refused, not ignored (`--mode epd
+    --prefill 3` would start one aggregated worker)."""
+    deployed = mode(config.serve.mode)
+    split = deployed.prefill is not None
+    applies = {"encoders": deployed.has_encoder, "workers": not split,
+               "prefill_workers": split, "decode_workers": split}  # fmt: skip
+    default = ServeConfig()
+    for name, used in applies.items():
+        if not used and getattr(config.serve, name) != getattr(default, name):
+            raise ValueError(f"--{name.replace('_', '-')} does not apply to --mode {deployed}")
+
+
 def plan(config: MeshConfig) -> list[StageProcess]:
     """The stages of a mode, in start order, with their ports and peers."""
+    _refuse_unused_counts(config)
     deployed = mode(config.serve.mode)
     host = config.serve.host
     encoders = [

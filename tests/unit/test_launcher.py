@@ -11,6 +11,7 @@ from support.meshes import mesh_config
 
 from prism.cli import build_parser
 from prism.config.commands import MeshConfig
+from prism.config.common import LogConfig
 from prism.config.registry import RegistryConfig
 from prism.ops import gpus, launcher, template
 from prism.ops.plan import plan
@@ -236,3 +237,24 @@ def test_the_template_runs_the_cpus_stages_and_no_mesh_on_gpus():
     stages[1].placement = gpus.Placement((0,))
     assert not template.runs(stages[1])
     assert template.Template.for_stages(stages) is None
+
+
+def test_a_replica_count_the_mode_has_no_role_for_is_refused():
+    with pytest.raises(ValueError, match="--prefill-workers does not apply to --mode epd"):
+        plan(mesh_config("epd", "m", prefill_workers=3))
+    with pytest.raises(ValueError, match="--encoders does not apply to --mode ep/d"):
+        plan(mesh_config("ep/d", "m", encoders=2))
+    with pytest.raises(ValueError, match="--workers does not apply to --mode e/p/d"):
+        plan(mesh_config("e/p/d", "m", workers=2))
+
+
+def test_serve_takes_the_seed_and_global_flags_after_its_command():
+    args, unknown = build_parser().parse_known_args(
+        ["--log-level", "warning", "serve", "--model", "m", "--mode", "ep/d", "--seed", "7",
+         "--log-format", "json"]
+    )  # fmt: skip
+    assert unknown == [] and (args.log_level, args.log_format) == ("warning", "json")
+    config = MeshConfig.from_args(args, log=LogConfig.from_args(args))
+    engines = [s for s in plan(config) if s.name.startswith(("prefill", "decode"))]
+    assert engines and all(flag(s.argv, "--seed") == ["7"] for s in engines)
+    assert all(flag(s.argv, "--log-format") == ["json"] for s in plan(config))
