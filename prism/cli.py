@@ -18,6 +18,7 @@ from typing import Any
 
 import prism
 from prism import logs
+from prism.config import file as config_file
 from prism.config.commands import (
     EncoderStageConfig,
     FrontStageConfig,
@@ -28,6 +29,7 @@ from prism.config.commands import (
 )
 from prism.config.common import LogConfig, TlsConfig
 from prism.config.deploy import KubernetesConfig
+from prism.config.file import ConfigFileConfig
 from prism.config.flags import Flags
 from prism.config.planner import PlannerStageConfig
 
@@ -82,6 +84,7 @@ def _deploy_parser(sub: argparse._SubParsersAction) -> None:
         "kubernetes", help="a Deployment, Service and PodDisruptionBudget per stage of a mode"
     )
     KubernetesConfig.add_cli_args(kube)
+    ConfigFileConfig.add_cli_args(kube)
 
 
 # Each command's flags are those of the typed configs it takes (prism.config), which also
@@ -110,7 +113,30 @@ def build_parser() -> argparse.ArgumentParser:
     # serve takes them, rather than as vLLM engine arguments.
     for command in sub.choices.values():
         LogConfig.add_cli_args(command, override=True)
+    for name in _CONFIGS.keys() - {"deploy"}:
+        ConfigFileConfig.add_cli_args(sub.choices[name])
     return parser
+
+
+# The typed config of each command that takes --config (prism deploy kubernetes's is its
+# subcommand's).
+_CONFIGS: dict[str, type[Flags]] = {
+    "serve": MeshConfig, "worker": WorkerStageConfig, "encoder": EncoderStageConfig,
+    "processor": ProcessorStageConfig, "gateway": GatewayStageConfig,
+    "front": FrontStageConfig, "planner": PlannerStageConfig, "deploy": KubernetesConfig,
+}  # fmt: skip
+
+
+def _print_config(args: argparse.Namespace) -> int:
+    """`--print-config`: the command's resolved flags as a --config file."""
+    vllm = None
+    if getattr(args, "vllm_flags", None):
+        from prism.engine.launch import vllm_flags
+
+        vllm = vllm_flags(args.vllm_flags)
+    config = _CONFIGS[args.command].from_args(args)
+    sys.stdout.write(config_file.dump([LogConfig.from_args(args), config], vllm))
+    return 0
 
 
 def _vllm_flags(
@@ -215,14 +241,31 @@ def _build_model(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The command line (with its --config file's flags), vLLM's engine arguments among
+    it checked by vLLM's parser."""
     parser = build_parser()
+    try:
+        argv = config_file.expand(argv, parser, _VLLM_FLAG_COMMANDS)
+    except ValueError as exc:
+        parser.error(str(exc))
     args, unknown = parser.parse_known_args(argv)
     if unknown and args.command not in _VLLM_FLAG_COMMANDS:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if args.command in _VLLM_FLAG_COMMANDS:
         args.engine_gpus = 1
         args.vllm_flags = _vllm_flags(parser, args, unknown)
+    if args.command == "health" and not args.target:
+        # A check that checks nothing would call any container healthy.
+        parser.error("health: nothing to check: give HOST:PORT or http://HOST:PORT/health, "
+                     "or set PRISM_HEALTH")  # fmt: skip
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    if getattr(args, "print_config", False):
+        return _print_config(args)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     logs.configure(args.log_level, args.log_format)
     if getattr(args, "tls_cert", ""):
@@ -278,10 +321,6 @@ def main(argv: list[str] | None = None) -> int:
             return run(PlannerStageConfig.from_args(args))
         except ValueError as exc:
             raise SystemExit(f"prism planner: {exc}") from None
-    if args.command == "health" and not args.target:
-        # A check that checks nothing would call any container healthy.
-        parser.error("health: nothing to check: give HOST:PORT or http://HOST:PORT/health, "
-                     "or set PRISM_HEALTH")  # fmt: skip
     if args.command == "health":
         return 0 if _healthy(args.target, args.timeout) else 1
     if args.command == "deploy":

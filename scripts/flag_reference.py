@@ -30,6 +30,14 @@ date.
 Defaults are shown as the parser holds them, with the environment empty: `--api-key`
 also reads `PRISM_API_KEY`, `prism health`'s target `PRISM_HEALTH`, and `--consul-token`
 falls back to `CONSUL_HTTP_TOKEN`. A flag marked "repeatable" may be given several times.
+
+Every command that serves or deploys also takes its flags from a YAML file, `--config
+FILE`: one key per flag (`http-port: 8000`, or `http_port`), a list for a repeatable one,
+`true` for a switch; flags given on the command line win over the file's. Keys of `prism
+serve` and `prism worker` that are not Prism's are vLLM's engine arguments, checked by
+vLLM's parser; other commands refuse a key they do not know, by name. `--print-config`
+writes a command's resolved flags as such a file (secrets left out). One example per
+mode: `examples/*.yaml`. `--log-level` and `--log-format` are taken after the command too.
 """
 
 

@@ -188,6 +188,18 @@ class Flags:
                 values[field.name] = getattr(args, field.name)
         return cls(**values)
 
+    def flag_values(self) -> dict[str, Any]:
+        """Every flag's value (but secret ones'), its nested configs' too, by the flag's
+        name without its dashes."""
+        values: dict[str, Any] = {}
+        for field in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, field.name)
+            if field.metadata.get(_NESTED):
+                values |= value.flag_values()
+            elif (spec := field.metadata.get(_FLAG)) and not spec.secret:
+                values[option(field.name)[2:]] = value
+        return values
+
     def to_argv(self) -> list[str]:
         """Its flags (but secret ones) as a command line that `from_args` reads back."""
         argv: list[str] = []

@@ -37,6 +37,7 @@ def test_every_module_stands_in_a_layer() -> None:
 OTHER_LIBRARIES = {
     "_SubParsersAction": "argparse: the type of add_subparsers()",
     "_action_groups": "argparse: a parser's groups, to order --help",
+    "_actions": "argparse: a parser's arguments, its subcommands among them",
     "_get_num_multimodal_tokens": "transformers: an HF processor's token counts",
     "_get_feat_extract_output_lengths": "transformers: an audio tower's output lengths",
     "_replace": "namedtuple's public copy-with-changes",
