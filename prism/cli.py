@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "print_config", False):
         return _print_config(args)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    logs.configure(args.log_level, args.log_format)
+    logs.configure(args.log_level, args.log_format, role=args.command)
     if getattr(args, "tls_cert", ""):
         from prism.rpc.tls import Tls, configure_tls
 

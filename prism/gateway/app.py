@@ -169,6 +169,8 @@ def serve(config: GatewayStageConfig) -> None:
         host=address.host,
         port=address.port,
         log_level="warning",
+        # uvicorn's lines through the process's own handler (and format: JSON too).
+        log_config=None,
         access_log=False,
         timeout_keep_alive=config.gateway.http_keep_alive_s,
         timeout_graceful_shutdown=address.shutdown_grace_s,

@@ -57,6 +57,8 @@ class HttpDoor:
             host=host,
             port=port,
             log_level="warning",
+            # uvicorn's lines through the process's own handler (and format: JSON too).
+            log_config=None,
             access_log=False,
             timeout_keep_alive=config.gateway.http_keep_alive_s,
             timeout_graceful_shutdown=grace,

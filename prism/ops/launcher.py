@@ -34,6 +34,8 @@ from prism.ops.template import Template, runs
 from prism.rpc.ports import PortInUse
 from prism.runtime import processes
 
+log = logging.getLogger(__name__)
+
 
 class Mesh:
     """Starts and stops a planned set of stages."""
@@ -138,7 +140,8 @@ class Mesh:
                 if log is not None
                 else contextlib.nullcontext(sys.stdout)
             ) as out:
-                phases.relay(lines, out, prefix, level, stage.progress, self._output)
+                phases.relay(lines, out, prefix, level, stage.progress, self._output,
+                             json_stage="" if stage.tag_lines else stage.name)  # fmt: skip
 
         thread = threading.Thread(
             target=relay, args=(stage.process.stdout,), name=f"relay-{stage.name}", daemon=True
@@ -275,8 +278,20 @@ def _write_status(path: str, status: dict) -> None:
     os.replace(partial, path)
 
 
-def _say(line: str) -> None:
-    print(f"prism: {line}", file=sys.stderr, flush=True)
+def _say(as_json: bool, line: str) -> None:
+    """Tells the user `line`: on stderr, or as a JSON log line where the mesh logs JSON."""
+    if as_json:
+        log.warning("%s", line)
+    else:
+        print(f"prism: {line}", file=sys.stderr, flush=True)
+
+
+def _show(as_json: bool, lines: str) -> None:
+    """Shows `lines` (the GPU plan, the endpoints): on stdout, or as one JSON log line."""
+    if as_json:
+        log.warning("%s", lines)
+    else:
+        print(lines, flush=True)
 
 
 def run(config: MeshConfig) -> int:
@@ -286,23 +301,24 @@ def run(config: MeshConfig) -> int:
 
     signal.signal(signal.SIGINT, _raise_stop)
     signal.signal(signal.SIGTERM, _raise_stop)
+    as_json = config.log.log_format == "json"
+    say = functools.partial(_say, as_json)
     planned = config.planner.planner != "none"
     try:
         fronts.ensure_ports_free(config)
         stages, starting = scaling.plan_mesh(config) if planned else (plan(config),) * 2
     except (ValueError, PortInUse) as exc:
-        _say(str(exc))
+        say(str(exc))
         return 2
     mesh = Mesh.forking(stages)
     placed = [stage for stage in mesh.stages if stage.placement.gpus]
     if placed:
-        print("prism: GPU plan", flush=True)
-        for stage in placed:
-            print(f"  {gpus.describe(stage.name, stage.placement)}", flush=True)
+        _show(as_json, "\n".join(["prism: GPU plan", *(
+            f"  {gpus.describe(stage.name, stage.placement)}" for stage in placed)]))  # fmt: skip
     written = False
     try:
-        mesh.start(config.serve.start_timeout, stages=starting, report=_say)
-        supervisor = Supervisor(mesh, list(starting), report=_say)
+        mesh.start(config.serve.start_timeout, stages=starting, report=say)
+        supervisor = Supervisor(mesh, list(starting), report=say)
         planner = None
         status = endpoints(config, mesh)
         if planned:
@@ -310,7 +326,7 @@ def run(config: MeshConfig) -> int:
         if config.serve.status_file:
             _write_status(config.serve.status_file, status)
             written = True
-        print(describe(status), flush=True)
+        _show(as_json, describe(status))
         while True:
             supervisor.poll()
             if planner is not None:
@@ -319,7 +335,7 @@ def run(config: MeshConfig) -> int:
     except _StopRequested:
         return 0
     except (RuntimeError, TimeoutError) as exc:
-        print(f"prism: {exc}", file=sys.stderr, flush=True)
+        say(str(exc))
         return 1
     finally:
         # Signals during the shutdown itself must not cut it short.

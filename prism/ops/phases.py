@@ -10,6 +10,7 @@ stage's level, so that the output is what the level asks for and the phases are 
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -53,6 +54,24 @@ def shown(line: str, level: int) -> bool:
     return match is None or logging.getLevelName(match.group(1)) >= level
 
 
+def as_json(line: str, stage: str, level: int) -> str | None:
+    """`line` of a stage logging JSON as a JSON line naming `stage` (a line that is not
+    JSON, a print's or a traceback's, becomes one, its text the message), or None where
+    it is vLLM's and below `level`, as `shown` keeps text lines back."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        record = None
+    if not isinstance(record, dict):
+        record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                  "level": "INFO", "message": line.rstrip("\n")}  # fmt: skip
+    own = logging.getLevelName(str(record.get("level", "")))
+    if str(record.get("logger", "")).startswith("vllm") and isinstance(own, int) and own < level:
+        return None
+    record["stage"] = stage
+    return json.dumps(record, ensure_ascii=False)
+
+
 @dataclass
 class Progress:
     """A stage's phase since its last start, and when it entered it."""
@@ -78,19 +97,26 @@ class Progress:
 
 def relay(
     lines: Iterable[str], out: IO[str], prefix: str, level: int, progress: Progress,
-    lock: threading.Lock,
+    lock: threading.Lock, json_stage: str = "",
 ) -> None:  # fmt: skip
     """Copies `lines` to `out` with `prefix` on each (under `lock`: several stages write
-    there), keeping back those not shown at `level`, and follows the phase. Reads to the
-    end even once `out` is closed: a stage whose output nobody reads would block."""
+    there), or with `json_stage`, as JSON lines naming that stage, keeping back those not
+    shown at `level`, and follows the phase. Reads to the end even once `out` is closed:
+    a stage whose output nobody reads would block."""
     for line in lines:
         if (phase := phase_of(line)) is not None:
             progress.enter(phase)
-        if out.closed or not shown(line, level):
+        if json_stage:
+            relayed = as_json(line, json_stage, level)
+        else:
+            relayed = line if shown(line, level) else None
+        if out.closed or relayed is None:
             continue
         with lock:
             try:
-                out.write(f"{prefix}{line}" if line.endswith("\n") else f"{prefix}{line}\n")
+                out.write(
+                    f"{prefix}{relayed}" if relayed.endswith("\n") else f"{prefix}{relayed}\n"
+                )
                 out.flush()
             except (ValueError, OSError):  # closed meanwhile, or a broken pipe
                 pass

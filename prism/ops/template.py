@@ -12,7 +12,7 @@ one's exit status; the launcher's handle (`Forked`) stands in for `subprocess.Po
 A mesh on GPUs is spawned as before: each stage begins its CUDA runtime in a process of
 its own, and there a start is the engine's compilation more than imports.
 
-`python -m prism.ops.template SOCKET MODULE...` is the template itself.
+`python -m prism.ops.template SOCKET LOG_FORMAT MODULE...` is the template itself.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from pathlib import Path
 
 import setproctitle
 
+from prism import logs
 from prism.ops.stage_process import StageProcess, prepare_child
 
 # What each stage command runs, for the template to import: the modules its `serve`
@@ -143,14 +144,18 @@ class Forked:
 
 class Template:
     """The template process, importing `modules` with `env` (the launcher's own by
-    default); `spawn` forks a stage from it. It ends with `close`, or with the process
-    that made it."""
+    default), logging what they say as it starts in `log_format`, as the stages do;
+    `spawn` forks a stage from it. It ends with `close`, or with the process that made
+    it."""
 
-    def __init__(self, modules: Iterable[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, modules: Iterable[str], env: dict[str, str] | None = None, log_format: str = "text"
+    ) -> None:
         self._directory = tempfile.TemporaryDirectory(prefix="prism-template-")
         self._socket = Path(self._directory.name) / "socket"
+        argv = [sys.executable, "-m", __name__, str(self._socket), log_format]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", __name__, str(self._socket), *sorted(set(modules))],
+            [*argv, *sorted(set(modules))],
             env=env,
             stdin=subprocess.DEVNULL,
             # Out of the terminal's group: Ctrl-C is the launcher's to act on.
@@ -171,7 +176,9 @@ class Template:
         shared = dict(chosen[0].env)
         for stage in chosen[1:]:
             shared = {k: v for k, v in shared.items() if stage.env.get(k) == v}
-        return cls({m for stage in chosen for m in imports(stage.argv)}, {**os.environ, **shared})
+        modules = {m for stage in chosen for m in imports(stage.argv)}
+        log_format = "text" if all(stage.tag_lines for stage in chosen) else "json"
+        return cls(modules, {**os.environ, **shared}, log_format)
 
     def spawn(
         self, argv: list[str], env: dict[str, str], cpus: set[int], timeout: float = 300
@@ -320,7 +327,10 @@ def _become(request: dict) -> None:
 
 
 def main(argv: list[str]) -> int:
-    path, *modules = argv
+    path, log_format, *modules = argv
+    # What the imports say (vLLM warns before it configures its logging) in the stages'
+    # format: a JSON mesh's output is JSON throughout.
+    logs.configure("warning", log_format, role="template")
     for module in modules:
         importlib.import_module(module)
     request = _serve(path)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 
+import httpx
 import psutil
 import pytest
 from support.waiting import wait_for
@@ -94,3 +96,37 @@ def test_serve_leaves_no_orphans(models, target, sig, tmp_path):
     finally:
         if serve.poll() is None:
             serve.kill()
+
+
+def test_json_logs_are_json_on_every_line_of_every_stage(models, tmp_path):
+    """`--log-format json`: Prism's lines, vLLM's own (its engine core's too), uvicorn's and
+    any stray print are each one JSON object, naming the stage that wrote it."""
+    port, ready, out = free_port(), tmp_path / "status.json", tmp_path / "out.log"
+    with open(out, "w") as output:
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "prism.cli", "serve", "--log-format", "json", "--mode",
+             "epd", "--model", str(models["qwen2-vl"]), "--http-port", str(port),
+             "--grpc-port", "0", "--status-file", str(ready)],
+            stdout=output, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            assert wait_for(lambda: ready.exists() or serve.poll() is not None, timeout=300)
+            assert serve.poll() is None, out.read_text()[-3000:]
+            reply = httpx.post(
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                json={"model": str(models["qwen2-vl"]), "max_tokens": 2,
+                      "messages": [{"role": "user", "content": "hi"}]},
+                timeout=60,
+            )  # fmt: skip
+            assert reply.status_code == 200
+        finally:
+            serve.send_signal(signal.SIGTERM)
+            serve.wait(timeout=60)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all(isinstance(record, dict) for record in records)
+    stages = {record["stage"] for record in records if "stage" in record}
+    assert {"worker-0", "front"} <= stages
+    assert any(str(record.get("logger", "")).startswith("vllm") for record in records)
+    assert any(record.get("role") == "worker" for record in records)
+    # The launcher's own lines too: the endpoints once ready.
+    assert any(str(record.get("message", "")).startswith("prism (epd) ready") for record in records)

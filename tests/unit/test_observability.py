@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import REGISTRY
 
 import prism
@@ -107,3 +110,25 @@ def test_every_process_says_which_prism_it_runs(capsys):
         cli.main(["--version"])
     assert exited.value.code == 0
     assert capsys.readouterr().out == f"prism {prism.__version__}\n"
+
+
+def test_json_lines_name_the_role_and_the_trace_and_vllm_writes_them_too(
+    capsys, root_logging, monkeypatch, tmp_path
+):
+    # Recorded, so that the variable configure() sets is taken back after the test.
+    monkeypatch.setenv("VLLM_LOGGING_CONFIG_PATH", str(tmp_path / "prism-vllm-logging-x"))
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "WARNING")
+    logs.configure("info", "json", role="worker")
+    tracer = TracerProvider().get_tracer("test")
+    with tracer.start_as_current_span("request") as span:
+        logging.getLogger("prism.test").info("inside")
+    logging.getLogger("prism.test").info("outside")
+    inside, outside = (json.loads(line) for line in capsys.readouterr().err.splitlines())
+    assert inside["role"] == outside["role"] == "worker"
+    assert inside["trace_id"] == format(span.get_span_context().trace_id, "032x")
+    assert "trace_id" not in outside
+    # vLLM's loggers, in the processes it starts, take the same form from this file.
+    config = json.loads(Path(os.environ["VLLM_LOGGING_CONFIG_PATH"]).read_text())
+    assert config["formatters"]["json"] == {"()": "prism.logs.JsonFormatter", "role": "worker"}
+    assert config["loggers"]["vllm"]["level"] == "WARNING"
+    assert not config["disable_existing_loggers"]

@@ -5,6 +5,7 @@ or compiled graphs start, and the flags that bound and speed up the start."""
 from __future__ import annotations
 
 import io
+import json
 import logging
 import threading
 
@@ -123,3 +124,22 @@ def test_the_start_timeout_and_the_compile_cache_are_flags():
     assert config.serve.start_timeout == 90.0 and config.serve.compile_cache == "/c"
     default = MeshConfig.from_args(build_parser().parse_args(["serve", "--model", "m"]))
     assert default.serve.start_timeout == 1800.0
+
+
+def test_the_relay_of_a_json_mesh_makes_every_line_json_naming_its_stage():
+    out, progress = io.StringIO(), phases.Progress()
+    lines = [
+        '{"level": "INFO", "logger": "vllm.v1.engine", "message": "Starting to load model"}\n',
+        '{"level": "DEBUG", "logger": "vllm.config", "message": "held back"}\n',
+        '{"level": "INFO", "logger": "prism.services", "message": "serving"}\n',
+        "Traceback (most recent call last):\n",
+    ]
+    phases.relay(lines, out, "", logging.INFO, progress, threading.Lock(), json_stage="decode-0")
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [r["message"] for r in records] == [
+        "Starting to load model",
+        "serving",
+        "Traceback (most recent call last):",
+    ]
+    assert {r["stage"] for r in records} == {"decode-0"}
+    assert progress.phase == "loading weights"
