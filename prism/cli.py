@@ -53,8 +53,8 @@ def _model_parser(sub: argparse._SubParsersAction) -> None:
         help="the exact architecture of a published checkpoint (qwen2-vl-2b, qwen2-vl-7b, "
         "llava-1.5-7b, qwen2-audio-7b), its size and dtype, for GPU benchmarks",
     )
-    build.add_argument("--out", required=True)
-    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--out", required=True, help="directory to write the checkpoint to")
+    build.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     build.add_argument(
         "--size", default="tiny", choices=["tiny", "small"],
         help="with --family; small: a larger language model, for benchmarks where prefill "

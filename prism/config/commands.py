@@ -36,7 +36,11 @@ from prism.modes import MODES
 class ServeConfig(Flags):
     """`prism serve`'s own flags: which stages, how many, where."""
 
-    mode: str = flag("epd", choices=MODES)
+    mode: str = flag(
+        "epd",
+        "which stages run apart: epd (one aggregated worker), e/pd, e/p/d, ep/d",
+        choices=MODES,
+    )
     encoders: int = flag(1, "encoder replicas (e/pd, e/p/d)")
     gpus: list[str] = flag(
         help="GPUs for the encoders and engines: auto (every GPU shown; the default), none, "
@@ -49,7 +53,7 @@ class ServeConfig(Flags):
     workers: int = flag(1, "aggregated worker replicas (epd, e/pd)")
     prefill_workers: int = flag(1, "prefill worker replicas (e/p/d, ep/d)", aliases=("--prefill",))
     decode_workers: int = flag(1, "decode worker replicas (e/p/d, ep/d)", aliases=("--decode",))
-    host: str = flag("127.0.0.1")
+    host: str = flag("127.0.0.1", "address every stage binds, and the doors unless told apart")
     front: str = flag(
         "combined",
         "combined: the processor also serves the OpenAI REST API (and KServe) from its own "

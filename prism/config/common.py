@@ -13,7 +13,7 @@ from prism.config.flags import Flags, flag
 
 @dataclass
 class LogConfig(Flags):
-    log_level: str = flag("info", always=True)
+    log_level: str = flag("info", "debug, info, warning, error", always=True)
     log_format: str = flag("text", "json: one object per line, with the request id",
                            choices=logs.FORMATS, always=True)  # fmt: skip
 
@@ -37,7 +37,7 @@ class AddressConfig(Flags):
     """Where a stage listens, and how it stops (its port's default is the stage's own)."""
 
     host: str = flag("127.0.0.1", "address to bind (default: loopback)", always=True)
-    port: int = flag(0, always=True)
+    port: int = flag(0, "port to serve (0: a free one)", always=True)
     shutdown_grace_s: float = flag(
         10.0,
         "on SIGTERM: stop taking requests, let those in flight finish (and decodes read "

@@ -13,7 +13,7 @@ from prism.modes import MODES
 
 @dataclass(kw_only=True)
 class KubernetesConfig(Flags):
-    mode: str = flag("e/p/d", choices=MODES)
+    mode: str = flag("e/p/d", "which stages run apart, each a Deployment", choices=MODES)
     model: str = flag(help="the model's path (in the pod) or hub id")
     name: str = flag("prism", "prefix of every object's name")
     namespace: str = flag(
@@ -52,7 +52,7 @@ class KubernetesConfig(Flags):
     consul: str = flag(
         "consul-server.consul:8500", "Consul's HTTP API, where every stage registers (consul-k8s)"
     )
-    shutdown_grace_s: int = flag(30)
+    shutdown_grace_s: int = flag(30, "seconds a stage drains on SIGTERM before it is killed")
     # The Secret of the stages' certificates (prism.ops.deploy.tls); "": plaintext between them.
     # Connect's sidecars bring their own mutual TLS.
     tls_secret: str = flag(

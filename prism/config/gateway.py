@@ -63,4 +63,4 @@ class HttpConfig(Flags):
     """Where a front's OpenAI REST API answers."""
 
     http_host: str = flag("", "address the OpenAI REST API binds (default: --host)")
-    http_port: int = flag(8000, always=True)
+    http_port: int = flag(8000, "port of the OpenAI REST API", always=True)

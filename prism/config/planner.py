@@ -67,7 +67,7 @@ class PlannerStageConfig(Flags):
 
     planner: PlannerConfig = nested(PlannerConfig)
     metrics: MetricsConfig = nested(MetricsConfig)
-    mode: str = flag("e/p/d", choices=MODES)
+    mode: str = flag("e/p/d", "the deployed mesh's mode: which roles it scales", choices=MODES)
     backend: str = flag(
         help="where the replicas are: kubernetes:///PREFIX (in a pod; PREFIX is `prism "
         "deploy kubernetes --name`) or kubernetes+http://HOST:PORT/PREFIX (kubectl proxy)",

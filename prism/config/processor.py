@@ -12,7 +12,8 @@ from prism.modes import MODES
 class ProcessorConfig(Flags):
     """`prism processor`'s own flags."""
 
-    mode: str = flag("epd", choices=MODES, always=True)
+    mode: str = flag("epd", "the mesh's mode: which stages a request passes through",
+                     choices=MODES, always=True)  # fmt: skip
     enable_mm_embeds: bool = flag(False, "take image embeddings from clients (image_embeds parts)")
     migration_limit: int = flag(
         1, "times a request moves to another worker replica when the one streaming it dies"

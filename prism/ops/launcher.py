@@ -27,7 +27,7 @@ from typing import IO
 from prism.config.commands import MeshConfig, ServeConfig
 from prism.ops import fronts, gpus, phases, scaling
 from prism.ops.phases import Progress
-from prism.ops.plan import plan
+from prism.ops.plan import check_model, plan
 from prism.ops.stage_process import StageProcess, prepare_child
 from prism.ops.supervisor import Supervisor
 from prism.ops.template import Template, runs
@@ -305,6 +305,7 @@ def run(config: MeshConfig) -> int:
     say = functools.partial(_say, as_json)
     planned = config.planner.planner != "none"
     try:
+        check_model(config.model.model)
         fronts.ensure_ports_free(config)
         stages, starting = scaling.plan_mesh(config) if planned else (plan(config),) * 2
     except (ValueError, PortInUse) as exc:

@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import os
 import sys
+from pathlib import Path
 
 from prism.config.commands import MeshConfig, ServeConfig
 from prism.config.engine import WorkerConfig
@@ -91,6 +92,21 @@ def _engines(config: MeshConfig) -> dict[str, list[StageProcess]]:
         ),
         MeshRole.DECODE: workers("decode", config.serve.decode_workers, EngineRole.DECODE, False),
     }
+
+
+def check_model(model: str) -> None:
+    """Refuses a model directory that is missing or holds no config.json once, before any
+    stage starts (each would fail on its own, a traceback each). A name that is no local
+    path (ORG/NAME, where no ORG directory is here) is a hub id, the stages' to fetch."""
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"--model {model}: the directory holds no config.json")
+        return
+    explicit = path.is_absolute() or model.startswith((".", "~"))
+    in_a_local_directory = str(path.parent) != "." and path.parent.is_dir()
+    if path.exists() or explicit or in_a_local_directory:
+        raise ValueError(f"--model {model}: no such model directory")
 
 
 def _refuse_unused_counts(config: MeshConfig) -> None:

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from prism.cli import build_parser
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "flag_reference.py"
 
@@ -66,3 +68,17 @@ def test_check_mode_reports_a_stale_file(tmp_path):
     assert fr.main(["--check", "--out", str(stale)]) == 1
     assert fr.main(["--out", str(stale)]) == 0
     assert fr.main(["--check", "--out", str(stale)]) == 0
+
+
+def test_every_flag_of_every_command_says_what_it_does():
+    def silent(parser: argparse.ArgumentParser, command: str) -> list[str]:
+        found = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    found += silent(sub, f"{command} {name}")
+            elif action.option_strings and not action.help:
+                found.append(f"{command} {action.option_strings[-1]}")
+        return found
+
+    assert silent(build_parser(), "prism") == []

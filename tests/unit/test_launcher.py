@@ -14,7 +14,7 @@ from prism.config.commands import MeshConfig
 from prism.config.common import LogConfig
 from prism.config.registry import RegistryConfig
 from prism.ops import gpus, launcher, template
-from prism.ops.plan import plan
+from prism.ops.plan import check_model, plan
 from prism.runtime.ports import _ephemeral_ports, free_port
 
 
@@ -258,3 +258,20 @@ def test_serve_takes_the_seed_and_global_flags_after_its_command():
     engines = [s for s in plan(config) if s.name.startswith(("prefill", "decode"))]
     assert engines and all(flag(s.argv, "--seed") == ["7"] for s in engines)
     assert all(flag(s.argv, "--log-format") == ["json"] for s in plan(config))
+
+
+def test_a_missing_model_directory_is_refused_once_and_a_hub_id_left_to_the_stages(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models" / "empty").mkdir(parents=True)
+    (tmp_path / "models" / "tiny").mkdir()
+    (tmp_path / "models" / "tiny" / "config.json").write_text("{}")
+    check_model("models/tiny")
+    for model in ("Qwen/Qwen2-VL-2B-Instruct", "gpt2"):
+        check_model(model)
+    with pytest.raises(ValueError, match=r"holds no config\.json"):
+        check_model("models/empty")
+    for missing in ("models/typo", "./typo", str(tmp_path / "typo")):
+        with pytest.raises(ValueError, match="no such model directory"):
+            check_model(missing)
