@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
 import signal
@@ -30,8 +31,11 @@ from prism.config.commands import (
 from prism.config.common import LogConfig, TlsConfig
 from prism.config.deploy import KubernetesConfig
 from prism.config.file import ConfigFileConfig
-from prism.config.flags import Flags
+from prism.config.flags import Flags, HelpFormatter
 from prism.config.planner import PlannerStageConfig
+
+# Every command's --help shows each flag's default.
+_Parser = functools.partial(argparse.ArgumentParser, formatter_class=HelpFormatter)
 
 
 def _stage(sub: argparse._SubParsersAction, name: str, help: str, port: int,
@@ -42,7 +46,7 @@ def _stage(sub: argparse._SubParsersAction, name: str, help: str, port: int,
 
 def _model_parser(sub: argparse._SubParsersAction) -> None:
     model = sub.add_parser("model", help="random-weight models for tests, demos and benchmarks")
-    model_sub = model.add_subparsers(dest="model_command", required=True)
+    model_sub = model.add_subparsers(dest="model_command", required=True, parser_class=_Parser)
     build = model_sub.add_parser("build", help="write a random-weight checkpoint")
     kind = build.add_mutually_exclusive_group(required=True)
     kind.add_argument(
@@ -79,7 +83,7 @@ def _health_parser(sub: argparse._SubParsersAction) -> None:
 
 def _deploy_parser(sub: argparse._SubParsersAction) -> None:
     deploy = sub.add_parser("deploy", help="deployment manifests of a mesh")
-    deploy_sub = deploy.add_subparsers(dest="deploy_command", required=True)
+    deploy_sub = deploy.add_subparsers(dest="deploy_command", required=True, parser_class=_Parser)
     kube = deploy_sub.add_parser(
         "kubernetes", help="a Deployment, Service and PodDisruptionBudget per stage of a mode"
     )
@@ -90,15 +94,16 @@ def _deploy_parser(sub: argparse._SubParsersAction) -> None:
 # Each command's flags are those of the typed configs it takes (prism.config), which also
 # write the command lines `prism serve` starts its stages with.
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="prism", description=__doc__)
+    parser = _Parser(prog="prism", description=__doc__)
     parser.add_argument("--version", action="version", version=f"prism {prism.__version__}")
     LogConfig.add_cli_args(parser)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     serve = sub.add_parser("serve", help="run every stage of a mode as local processes")
     MeshConfig.add_cli_args(serve)
     _stage(sub, "worker", "EngineService on a vLLM (or simulated) engine", 50051,
            WorkerStageConfig)  # fmt: skip
-    _stage(sub, "encoder", "EncoderService: vision tower + projector", 50052, EncoderStageConfig)
+    _stage(sub, "encoder", "EncoderService: the model's vision and audio towers", 50052,
+           EncoderStageConfig)  # fmt: skip
     _stage(sub, "processor", "the public InferenceService", 50050, ProcessorStageConfig)
     _stage(sub, "gateway", "OpenAI REST API in front of a processor", 8000, GatewayStageConfig)
     _stage(sub, "front", "a processor serving the OpenAI REST API too, in one process", 50050,

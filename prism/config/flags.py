@@ -138,6 +138,16 @@ def _render(name: str, value: Any) -> list[str]:
     return [name, str(value)]
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help that shows each flag's default, where it has one to show."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        default = action.default
+        if default is None or default is False or default == "" or default == []:
+            return action.help
+        return super()._get_help_string(action)
+
+
 class Flags:
     """A dataclass of flags (`flag`) and nested configs (`nested`); its other fields,
     which no flag sets, keep their defaults unless `from_args` is given them."""
@@ -167,9 +177,9 @@ class Flags:
                 hints[field.name].add_cli_args(parser, override, **defaults)
             elif _FLAG in field.metadata:
                 spec: Flag = field.metadata[_FLAG]
-                default = (
-                    argparse.SUPPRESS if override else defaults.get(field.name, _default(field))
-                )
+                # A secret's default comes from the environment: from_args reads it there,
+                # and --help never shows it.
+                default = defaults.get(field.name, "" if spec.secret else _default(field))
                 keywords = _argument(field, hints[field.name], default)
                 if override:
                     keywords |= {"help": argparse.SUPPRESS, "default": argparse.SUPPRESS}
@@ -185,7 +195,10 @@ class Flags:
             if field.metadata.get(_NESTED):
                 values[field.name] = hints[field.name].from_args(args)
             elif _FLAG in field.metadata:
-                values[field.name] = getattr(args, field.name)
+                value = getattr(args, field.name)
+                if field.metadata[_FLAG].secret and not value:
+                    value = _default(field)
+                values[field.name] = value
         return cls(**values)
 
     def flag_values(self) -> dict[str, Any]:

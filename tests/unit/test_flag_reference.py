@@ -11,7 +11,10 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from prism.cli import build_parser
+import pytest
+
+from prism.cli import build_parser, main
+from prism.config.commands import MeshConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "flag_reference.py"
@@ -82,3 +85,16 @@ def test_every_flag_of_every_command_says_what_it_does():
         return found
 
     assert silent(build_parser(), "prism") == []
+
+
+def test_help_shows_each_default_but_never_a_secret(monkeypatch, capsys):
+    monkeypatch.setenv("PRISM_API_KEY", "api-s3cret")
+    monkeypatch.setenv("CONSUL_HTTP_TOKEN", "consul-s3cret")
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    shown = capsys.readouterr().out
+    assert "(default: epd)" in shown and "(default: 1800.0)" in shown
+    assert "s3cret" not in shown
+    # Read from the environment all the same.
+    config = MeshConfig.from_args(build_parser().parse_args(["serve", "--model", "m"]))
+    assert (config.gateway.api_key, config.registry.consul_token) == ("api-s3cret", "consul-s3cret")
