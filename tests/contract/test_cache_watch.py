@@ -21,12 +21,14 @@ from prism.rpc.server import Server, start_server
 from prism.runtime.ports import free_port
 from prism.services.processor.inputs import ModelInputs
 from prism.services.processor.pipeline import Pipeline
+from prism.services.worker.kv_publisher import KvPublisher
+from prism.services.worker.serving import kv_events_service
 
 BLOCK = 4
 
 
-async def serve(kv: KvEvents, port: int) -> Server:
-    return await start_server(f"127.0.0.1:{port}", kv.service.add_to_server, [])
+async def serve(publisher: KvPublisher, port: int) -> Server:
+    return await start_server(f"127.0.0.1:{port}", publisher.service.add_to_server, [])
 
 
 async def until(predicate, timeout: float = 10.0) -> None:
@@ -40,13 +42,14 @@ def test_the_processor_follows_a_workers_cache(tmp_path: Path):
         kv = KvEvents(tmp_path)
         kv.engine = SimpleNamespace(vllm_config=SimpleNamespace(
             cache_config=SimpleNamespace(block_size=BLOCK)))  # fmt: skip
+        publisher = kv_events_service(kv)
         port = free_port()
         holder, idle = f"127.0.0.1:{port}", f"127.0.0.1:{free_port()}"
         registry = StaticRegistry({"worker": [idle, holder]})
         pipeline = Pipeline(MODES["epd"], Router(registry, "kv"), ModelInputs(tokens={"image": 99}))
         router, watch = pipeline.router, pipeline.cache_watch
         assert watch is not None
-        server = await serve(kv, port)
+        server = await serve(publisher, port)
         try:
             watch.refresh()
             prompt = list(range(1, 11))  # Two full blocks and a part.
@@ -65,7 +68,7 @@ def test_the_processor_follows_a_workers_cache(tmp_path: Path):
             await server.server.stop(None)
             await until(lambda: router.index.size(holder) == 0)
             # Back: its snapshot says it all again.
-            server = await serve(kv, port)
+            server = await serve(publisher, port)
             await until(lambda: router.index.size(holder) == 2, timeout=15)
             # Gone from the registry: forgotten for good.
             registry._peers["worker"] = [idle]

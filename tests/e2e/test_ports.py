@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
+from support.waiting import wait_for
 
 from prism.rpc.channel import check_health
 from prism.runtime.ports import free_port
@@ -46,11 +46,8 @@ def test_a_second_mesh_on_a_running_ones_ports_is_refused(models, tmp_path, fron
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 300
-        while not status.exists():
-            assert first.poll() is None, "the first prism serve exited"
-            assert time.monotonic() < deadline, "the first prism serve did not become ready"
-            time.sleep(0.5)
+        assert wait_for(lambda: status.exists() or first.poll() is not None, timeout=300)
+        assert first.poll() is None, "the first prism serve exited"
         for door, flag in DOORS:
             taken = {other: free_port() for _, other in DOORS} | {flag: ports[flag]}
             code, lines = refusal(serve(model, taken, *workers))
