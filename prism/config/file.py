@@ -11,6 +11,7 @@ resolved flags as such a file (secrets left out).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import enum
 import json
 from collections.abc import Collection, Mapping
@@ -19,9 +20,12 @@ from typing import Any
 
 import yaml
 
-from prism.config.flags import Flags, flag
+from prism.config.common import LogConfig
+from prism.config.flags import Flags, flag, option
 
 OPTION = "--config"
+# The flags before a command, whose values could be mistaken for one.
+_GLOBAL_FLAGS = {option(field.name) for field in dataclasses.fields(LogConfig)}
 
 
 @dataclass
@@ -110,7 +114,7 @@ def _command(
     `argv`, its name, and its parser (None where there is no command)."""
     names = commands(parser)
     at = next((i for i, token in enumerate(argv) if token in names and (
-        i == 0 or argv[i - 1] not in ("--log-level", "--log-format"))), None)  # fmt: skip
+        i == 0 or argv[i - 1] not in _GLOBAL_FLAGS)), None)  # fmt: skip
     if at is None:
         return 0, "", None
     command, leaf = argv[at], names[argv[at]]
