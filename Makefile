@@ -139,7 +139,8 @@ lint:
 	$(PY) -m bench.render --check
 	scripts/checkov.sh
 
-# deploy/kubernetes/: every mode's manifests, from `prism deploy kubernetes`.
+# deploy/kubernetes/: every mode's manifests, from `prism deploy kubernetes`; beside each, the
+# Helm chart's values for the same mesh (deploy/helm/prism), from `prism deploy helm`.
 manifests:
 	scripts/kubernetes_manifests.sh
 

@@ -89,6 +89,11 @@ def _deploy_parser(sub: argparse._SubParsersAction) -> None:
     )
     KubernetesConfig.add_cli_args(kube)
     ConfigFileConfig.add_cli_args(kube)
+    helm = deploy_sub.add_parser(
+        "helm", help="values of the chart deploy/helm/prism: the objects `kubernetes` writes"
+    )
+    KubernetesConfig.add_cli_args(helm)
+    ConfigFileConfig.add_cli_args(helm)
 
 
 # Each command's flags are those of the typed configs it takes (prism.config), which also
@@ -214,13 +219,18 @@ def _refused(exc: OSError) -> int:
 
 
 def _deploy(args: argparse.Namespace) -> int:
-    """`prism deploy kubernetes`: the manifests, to --out."""
-    from prism.ops.deploy import kubernetes
+    """`prism deploy kubernetes`: the manifests, to --out; `prism deploy helm`: the chart's
+    values for the same mesh."""
+    from prism.ops.deploy import helm, kubernetes
 
+    settings = KubernetesConfig.from_args(args)
     try:
-        text = kubernetes.render(kubernetes.manifests(KubernetesConfig.from_args(args)))
+        if args.deploy_command == "helm":
+            text = helm.render(helm.values(settings))
+        else:
+            text = kubernetes.render(kubernetes.manifests(settings))
     except ValueError as exc:
-        raise SystemExit(f"prism deploy kubernetes: {exc}") from None
+        raise SystemExit(f"prism deploy {args.deploy_command}: {exc}") from None
     if args.out == "-":
         sys.stdout.write(text)
     else:

@@ -37,8 +37,6 @@ class KubernetesConfig(Flags):
                                metavar="STAGE=N")  # fmt: skip
     gpus: list[str] = flag(help="nvidia.com/gpu per pod of STAGE", factory=list,
                            metavar="STAGE=N")  # fmt: skip
-    autoscale: list[str] = flag(help="a HorizontalPodAutoscaler on STAGE, up to N replicas",
-                                factory=list, metavar="STAGE=N")  # fmt: skip
     # consul: every stage registers with Consul at `consul`; kubernetes: the API server;
     # connect: consul-k8s registers the pods and injects an Envoy sidecar into each, and
     # a stage calls each role through its sidecar's upstream listener.
@@ -66,6 +64,9 @@ class KubernetesConfig(Flags):
         "the namespace whose pods (Prometheus) may reach the stages' metrics ports",
     )
     routing: RoutingConfig = nested(RoutingConfig)
+    service_monitor: bool = flag(
+        False, "a ServiceMonitor (Prometheus Operator) that scrapes every stage's metrics"
+    )
     # slo: a `prism planner` Deployment sets the replicas of the mode's roles.
     planner: PlannerConfig = nested(PlannerConfig)
     out: str = flag("-", "file to write (default: stdout)")

@@ -122,9 +122,8 @@ def test_probes_are_on_the_ports_the_stages_serve(mode):
         assert float(flag(c["args"], "--shutdown-grace-s")) < grace
 
 
-def test_gpus_replicas_and_autoscaling_where_asked():
-    objects = manifests(settings("e/p/d", gpus=["prefill=1", "decode=2"],
-                                 replicas=["decode=3"], autoscale=["decode=6"]))  # fmt: skip
+def test_gpus_and_replicas_where_asked():
+    objects = manifests(settings("e/p/d", gpus=["prefill=1", "decode=2"], replicas=["decode=3"]))
     by_stage = deployments(objects)
     limits = {stage: container(d)["resources"]["limits"] for stage, d in by_stage.items()}
     gpus = {
@@ -134,9 +133,6 @@ def test_gpus_replicas_and_autoscaling_where_asked():
     }
     assert gpus == {"prefill": 1, "decode": 2}
     assert by_stage["decode"]["spec"]["replicas"] == 3
-    (hpa,) = [o for o in objects if o["kind"] == "HorizontalPodAutoscaler"]
-    assert hpa["spec"]["scaleTargetRef"]["name"] == "prism-decode"
-    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 6)
 
 
 def test_a_stage_the_mode_lacks_is_refused_by_name():
@@ -445,12 +441,7 @@ def test_the_planner_reaches_the_processors_metrics_and_only_prometheus_reaches_
     }
 
 
-def test_the_planner_and_an_autoscaler_never_scale_the_same_role():
-    with pytest.raises(ValueError, match="--autoscale decode: with --planner slo"):
-        manifests(settings("e/p/d", autoscale=["decode=4"], planner=SLO))
-    # A stage the planner leaves alone may still be autoscaled.
-    objects = manifests(settings("e/p/d", autoscale=["processor=3"], planner=SLO))
-    assert set(by_kind(objects, "HorizontalPodAutoscaler")) == {"prism-processor"}
+def test_the_planner_is_refused_bounds_on_roles_it_does_not_scale():
     bounded = PlannerConfig(planner="slo", max_replicas=["decode=2"])
     with pytest.raises(
         ValueError, match="--max-replicas: the planner of mode epd scales no decode"
@@ -474,3 +465,39 @@ def test_without_the_planner_nothing_changes_and_with_it_only_its_objects_are_ad
         ("NetworkPolicy", "prism-processor"), ("Role", "prism-planner"),
         ("RoleBinding", "prism-planner"), ("ServiceAccount", "prism-planner"),
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_service_monitor_scrapes_every_stage_where_asked(mode):
+    assert not by_kind(manifests(settings(mode)), "ServiceMonitor")
+    objects = manifests(settings(mode, service_monitor=True))
+    monitor = by_kind(objects, "ServiceMonitor")["prism"]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    scraped = {e["port"] for e in monitor["spec"]["endpoints"]}
+    for name, service in by_kind(objects, "Service").items():
+        assert selector.items() <= service["metadata"]["labels"].items(), name
+        named = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+        # Every stage's metrics through a named port of its Service; the gateway's own.
+        assert named.get("metrics", named.get("http")) in (METRICS_PORT, 8000), name
+        assert scraped & named.keys(), name
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_charts_values_are_the_manifests_own(mode):
+    """The chart (deploy/helm/prism) renders its objects from these values; `make lint`
+    renders it and compares with the manifests (scripts/kubernetes_manifests.sh)."""
+    from prism.ops.deploy import helm
+
+    given = settings(mode, planner=SLO, replicas=[f"{MODES[mode].roles[-1]}=2"])
+    values = helm.values(given)
+    objects = manifests(given)
+    assert set(values["stages"]) == STAGES[mode]
+    for stage, deployment in deployments(objects).items():
+        if stage == "planner":
+            assert values["planner"]["args"] == container(deployment)["args"]
+            continue
+        assert values["stages"][stage]["args"] == container(deployment)["args"]
+        assert values["stages"][stage]["replicas"] == deployment["spec"]["replicas"]
+    policies = by_kind(objects, "NetworkPolicy")
+    assert {f"prism-{k}" for k in values["networkPolicies"]} == set(policies)
+    assert values["planner"]["scales"] == [f"prism-{role}" for role in SCALED[mode]]

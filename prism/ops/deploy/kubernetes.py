@@ -17,8 +17,12 @@ processor without workers yet, a stage draining). On SIGTERM a stage drains for
 With `--planner slo`, a `prism planner` Deployment sets the replicas of the mode's roles
 (encoder, worker, prefill, decode) through their Deployments' `scale` subresource, which
 its Role lets it get and patch on those Deployments alone; it reads the processors'
-metrics. No HorizontalPodAutoscaler may then scale the same roles: the two would undo
-each other's changes.
+metrics: the mesh scales on its own signals (latency against its goals, queues), not on
+CPU, which says little of an engine's load.
+
+With `--service-monitor`, a ServiceMonitor (the Prometheus Operator's) scrapes every
+stage's metrics through the named `metrics` port of its Service (the gateway's on its own
+port).
 
 Hardened: every pod in the mesh's own namespace (prism.ops.deploy.security), mutual TLS
 between stages (prism.ops.deploy.tls), a NetworkPolicy per stage (prism.ops.deploy.network_policy),
@@ -63,7 +67,7 @@ def _stage_kind(name: str) -> str:
     return re.sub(r"-\d+$", "", name)
 
 
-def _tls(settings: KubernetesConfig) -> bool:
+def tls_on(settings: KubernetesConfig) -> bool:
     return bool(settings.tls_secret) and settings.discovery != "connect"
 
 
@@ -95,7 +99,7 @@ def _container_args(kind: str, argv: list[str], settings: KubernetesConfig) -> l
         kept += MetricsConfig(metrics_port=METRICS_PORT).to_argv()
     if "--kv-port" in args:
         kept += ["--kv-host", "$(POD_IP)", "--kv-port", str(KV_PORT)]
-    if _tls(settings):
+    if tls_on(settings):
         kept += tls.args(settings.name, kind)
     return kept
 
@@ -111,7 +115,7 @@ def _probes(kind: str, settings: KubernetesConfig) -> dict[str, Any]:
         ready: dict[str, Any] = {"httpGet": {"path": "/health", "port": served}}
     else:
         # Kubelet's gRPC probe has no client certificate: under mutual TLS, the health port.
-        ready = {"grpc": {"port": HEALTH_PORT if _tls(settings) else served}}
+        ready = {"grpc": {"port": HEALTH_PORT if tls_on(settings) else served}}
     open_port = {"tcpSocket": {"port": served}}
     return {
         "readinessProbe": {**ready, "periodSeconds": 5, "failureThreshold": 2},
@@ -121,20 +125,20 @@ def _probes(kind: str, settings: KubernetesConfig) -> dict[str, Any]:
     }
 
 
-def _resources(kind: str, settings: KubernetesConfig) -> dict[str, Any]:
+def resources(kind: str, settings: KubernetesConfig) -> dict[str, Any]:
     """Requests, and limits at twice as much: room for bursts (an engine's start-up, a
     batch of large images) that cannot starve the node. An engine's /dev/shm counts
     against its memory."""
     engine = kind in ENGINES or kind == "encoder"
     cpu, memory = (2, 8) if engine else (1, 2)
-    resources: dict[str, Any] = {
+    out: dict[str, Any] = {
         "requests": {"cpu": str(cpu), "memory": f"{memory}Gi"},
         "limits": {"cpu": str(2 * cpu), "memory": f"{2 * memory}Gi"},
     }
     if gpus := _counts(settings, "gpus").get(kind, 0):
         # Kubernetes takes extended resources as limits (requests default to them).
-        resources["limits"]["nvidia.com/gpu"] = gpus
-    return resources
+        out["limits"]["nvidia.com/gpu"] = gpus
+    return out
 
 
 def _labels(kind: str, settings: KubernetesConfig) -> dict[str, str]:
@@ -160,8 +164,8 @@ def _token(kind: str, settings: KubernetesConfig) -> str:
 
 def _container(name: str, settings: KubernetesConfig, **fields: Any) -> dict[str, Any]:
     """A container of the mesh: the image, `fields`, bounded and hardened."""
-    return {"name": name, "image": _image(settings), "imagePullPolicy": "IfNotPresent", **fields,
-            "resources": _resources(name, settings),
+    return {"name": name, "image": image(settings), "imagePullPolicy": "IfNotPresent", **fields,
+            "resources": resources(name, settings),
             "securityContext": security.container_context()}  # fmt: skip
 
 
@@ -170,7 +174,7 @@ def _pod(kind: str, args: list[str], settings: KubernetesConfig) -> dict[str, An
     ports = [{"name": "http" if kind == "gateway" else "grpc", "containerPort": served}]
     if kind != "gateway":
         ports.append({"name": "metrics", "containerPort": METRICS_PORT})
-        if _tls(settings):
+        if tls_on(settings):
             ports.append({"name": "health", "containerPort": HEALTH_PORT})
     if "--kv-port" in args:
         ports.append({"name": "kv", "containerPort": KV_PORT})
@@ -199,7 +203,7 @@ def _pod(kind: str, args: list[str], settings: KubernetesConfig) -> dict[str, An
     if kind in ENGINES:
         mounts.append({"name": "shm", "mountPath": "/dev/shm"})
         volumes.append({"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM}})
-    if _tls(settings):
+    if tls_on(settings):
         mount, volume = tls.volume(settings.tls_secret)
         mounts.append(mount)
         volumes.append(volume)
@@ -254,13 +258,16 @@ def _objects(kind: str, args: list[str], settings: KubernetesConfig) -> list[dic
     if kind != "gateway":
         # Headless: its DNS name and EndpointSlices list the pods themselves.
         service_spec["clusterIP"] = "None"
+        # Named, for a ServiceMonitor (the gateway serves /metrics on its own port).
+        service_spec["ports"].append({"name": "metrics", "port": METRICS_PORT,
+                                      "targetPort": METRICS_PORT})  # fmt: skip
     objects = [
         {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
             "metadata": {
                 **_meta(name, kind, settings),
-                "annotations": security.skips(_image(settings), _token(kind, settings)),
+                "annotations": security.skips(image(settings), _token(kind, settings)),
             },
             "spec": {
                 "replicas": replicas,
@@ -285,20 +292,6 @@ def _objects(kind: str, args: list[str], settings: KubernetesConfig) -> list[dic
         objects.append({"apiVersion": "v1", "kind": "ServiceAccount",
                         "metadata": _meta(name, kind, settings),
                         "automountServiceAccountToken": False})  # fmt: skip
-    if autoscale := _counts(settings, "autoscale").get(kind):
-        objects.append({
-            "apiVersion": "autoscaling/v2",
-            "kind": "HorizontalPodAutoscaler",
-            "metadata": _meta(name, kind, settings),
-            "spec": {
-                "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
-                "minReplicas": replicas,
-                "maxReplicas": autoscale,
-                "metrics": [{"type": "Resource", "resource": {
-                    "name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80},
-                }}],
-            },
-        })  # fmt: skip
     return objects
 
 
@@ -340,12 +333,6 @@ def _scaled(settings: KubernetesConfig) -> list[str]:
 def _check_planner(settings: KubernetesConfig) -> None:
     """Refuses what the planner cannot do beside the rest of the manifests."""
     scaled = _scaled(settings)
-    if fought := sorted(set(_counts(settings, "autoscale")) & set(scaled)):
-        raise ValueError(
-            f"--autoscale {', '.join(fought)}: with --planner slo the planner sets the "
-            f"replicas of {', '.join(scaled)}, and a HorizontalPodAutoscaler on the same "
-            "Deployment would undo its changes (as it would the autoscaler's)"
-        )
     for option in ("--min-replicas", "--max-replicas"):
         given = getattr(settings.planner, option.removeprefix("--").replace("-", "_"))
         if unknown := sorted(set(role_counts(given, option)) - set(scaled)):
@@ -413,7 +400,7 @@ def _planner(settings: KubernetesConfig) -> list[dict[str, Any]]:
         "kind": "Deployment",
         "metadata": {
             **_meta(name, PLANNER, settings),
-            "annotations": security.skips(_image(settings), token),
+            "annotations": security.skips(image(settings), token),
         },
         "spec": {
             "replicas": 1,
@@ -456,7 +443,7 @@ def stages(settings: KubernetesConfig) -> dict[str, list[str]]:
 def manifests(settings: KubernetesConfig) -> list[dict[str, Any]]:
     """The mesh's Kubernetes objects."""
     planned = stages(settings)
-    for what in ("replicas", "gpus", "autoscale"):
+    for what in ("replicas", "gpus"):
         unknown = sorted(set(_counts(settings, what)) - set(planned))
         if unknown:
             raise ValueError(
@@ -479,14 +466,30 @@ def manifests(settings: KubernetesConfig) -> list[dict[str, Any]]:
         settings.discovery,
         settings.consul,
         settings.metrics_namespace,
-        _tls(settings),
+        tls_on(settings),
         _labels(PLANNER, settings) if planner else None,
     )
-    return [security.namespace(settings.namespace, enforce), *access, *objects, *policies]
+    monitor = [_service_monitor(settings)] if settings.service_monitor else []
+    return [security.namespace(settings.namespace, enforce), *access, *objects, *policies,
+            *monitor]  # fmt: skip
+
+
+def _service_monitor(settings: KubernetesConfig) -> dict[str, Any]:
+    """Prometheus scrapes each Service's `metrics` port, and the gateway's `http` one."""
+    labels = {"app.kubernetes.io/name": "prism", "app.kubernetes.io/instance": settings.name}
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": {"name": settings.name, "namespace": settings.namespace, "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "endpoints": [{"port": name, "path": "/metrics"} for name in ("metrics", "http")],
+        },
+    }
 
 
 def _counts(settings: KubernetesConfig, what: str) -> dict[str, int]:
-    """`--replicas`, `--gpus` or `--autoscale` (`what`): STAGE → N."""
+    """`--replicas` or `--gpus` (`what`): STAGE → N."""
     out = {}
     for value in getattr(settings, what):
         role, sep, count = value.partition("=")
@@ -496,7 +499,7 @@ def _counts(settings: KubernetesConfig, what: str) -> dict[str, int]:
     return out
 
 
-def _image(settings: KubernetesConfig) -> str:
+def image(settings: KubernetesConfig) -> str:
     return settings.image or IMAGE
 
 
