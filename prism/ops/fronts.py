@@ -19,7 +19,7 @@ from prism.config.processor import ProcessorConfig
 from prism.modes import MeshRole
 from prism.ops.stage_process import StageProcess, grpc_stage, http_ok
 from prism.rpc.channel import check_health
-from prism.rpc.ports import ensure_free
+from prism.rpc.ports import claim
 from prism.runtime.ports import free_port
 
 # The most fronts `--front-workers 0` starts: each holds a router, caches and a tokenizer.
@@ -122,15 +122,18 @@ def plan(
     return shared
 
 
-def ensure_ports_free(config: MeshConfig) -> None:
-    """Refuses (PortInUse) the mesh's doors where another process listens: checked before
-    any stage starts, since the fronts that share their ports (SO_REUSEPORT) would share
-    them with another mesh's too."""
+def claim_ports(config: MeshConfig) -> list[int | None]:
+    """Refuses (PortInUse) the mesh's doors where another process listens or another mesh
+    has claimed them, and claims them for this one (the locks' descriptors, held for the
+    launcher's life): checked before any stage starts, since the fronts that share their
+    ports (SO_REUSEPORT) would share them with another mesh's too."""
     grpc_host = config.serve.grpc_host or config.serve.host
     http_host = config.http.http_host or config.serve.host
-    ensure_free("gRPC API", grpc_host, config.serve.grpc_port)
-    ensure_free("HTTP", http_host, config.http.http_port)
-    ensure_free("KServe gRPC", http_host, config.gateway.kserve_grpc_port)
+    return [
+        claim("gRPC API", grpc_host, config.serve.grpc_port),
+        claim("HTTP", http_host, config.http.http_port),
+        claim("KServe gRPC", http_host, config.gateway.kserve_grpc_port),
+    ]
 
 
 def _shared_store(config: MeshConfig, workers: int, http: HttpConfig) -> GatewayConfig:

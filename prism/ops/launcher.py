@@ -306,7 +306,7 @@ def run(config: MeshConfig) -> int:
     planned = config.planner.planner != "none"
     try:
         check_model(config.model.model)
-        fronts.ensure_ports_free(config)
+        claimed = fronts.claim_ports(config)
         stages, starting = scaling.plan_mesh(config) if planned else (plan(config),) * 2
     except (ValueError, PortInUse) as exc:
         say(str(exc))
@@ -347,3 +347,5 @@ def run(config: MeshConfig) -> int:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(config.serve.status_file)
         mesh.stop()
+        for fd in (fd for fd in claimed if fd is not None):
+            os.close(fd)

@@ -6,7 +6,11 @@ the first one's connections."""
 from __future__ import annotations
 
 import errno
+import fcntl
+import os
 import socket
+import tempfile
+from pathlib import Path
 
 
 class PortInUse(OSError):
@@ -43,3 +47,30 @@ def ensure_free(door: str, host: str, port: int) -> None:
                 if exc.errno == errno.EADDRINUSE:
                     raise PortInUse(door, host, port) from None
                 raise
+
+
+def claim(door: str, host: str, port: int) -> int | None:
+    """Checks `host`:`port` as ensure_free does and locks it among the Prism processes of
+    this machine, for the life of this one (the lock's descriptor, returned, is not
+    inherited across exec): a second mesh that checks the same address after this one's
+    check and before its fronts bind it finds it claimed (PortInUse). None where `port` is 0.
+    """
+    ensure_free(door, host, port)
+    if not port:
+        return None
+    # Every user's meshes meet here: the directory is shared as /tmp is (sticky).
+    directory = Path(tempfile.gettempdir()) / "prism-ports"
+    if not directory.exists():
+        directory.mkdir(exist_ok=True)
+        directory.chmod(0o1777)
+    path = directory / f"{host or 'any'}-{port}.lock"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except PermissionError:  # another user's lock file: flock takes a read-only descriptor
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise PortInUse(door, host, port) from None
+    return fd
