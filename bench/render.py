@@ -2,11 +2,11 @@
 
     .venv/bin/python -m bench.render            # rewrite docs/benchmarks.md
     .venv/bin/python -m bench.render --check    # exit 1 if the committed page is out of date
-    .venv/bin/python -m bench.render --figures  # also redraw the image load's figures
+    .venv/bin/python -m bench.render --figures  # also redraw every figure beside it
 
-Every section comes from its record in bench/results/ (bench.lib.results.RECORDS), with
-the notes written by hand for it in bench/notes/; a bench writes its record and renders
-the page again itself. Nothing is run.
+Every section comes from its record in bench/results/ (bench.lib.results.RECORDS), and
+links the notes written by hand for it in bench/notes/ rather than pasting them; a bench
+writes its record and renders the page again itself. Nothing is run.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from bench.lib.plots import draw
-from bench.lib.report import page
+from bench.lib.report import figures, page
 from bench.lib.results import records
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         return 0
     args.out.write_text(text)
-    if args.figures and "image" in shown:
-        draw(args.out.parent, shown["image"]["rows"])
+    if args.figures:
+        figures(args.out.parent, shown)
     return 0
 
 

@@ -4,21 +4,66 @@ goal."""
 
 from __future__ import annotations
 
-from bench.lib.sections.common import NOTES, setting, table
+from dataclasses import dataclass
+
+from bench.lib.sections.common import notes_link, setting, table
 from bench.lib.shapes import ANCHOR, TAX, slug
 from bench.lib.stats import shape_pairs, suffix
 
 # The goals of docs/benchmarks.md, each checked where it was measured.
 RPS_GOAL, TTFT_GOAL_MS, TAX_GOAL = 1.0, 2.0, 0.8
+# Each server as the page names it beside a Prism mode.
+NAMES = {ANCHOR: "vllm serve", "dynamo_agg": "Dynamo aggregated", "dynamo_pd": "Dynamo P/D",
+         "dynamo_e_pd": "Dynamo E/PD", "vllm_pd": "vLLM P/D (NixlConnector + proxy)",
+         "epd": "Prism EPD"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Goal:
+    """A Prism mode beside another server, against its goal: the requests/s ratio and the
+    TTFT p50 difference (ms) at each level, None where the record has none."""
+
+    mode: str
+    other: str
+    rps: dict[int, float | None]
+    ttft: dict[int, float | None]
+    goal: str
+    met: bool
+
+    @property
+    def beside(self) -> str:
+        return NAMES.get(self.other, self.other)
+
+
+def goals(result: dict) -> list[Goal]:
+    """Each Prism mode of `result` (a serve.py record) beside the anchor of its shape, and
+    each split mode beside EPD, with its goal and whether the record meets it."""
+    levels = sorted({r["concurrency"] for r in result["rows"]})
+    low, top = levels[0], levels[-1]
+    found = []
+    for mode, other in shape_pairs(result["rows"]):
+        # `vllm serve` is of EPD's shape alone.
+        if other == ANCHOR and mode != "epd":
+            continue
+        name = f"{slug(mode)}_vs_{slug(other)}"
+        rps = {c: result.get(f"{name}_rps_ratio{suffix(c, top)}") for c in levels}
+        ttft = {c: result.get(f"{slug(mode)}_minus_{slug(other)}_ttft_p50_ms{suffix(c, top)}")
+                for c in levels}  # fmt: skip
+        if mode in TAX and other in TAX[mode]:
+            goal = f"req/s at c={top} ≥ {TAX_GOAL:.1f}x EPD"
+            met = rps[top] is not None and rps[top] >= TAX_GOAL
+        else:
+            goal = f"req/s at c={top} ≥ {RPS_GOAL:.1f}x; TTFT p50 at c={low} ≤ +{TTFT_GOAL_MS:g} ms"
+            met = (rps[top] or 0) >= RPS_GOAL and (
+                ttft[low] if ttft[low] is not None else 1e9
+            ) <= TTFT_GOAL_MS
+        found.append(Goal(mode, other, rps, ttft, goal, met))
+    return found
 
 
 def anchors_section(result: dict) -> str:
     """Each Prism mode beside the anchors of its shape, and the disaggregation tax."""
-    names = {ANCHOR: "vllm serve", "dynamo_agg": "Dynamo aggregated", "dynamo_pd": "Dynamo P/D",
-             "dynamo_e_pd": "Dynamo E/PD", "vllm_pd": "vLLM P/D (NixlConnector + proxy)",
-             "epd": "Prism EPD"}  # fmt: skip
     levels = sorted({r["concurrency"] for r in result["rows"]})
-    top = max(levels)
     lines = [
         "## Beside NVIDIA Dynamo and vLLM's own P/D", "",
         setting(result, "one 64x48 image").replace("`make bench`", "`make bench-anchors`"), "",
@@ -35,33 +80,15 @@ def anchors_section(result: dict) -> str:
         + " | ".join(f"TTFT p50 ms c={c}" for c in levels) + " | goal | met |",
         "|---|---|" + "---:|" * (2 * len(levels)) + "---|---|",
     ]  # fmt: skip
-    for mode, other in shape_pairs(result["rows"]):
-        # `vllm serve` is of EPD's shape alone.
-        if other == ANCHOR and mode != "epd":
-            continue
-        name = f"{slug(mode)}_vs_{slug(other)}"
-        rps = [result.get(f"{name}_rps_ratio{suffix(c, top)}") for c in levels]
-        ttft = [result.get(f"{slug(mode)}_minus_{slug(other)}_ttft_p50_ms{suffix(c, top)}")
-                for c in levels]  # fmt: skip
-        if mode in TAX and other in TAX[mode]:
-            goal = f"req/s at c={top} ≥ {TAX_GOAL:.1f}x EPD"
-            met = rps[-1] is not None and rps[-1] >= TAX_GOAL
-        else:
-            goal = (
-                f"req/s at c={top} ≥ {RPS_GOAL:.1f}x; "
-                f"TTFT p50 at c={levels[0]} ≤ +{TTFT_GOAL_MS:g} ms"
-            )
-            met = (rps[-1] or 0) >= RPS_GOAL and (
-                ttft[0] if ttft[0] is not None else 1e9
-            ) <= TTFT_GOAL_MS
+    for goal in goals(result):
         lines.append(
-            f"| {mode} | {names.get(other, other)} | "
-            + " | ".join("" if v is None else f"{v:.2f}" for v in rps)
+            f"| {goal.mode} | {goal.beside} | "
+            + " | ".join("" if v is None else f"{v:.2f}" for v in goal.rps.values())
             + " | "
-            + " | ".join("" if v is None else f"{v:+.1f}" for v in ttft)
-            + f" | {goal} | {'yes' if met else '**no**'} |"
+            + " | ".join("" if v is None else f"{v:+.1f}" for v in goal.ttft.values())
+            + f" | {goal.goal} | {'yes' if goal.met else '**no**'} |"
         )
     if result.get("not_run"):
         lines += ["", "Not run here: " + "; ".join(result["not_run"]) + "."]
-    lines += ["", (NOTES / "anchors.md").read_text()]
+    lines += ["", *notes_link("anchors.md")]
     return "\n".join(lines) + "\n"

@@ -1,5 +1,5 @@
-"""What more than one section of docs/benchmarks.md uses: the notes written by hand beside
-them, the serving table and its setting, and the planners' replicas and figures."""
+"""What more than one section of docs/benchmarks.md uses: the link to the notes written by
+hand beside them, the serving table and its setting, and the figures' names."""
 
 from __future__ import annotations
 
@@ -8,8 +8,18 @@ from pathlib import Path
 from bench.lib.shapes import ANCHOR, ANCHORS, SAME_ENGINE, slug
 from bench.lib.stats import suffix
 
-# What the results show and why, written by hand: one file per section that has notes.
+# What the results show and why, written by hand: one file per section that has notes,
+# linked from the page rather than pasted into it, so that every figure on the page is one
+# a record holds.
 NOTES = Path(__file__).resolve().parents[2] / "notes"
+
+
+def notes_link(name: str) -> list[str]:
+    """The line that links a section to its notes, bench/notes/`name` (none if absent)."""
+    if not (NOTES / name).exists():
+        return []
+    path = f"bench/notes/{name}"
+    return [f"Notes on these runs (a lab notebook, figures typed by hand): [{path}](../{path})"]
 
 
 def table(result: dict) -> list[str]:
@@ -69,4 +79,17 @@ PLANNER_FIGURES = {
     "planner": "benchmarks-planner.png",
     "planner_vllm": "benchmarks-planner-vllm.png",
     "planner_dynamo": "benchmarks-planner-dynamo.png",
+}
+# The planner records as the summary and its figure name them.
+PLANNER_TITLES = {
+    "planner": "simulated workers",
+    "planner_vllm": "vLLM engines",
+    "planner_dynamo": "P/D, beside Dynamo's planner",
+}
+# The summary's figures, beside the page: one per comparison the image load's does not draw.
+SUMMARY_FIGURES = {
+    "anchors": "benchmarks-anchors.png",
+    "scale": "benchmarks-scale.png",
+    "routing": "benchmarks-routing.png",
+    "planners": "benchmarks-planners.png",
 }

@@ -1,23 +1,23 @@
-"""bench/serve.py's sections, the page's first: the image load with its figures and notes,
-then the video and audio loads."""
+"""bench/serve.py's sections, the first after the summary: the image load with its figures
+and the link to its notes, then the video and audio loads."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from bench.lib.plots import FIGURES
-from bench.lib.sections.common import NOTES, setting, table
+from bench.lib.sections.common import notes_link, setting, table
 from bench.lib.shapes import AUDIO_RATE, AUDIO_SECONDS, VIDEO_FPS, VIDEO_FRAMES
 
 
 def loads_section(results: dict[str, dict[str, Any]]) -> list[str]:
-    """The image load (with its figures and notes), then the video and audio loads, as
-    lines."""
+    """The image load (with its figures and the link to its notes), then the video and
+    audio loads, as lines."""
     lines = []
     if image := results.get("image"):
-        lines += [setting(image, "one 64x48 image"), "", *table(image), ""]
+        lines += ["## Image load", "", setting(image, "one 64x48 image"), "", *table(image), ""]
         lines += [*(f"![{label}](benchmarks-{name}.png)" for _, label, name in FIGURES), ""]
-        lines += [(NOTES / "image.md").read_text()]
+        lines += [*notes_link("image.md"), ""]
     media = {
         "video": (
             f"one {VIDEO_FRAMES}-frame 64x48 MP4 video (MPEG-4, {VIDEO_FPS:g} frames a "

@@ -3,7 +3,7 @@ planner beside fixed splits on a step load."""
 
 from __future__ import annotations
 
-from bench.lib.sections.common import NOTES, PLANNER_FIGURES, mean_replicas
+from bench.lib.sections.common import PLANNER_FIGURES, mean_replicas, notes_link
 
 
 def planner_section(result: dict) -> str:
@@ -55,9 +55,7 @@ def planner_section(result: dict) -> str:
         f"![replicas over time]({planner_figure(result)})",
         "",
     ]
-    notes = NOTES / ("planner-vllm.md" if real else "planner.md")
-    if notes.exists():
-        lines.append(notes.read_text())
+    lines += [*notes_link("planner-vllm.md" if real else "planner.md"), ""]
     return "\n".join(lines)
 
 

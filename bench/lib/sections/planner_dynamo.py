@@ -3,7 +3,7 @@ and its cells."""
 
 from __future__ import annotations
 
-from bench.lib.sections.common import NOTES, PLANNER_FIGURES, mean_replicas
+from bench.lib.sections.common import PLANNER_FIGURES, mean_replicas, notes_link
 
 
 def planner_dynamo_section(result: dict) -> str:
@@ -60,9 +60,7 @@ def planner_dynamo_section(result: dict) -> str:
             f"| {mean_replicas(row):.2f} |"
         )
     lines += ["", f"![replicas over time]({PLANNER_FIGURES['planner_dynamo']})", ""]
-    notes = NOTES / "planner-dynamo.md"
-    if notes.exists():
-        lines.append(notes.read_text())
+    lines += [*notes_link("planner-dynamo.md"), ""]
     return "\n".join(lines)
 
 

@@ -3,7 +3,9 @@ bars, and what a front node of more cores would serve."""
 
 from __future__ import annotations
 
-from bench.lib.sections.common import NOTES
+from dataclasses import dataclass
+
+from bench.lib.sections.common import notes_link
 
 
 def scale_section(result: dict) -> str:
@@ -40,17 +42,43 @@ def scale_section(result: dict) -> str:
         )
     lines += scale_bars(result)
     lines += scale_model(result)
-    lines += ["", (NOTES / "scale.md").read_text()]
-    lines.append("")
+    lines += ["", *notes_link("scale.md"), ""]
     return "\n".join(lines)
 
 
-def scale_bars(result: dict) -> list[str]:
-    """Each Prism front against the bars: requests/s at least Dynamo's at the lowest level
-    and 0.6x at the highest, TTFT p99 at most 2x Dynamo's at the highest, no failure."""
+# The bars against Dynamo: requests/s at least LOW_BAR of Dynamo's at the lowest level and
+# TOP_BAR at the highest, TTFT p99 at most TTFT_BAR of Dynamo's at the highest, no failure.
+LOW_BAR, TOP_BAR, TTFT_BAR = 1.0, 0.6, 2.0
+
+
+@dataclass(frozen=True)
+class Bars:
+    """One Prism front against Dynamo's, at the lowest and highest level of streams."""
+
+    front: str
+    low: int
+    top: int
+    low_rps: float
+    top_rps: float
+    ttft: float
+    failed: int
+
+    @property
+    def met(self) -> bool:
+        return (
+            self.low_rps >= LOW_BAR
+            and self.top_rps >= TOP_BAR
+            and self.ttft <= TTFT_BAR
+            and not self.failed
+        )
+
+
+def front_bars(result: dict) -> list[Bars]:
+    """Each Prism front of `result` (bench/scale.py's record) that the record has Dynamo's
+    ratios for, against the bars."""
     rows = result["rows"]
     low, top = min(r["streams"] for r in rows), max(r["streams"] for r in rows)
-    lines = []
+    found = []
     for front in dict.fromkeys(r["front"] for r in rows if r["front"] != "dynamo"):
         low_rps = result.get(f"{front}_vs_dynamo_rps_ratio_s{low}")
         top_rps = result.get(f"{front}_vs_dynamo_rps_ratio_s{top}")
@@ -58,12 +86,19 @@ def scale_bars(result: dict) -> list[str]:
         if low_rps is None or top_rps is None or ttft is None:
             continue
         failed = sum(r["failures"] for r in rows if r["front"] == front)
-        met = low_rps >= 1.0 and top_rps >= 0.6 and ttft <= 2.0 and not failed
-        lines.append(
-            f"- {front}: {low_rps:.2f}x Dynamo's requests/s at {low} streams (bar 1.0), "
-            f"{top_rps:.2f}x at {top} (bar 0.6), TTFT p99 {ttft:.2f}x at {top} (bar 2), "
-            f"{failed} failed (bar 0): {'met' if met else '**not met**'}."
-        )
+        found.append(Bars(front, low, top, low_rps, top_rps, ttft, failed))
+    return found
+
+
+def scale_bars(result: dict) -> list[str]:
+    """Each Prism front against the bars, a line each."""
+    lines = [
+        f"- {b.front}: {b.low_rps:.2f}x Dynamo's requests/s at {b.low} streams (bar "
+        f"{LOW_BAR:.1f}), {b.top_rps:.2f}x at {b.top} (bar {TOP_BAR:g}), TTFT p99 {b.ttft:.2f}x "
+        f"at {b.top} (bar {TTFT_BAR:g}), {b.failed} failed (bar 0): "
+        f"{'met' if b.met else '**not met**'}."
+        for b in front_bars(result)
+    ]
     return ["", "Bars against Dynamo:", "", *lines] if lines else []
 
 
