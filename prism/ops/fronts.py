@@ -93,7 +93,8 @@ def plan(
             env=env,
         )  # fmt: skip
         return [processor, gateway]
-    argv = [*argv, *http.to_argv(), *_shared_store(config, workers, http).to_argv()]
+    gateway, store = _shared_store(config, workers)
+    argv = [*argv, *http.to_argv(), *gateway.to_argv()]
     if workers == 1:
         front = grpc_stage("front", grpc_host, [*head, "front", *model(config), *argv],
                            port=config.serve.grpc_port, reach=reach)  # fmt: skip
@@ -118,6 +119,7 @@ def plan(
         front.healthy = functools.partial(_front_healthy, own_health, doors_healthy)
         front.url = base_url
         front.env.update(env)
+        front.scratch = store
         shared.append(front)
     return shared
 
@@ -136,14 +138,16 @@ def claim_ports(config: MeshConfig) -> list[int | None]:
     ]
 
 
-def _shared_store(config: MeshConfig, workers: int, http: HttpConfig) -> GatewayConfig:
+def _shared_store(config: MeshConfig, workers: int) -> tuple[GatewayConfig, str]:
     """The gateway's flags; fronts that share the ports share one response store too (a
     follow-up reaches whichever the kernel picks), in a directory of this mesh's own that
-    only its user can read (conversations are in it)."""
+    only its user can read (conversations are in it), and that goes with the mesh: the
+    directory too, "" where there is none."""
     if workers == 1 or config.gateway.responses_store:
-        return config.gateway
-    path = os.path.join(tempfile.mkdtemp(prefix="prism-responses-"), "responses.sqlite3")
-    return dataclasses.replace(config.gateway, responses_store=path)
+        return config.gateway, ""
+    directory = tempfile.mkdtemp(prefix="prism-responses-")
+    path = os.path.join(directory, "responses.sqlite3")
+    return dataclasses.replace(config.gateway, responses_store=path), directory
 
 
 def _front_healthy(own_health: str, doors_healthy: Callable[[], bool]) -> bool:

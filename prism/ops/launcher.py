@@ -14,6 +14,7 @@ import functools
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -215,6 +216,8 @@ class Mesh:
             thread.join(timeout=max(0.1, deadline - time.monotonic()))
         if self._gates is not None:
             self._gates.cleanup()
+        for directory in {s.scratch for s in self.stages if s.scratch}:
+            shutil.rmtree(directory, ignore_errors=True)
         if self._owns_template and self.template is not None:
             self.template.close()
 

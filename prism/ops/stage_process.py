@@ -102,6 +102,9 @@ class StageProcess:
     # whether each line of it begins with its name (not where the lines are JSON objects).
     log_level: str = "INFO"
     tag_lines: bool = True
+    # A directory of the launcher's making that the stage writes, removed once the mesh
+    # stops ("": none).
+    scratch: str = ""
     # Spawned, or forked from the launcher's template (prism.ops.template).
     process: subprocess.Popen | Forked | None = None
     progress: Progress = field(default_factory=Progress)

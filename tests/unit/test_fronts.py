@@ -49,7 +49,6 @@ def test_fronts_share_the_ports_and_the_bound_and_have_their_own_health():
     (store,) = {tuple(flag(stage.argv, "--responses-store")) for stage in shared}
     directory = os.path.dirname(store[0])
     assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
-    os.rmdir(directory)
     health_ports = {flag(stage.argv, "--health-port")[0] for stage in shared}
     metrics = {stage.metrics_url for stage in shared}
     assert len(health_ports) == len(metrics) == 3
@@ -57,6 +56,9 @@ def test_fronts_share_the_ports_and_the_bound_and_have_their_own_health():
     status = launcher.endpoints(config, launcher.Mesh(stages))
     assert status["grpc"] == shared[0].address
     assert [s["role"] for s in status["stages"]][-3:] == ["front"] * 3
+    # The store goes with the mesh (conversations are in it).
+    launcher.Mesh(stages).stop()
+    assert not os.path.exists(directory)
 
 
 def test_one_front_keeps_its_name_and_the_whole_bound():
