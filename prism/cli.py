@@ -64,6 +64,13 @@ def _model_parser(sub: argparse._SubParsersAction) -> None:
         help="with --family; small: a larger language model, for benchmarks where prefill "
         "should cost",
     )  # fmt: skip
+    lora = model_sub.add_parser(
+        "build-lora", help="write a random LoRA adapter of a checkpoint (PEFT's format)"
+    )
+    lora.add_argument("--base", required=True, help="the checkpoint's directory")
+    lora.add_argument("--out", required=True, help="directory to write the adapter to")
+    lora.add_argument("--rank", type=int, default=8, help="the adapter's rank")
+    lora.add_argument("--seed", type=int, default=0, help="seed of the random weights")
 
 
 def _health_parser(sub: argparse._SubParsersAction) -> None:
@@ -240,19 +247,22 @@ def _deploy(args: argparse.Namespace) -> int:
 
 
 def _build_model(args: argparse.Namespace) -> int:
-    """`prism model build`: a random-weight checkpoint."""
+    """`prism model build`: a random-weight checkpoint; `build-lora`: an adapter of one."""
     from pathlib import Path
 
+    from prism.devtools.lora import build_lora
     from prism.devtools.presets import build_preset
     from prism.devtools.tiny_models import build
 
     try:
-        if args.preset:
+        if args.model_command == "build-lora":
+            print(build_lora(Path(args.base), Path(args.out), rank=args.rank, seed=args.seed))
+        elif args.preset:
             print(build_preset(args.preset, Path(args.out), seed=args.seed))
         else:
             print(build(args.family, Path(args.out), seed=args.seed, size=args.size))
     except ValueError as exc:
-        raise SystemExit(f"prism model build: {exc}") from None
+        raise SystemExit(f"prism model {args.model_command}: {exc}") from None
     return 0
 
 

@@ -73,11 +73,21 @@ def lay_out(
     return tokens, spans
 
 
-def prompt_keys(token_ids: Sequence[int], media: Sequence[MediaSpan], block_size: int) -> list[int]:
-    """The keys of a prompt's full blocks, first to last. `media` lie in order, as the
-    engine lays them out."""
+def root_key(adapter: str = "") -> int:
+    """The parent of a prompt's first block: one chain per LoRA adapter (`adapter`, its
+    name; "" for the base model), as vLLM keys an adapter's blocks by its name."""
+    if not adapter:
+        return _ROOT
+    return int.from_bytes(hashlib.blake2b(adapter.encode(), digest_size=8).digest(), "little")
+
+
+def prompt_keys(
+    token_ids: Sequence[int], media: Sequence[MediaSpan], block_size: int, adapter: str = ""
+) -> list[int]:
+    """The keys of a prompt's full blocks, first to last, under the LoRA `adapter` ("" for
+    the base model). `media` lie in order, as the engine lays them out."""
     keys: list[int] = []
-    parent = _ROOT
+    parent = root_key(adapter)
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         end = start + block_size
         held = [
@@ -110,13 +120,15 @@ class EngineBlocks:
         token_ids: Sequence[int],
         block_size: int,
         media: Sequence[Sequence[MediaKey]],
+        adapter: str = "",
     ) -> list[int]:
         """Blocks the engine cached: vLLM's `hashes` of consecutive blocks whose tokens
-        are `token_ids`, after the block vLLM hashed `parent` (None at the prompt's start),
-        with each block's `media` (empty, or one entry per block). Returns the keys newly
-        held. Blocks after a parent not held cannot be keyed, and are left out."""
+        are `token_ids`, after the block vLLM hashed `parent` (None at the prompt's start,
+        under the LoRA `adapter`, "" for the base model), with each block's `media` (empty,
+        or one entry per block). Returns the keys newly held. Blocks after a parent not
+        held cannot be keyed, and are left out."""
         if parent is None:
-            key = _ROOT
+            key = root_key(adapter)
         elif parent in self._keys:
             key = self._keys[parent]
         else:

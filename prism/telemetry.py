@@ -108,6 +108,9 @@ PROMPT_TOKENS = Counter("prism_prompt_tokens", "Prompt tokens of answered reques
 COMPLETION_TOKENS = Counter(
     "prism_completion_tokens", "Tokens generated for answered requests", ["endpoint"]
 )
+LORA_REQUESTS = Counter(
+    "prism_lora_requests", "Requests for a LoRA adapter, by its name", ["adapter"]
+)
 FIRST_TOKEN_DIVERGENCES = Counter(
     "prism_first_token_divergences",
     "P/D requests whose decode drew another first token than their prefill (both seeded "

@@ -25,6 +25,7 @@ from prism.config.encoder import EncoderConfig
 from prism.config.engine import EngineConfig, WorkerConfig
 from prism.config.flags import Flags, flag, nested
 from prism.config.gateway import GatewayConfig, HttpConfig
+from prism.config.lora import LoraConfig
 from prism.config.planner import PlannerConfig
 from prism.config.processor import ProcessorConfig
 from prism.config.registry import ConnectConfig, PeersConfig, RegistryConfig
@@ -117,6 +118,7 @@ class MeshConfig(Flags):
     tools: ToolsConfig = nested(ToolsConfig)
     reasoning: ReasoningConfig = nested(ReasoningConfig)
     planner: PlannerConfig = nested(PlannerConfig)
+    lora: LoraConfig = nested(LoraConfig)
     tls: TlsConfig = nested(TlsConfig)
     # Every stage takes it too (the static registry: the launcher's --peer entries).
     registry: RegistryConfig = nested(RegistryConfig)
@@ -181,6 +183,7 @@ class ProcessorStageConfig(ModelStageConfig):
     tools: ToolsConfig = nested(ToolsConfig)
     reasoning: ReasoningConfig = nested(ReasoningConfig)
     peers: PeersConfig = nested(PeersConfig)
+    lora: LoraConfig = nested(LoraConfig)
 
 
 @dataclass

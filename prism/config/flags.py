@@ -36,6 +36,9 @@ class Flag:
     group: str | None
     # The least value it takes: refused below, on the command line and in code alike.
     minimum: int | None = None
+    # A list flag that takes several values at once as well as repeated (vLLM's
+    # `--lora-modules a=X b=Y`).
+    several: bool = False
 
 
 def flag(
@@ -50,9 +53,10 @@ def flag(
     secret: bool = False,
     group: str | None = None,
     minimum: int | None = None,
+    several: bool = False,
 ) -> Any:
     """A field and its flag, `--NAME-OF-FIELD` (after `aliases`); no default: required."""
-    spec = Flag(help, aliases, choices, metavar, always, secret, group, minimum)
+    spec = Flag(help, aliases, choices, metavar, always, secret, group, minimum, several)
     return dataclasses.field(default=default, default_factory=factory, metadata={_FLAG: spec})
 
 
@@ -81,6 +85,8 @@ def _argument(field: dataclasses.Field, kind: Any, default: Any) -> dict[str, An
     if kind is bool:
         return keywords | {"action": "store_true"}
     if typing.get_origin(kind) is list:
+        if spec.several:
+            return keywords | {"action": "extend", "nargs": "+", "default": default}
         return keywords | {"action": "append", "default": default}
     if default is dataclasses.MISSING:
         keywords["required"] = True

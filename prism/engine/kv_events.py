@@ -138,10 +138,13 @@ def changes(
     change = kv_events_pb2.SubscribeResponse()
     for event in events:
         if isinstance(event, BlockStored) and event.medium in _SERVED_MEDIA:
-            media = [[tuple(key) for key in keys or ()] for keys in event.extra_keys or ()]
+            # Each block's media as (identifier, offset) pairs; its bare keys (the LoRA
+            # name, which roots the chain instead, a cache salt) are not media.
+            media = [[tuple(key) for key in keys or () if isinstance(key, tuple | list)]
+                     for keys in event.extra_keys or ()]  # fmt: skip
             stored = blocks.stored(
                 event.block_hashes, event.parent_block_hash, event.token_ids,
-                event.block_size, media,
+                event.block_size, media, event.lora_name or "",
             )  # fmt: skip
             change.stored.extend(stored)
         elif isinstance(event, BlockRemoved) and event.medium in _SERVED_MEDIA:

@@ -70,7 +70,7 @@ def plan(
     limit = LimitConfig(bound and max(1, bound // workers))
     argv = [*config.fetch.to_argv(), *own.to_argv(), *config.routing.to_argv(),
             *limit.to_argv(), *config.tools.to_argv(), *config.reasoning.to_argv(),
-            *peers(by_role)]  # fmt: skip
+            *config.lora.to_argv(), *peers(by_role)]  # fmt: skip
     base_url = f"http://{http.http_host}:{http.http_port}"
     kserve_port = config.gateway.kserve_grpc_port
     doors_healthy = functools.partial(

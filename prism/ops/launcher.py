@@ -28,7 +28,7 @@ from typing import IO
 from prism.config.commands import MeshConfig, ServeConfig
 from prism.ops import fronts, gpus, phases, scaling
 from prism.ops.phases import Progress
-from prism.ops.plan import check_model, plan
+from prism.ops.plan import check_lora, check_model, plan
 from prism.ops.stage_process import StageProcess, prepare_child
 from prism.ops.supervisor import Supervisor
 from prism.ops.template import Template, runs
@@ -309,6 +309,7 @@ def run(config: MeshConfig) -> int:
     planned = config.planner.planner != "none"
     try:
         check_model(config.model.model)
+        check_lora(config)
         claimed = fronts.claim_ports(config)
         stages, starting = scaling.plan_mesh(config) if planned else (plan(config),) * 2
     except (ValueError, PortInUse) as exc:

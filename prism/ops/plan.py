@@ -109,6 +109,13 @@ def check_model(model: str) -> None:
         raise ValueError(f"--model {model}: no such model directory")
 
 
+def check_lora(config: MeshConfig) -> None:
+    """Refuses malformed `--lora-modules`, and adapters without the engines' LoRA (as
+    `vllm serve --lora-modules` needs `--enable-lora`), before any stage starts."""
+    if config.lora.modules() and "--enable-lora" not in config.vllm_flags:
+        raise ValueError("--lora-modules needs --enable-lora (vLLM's engines serve adapters)")
+
+
 def _refuse_unused_counts(config: MeshConfig) -> None:
     """A replica count the mode has no role for is refused, not ignored (`--mode epd
     --prefill 3` would start one aggregated worker)."""

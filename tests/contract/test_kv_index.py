@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 from vllm import SamplingParams
+from vllm.lora.request import LoRARequest
 from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 from vllm.utils.hashing import sha256
 from vllm.v1.core.block_pool import BlockPool
@@ -37,8 +38,11 @@ def prompt(
     return tokens + list(range(50, 50 + after)), spans
 
 
-def cached_by_vllm(pool: BlockPool, tokens: list[int], spans: list[MediaSpan]) -> list:
-    """Has vLLM's block pool cache the prompt's full blocks; its events."""
+def cached_by_vllm(
+    pool: BlockPool, tokens: list[int], spans: list[MediaSpan], adapter: str = ""
+) -> list:
+    """Has vLLM's block pool cache the prompt's full blocks (computed with the LoRA
+    `adapter`, "" for none); its events."""
     features = [
         MultiModalFeatureSpec(
             data=None,
@@ -55,6 +59,7 @@ def cached_by_vllm(pool: BlockPool, tokens: list[int], spans: list[MediaSpan]) -
         None,
         mm_features=features,
         block_hasher=get_request_block_hasher(BLOCK, sha256),
+        lora_request=LoRARequest(adapter, 1, "/adapters/" + adapter) if adapter else None,
     )
     full = len(tokens) // BLOCK
     blocks = pool.get_new_blocks(full)
@@ -129,6 +134,20 @@ def test_two_images_in_one_block_and_one_across_blocks_match_as_vllm_hashed_them
     swapped = [MediaSpan("c", spans[2].offset, 2) if s.identifier == "c" else s for s in spans]
     swapped[0] = MediaSpan("z", spans[0].offset, 1)
     assert index.overlaps(prompt_keys(tokens, swapped, BLOCK), ["x"]) == {"x": 0}
+
+
+def test_blocks_cached_under_an_adapter_match_only_that_adapters_prompts():
+    """vLLM keys an adapter's blocks by its name: the same image prompt under another
+    adapter, or the base model, is no hit, and the adapter's own is a whole one."""
+    workers = Workers()
+    index = workers.index
+    tokens, spans = prompt(5, [("cat", 6)], 9)
+    workers.feed("a", cached_by_vllm(new_pool(), tokens, spans, adapter="a1"))
+    workers.feed("b", cached_by_vllm(new_pool(), tokens, spans))
+    under = {adapter: prompt_keys(tokens, spans, BLOCK, adapter) for adapter in ("", "a1", "a2")}
+    assert index.overlaps(under["a1"], ["a", "b"]) == {"a": len(under["a1"]), "b": 0}
+    assert index.overlaps(under[""], ["a", "b"]) == {"a": 0, "b": len(under[""])}
+    assert index.overlaps(under["a2"], ["a", "b"]) == {"a": 0, "b": 0}
 
 
 def test_evicted_blocks_leave_the_index_and_a_cleared_replica_holds_nothing():

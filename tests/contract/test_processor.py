@@ -18,6 +18,7 @@ from prism.modes import MODES
 from prism.proto.stage.v1 import engine_pb2
 from prism.proto.v1 import common_pb2, inference_pb2
 from prism.rpc.errors import PrismError
+from prism.services.processor.adapters import ServedModels
 from prism.services.processor.inputs import ModelInputs
 from prism.services.processor.servicer import InferenceServicer
 
@@ -68,7 +69,8 @@ class Replay:
 
         self.sampling: list[common_pb2.SamplingParams] = []
 
-    async def run(self, request_id, prompt_ids, media, sampling, call, migration_limit=0):
+    async def run(self, request_id, prompt_ids, media, sampling, call, migration_limit=0,
+                  adapter=None):  # fmt: skip
         self.requests.append((request_id, prompt_ids))
         self.media.append(media)
         self.sampling.append(sampling)
@@ -107,8 +109,9 @@ async def handle(
     pipeline = Replay(tokenizer.encode(answer, add_special_tokens=False))
     loader = MediaLoader(MediaPolicy())
     handlers = InferenceServicer(
-        tokenizer, "tiny", pipeline, loader, max_model_len=max_model_len, **servicer
-    )
+        tokenizer, ServedModels("tiny", "tiny", {}), pipeline, loader,
+        max_model_len=max_model_len, **servicer,
+    )  # fmt: skip
     results = []
     try:
         for call in calls:
@@ -306,7 +309,9 @@ def test_a_completion_takes_images_for_the_placeholders_its_prompt_holds(tokeniz
 def test_the_model_is_listed_only_while_the_stages_behind_can_serve(tokenizer):
     async def listed(ready: bool) -> list[str]:
         loader = MediaLoader(MediaPolicy())
-        handlers = InferenceServicer(tokenizer, "tiny", Replay([]), loader, max_model_len=64)
+        handlers = InferenceServicer(
+            tokenizer, ServedModels("tiny", "tiny", {}), Replay([]), loader, max_model_len=64
+        )
         handlers.ready = ready
         reply = await handlers.list_models(inference_pb2.ListModelsRequest())
         await loader.close()

@@ -200,3 +200,30 @@ def test_qwen2_audio_template_numbers_audio_parts_and_the_processor_sizes_them(
     inputs = processor(text=rendered, audio=[audio, audio], sampling_rate=rate)
     assert inputs["input_features"].shape[1:] == (128, 3000)
     assert list(inputs["input_ids"][0]).count(processor.audio_token_id) == 50
+
+
+def test_a_lora_adapter_adapts_every_language_projection_and_no_tower(checkpoint, tmp_path):
+    """`prism model build-lora`: PEFT's format, rank r, both matrices random (an adapter
+    that changes the answers), seeded, the vision tower left alone."""
+    import json
+
+    from prism.devtools.lora import TARGETS, build_lora
+
+    _, base = checkpoint
+    first = build_lora(base, tmp_path / "a", rank=4, seed=1)
+    config = json.loads((first / "adapter_config.json").read_text())
+    assert (config["peft_type"], config["r"], config["target_modules"]) == (
+        "LORA", 4, list(TARGETS)
+    )  # fmt: skip
+    with safe_open(first / "adapter_model.safetensors", "pt") as adapter:
+        keys = list(adapter.keys())
+        assert keys and not [k for k in keys if "vision" in k or "visual" in k]
+        assert {k.split(".")[-3] for k in keys} == set(TARGETS)
+        for key in keys:
+            tensor = adapter.get_tensor(key)
+            assert tensor.abs().sum() > 0
+            assert (tensor.shape[0] if "lora_A" in key else tensor.shape[1]) == 4
+    again = build_lora(base, tmp_path / "b", rank=4, seed=1)
+    other = build_lora(base, tmp_path / "c", rank=4, seed=2)
+    data = {p.name: (p / "adapter_model.safetensors").read_bytes() for p in (first, again, other)}
+    assert data["a"] == data["b"] != data["c"]

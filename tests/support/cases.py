@@ -168,6 +168,20 @@ SEEDED_CASES = {
 }
 
 
+# The LoRA adapters every shared mesh serves beside its base model (fixtures.adapters), and
+# image chats asked of the base and of each, all sent together too (test_lora): a case's
+# adapter is its sampling's "lora" ("" for the base).
+ADAPTERS = ("a1", "a2")
+LORA_CASES = {
+    f"lora_{adapter or 'base'}_{i}": (
+        "chat", user(image_part(data_url(png(700 + i))), f"{' '.join(_WORDS[i::9])}?"), 8,
+        {"lora": adapter},
+    )
+    for adapter in ("", *ADAPTERS)
+    for i in range(6)
+}  # fmt: skip
+
+
 def assert_answers_differ(expected: dict[str, dict], names: Iterable[str] = CONCURRENT_CASES):
     """The expected answers to `names` differ, so that answers handed to the wrong requests
     would not equal theirs: at most one in 32 is the same as another's (a random-weight
@@ -182,13 +196,20 @@ def cases(family: str) -> dict[str, tuple]:
     return CASES | VIDEO_CASES if family in VIDEO_FAMILIES else CASES
 
 
-def run_oracle(model: Path, tmp: Path, named: dict[str, tuple]) -> dict[str, dict]:
+def run_oracle(
+    model: Path, tmp: Path, named: dict[str, tuple], adapters: dict[str, Path] | None = None
+) -> dict[str, dict]:
+    """Offline vLLM's answer to each case of `named`, with the LoRA `adapters` (by name)
+    that cases name."""
     # A case may add sampling parameters: (kind, body, max_tokens, {"temperature": ...}).
     cases = [
         {"kind": kind, "max_tokens": max_tokens, **(sampling[0] if sampling else {})}
         | ({"messages": body} if kind == "chat" else {"prompt": body})
         for kind, body, max_tokens, *sampling in named.values()
     ]
+    for case in cases:
+        if case.get("lora"):
+            case["lora_path"] = str((adapters or {})[case["lora"]])
     cases_path = tmp / "cases.json"
     cases_path.write_text(json.dumps(cases))
     result = subprocess.run(

@@ -15,8 +15,22 @@ import pytest
 
 from prism.modes import MODES
 from support import parity
-from support.cases import CONCURRENT_CASES, FAMILIES, SEEDED_CASES, cases, run_oracle
-from support.meshes import ALLOWED_HOST, close_template, first_requests, start_mesh
+from support.cases import (
+    ADAPTERS,
+    CONCURRENT_CASES,
+    FAMILIES,
+    LORA_CASES,
+    SEEDED_CASES,
+    cases,
+    run_oracle,
+)
+from support.meshes import (
+    ALLOWED_HOST,
+    LORA_RANK,
+    close_template,
+    first_requests,
+    start_mesh,
+)
 
 
 @pytest.fixture(scope="session")
@@ -29,15 +43,28 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def oracle(models, tmp_path_factory):
+def adapters(models, tmp_path_factory) -> dict[str, dict[str, Path]]:
+    """The LoRA adapters of each family's model, by name (random, each of its own seed)."""
+    from prism.devtools.lora import build_lora
+
+    root = tmp_path_factory.mktemp("adapters")
+    return {
+        family: {name: build_lora(model, root / f"{family}-{name}", rank=LORA_RANK, seed=seed)
+                 for seed, name in enumerate(ADAPTERS, 1)}
+        for family, model in models.items()
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def oracle(models, adapters, tmp_path_factory):
     """oracle(family) -> {case name: {text, token_ids, prompt_tokens, finish_reason}}."""
     cache: dict[str, dict] = {}
 
     def get(family: str) -> dict[str, dict]:
         if family not in cache:
             tmp = tmp_path_factory.mktemp(f"o-{family}")
-            named = cases(family) | CONCURRENT_CASES | SEEDED_CASES
-            cache[family] = run_oracle(models[family], tmp, named)
+            named = cases(family) | CONCURRENT_CASES | SEEDED_CASES | LORA_CASES
+            cache[family] = run_oracle(models[family], tmp, named, adapters[family])
         return cache[family]
 
     return get
@@ -63,17 +90,20 @@ MESHES = [(family, mode) for family in FAMILIES for mode in MODES]
 @pytest.fixture(
     scope="session", params=MESHES, ids=[f"{f}-{m.replace('/', '-')}" for f, m in MESHES]
 )
-def mesh(request, models, oracle, served, tmp_path_factory):
-    """A mesh per family and mode; the family's oracle runs first (one engine at a time),
-    and `vllm serve`'s answers to the parity cases when a parity test is to run."""
+def mesh(request, models, adapters, oracle, served, tmp_path_factory):
+    """A mesh per family and mode, serving the family's LoRA adapters beside its model;
+    the family's oracle runs first (one engine at a time), and `vllm serve`'s answers to
+    the parity cases when a parity test is to run."""
     family, mode = request.param
     oracle(family)
     parity_tests = ("test_openai_parity.py", "test_grpc_parity.py", "test_responses_parity.py")
     if any(item.path.name in parity_tests for item in request.session.items):
         served(family)
     # Tool calls parsed as `vllm serve` parses them for the parity cases.
+    served_adapters = [f"{name}={path}" for name, path in adapters[family].items()]
     running = start_mesh(family, mode, models[family], tmp_path_factory.mktemp("logs"),
-                         tool_call_parser="hermes", enable_auto_tool_choice=True)  # fmt: skip
+                         tool_call_parser="hermes", enable_auto_tool_choice=True,
+                         lora_modules=served_adapters)  # fmt: skip
     running.first_outcomes = first_requests(running)
     yield running
     running.stop()

@@ -117,6 +117,12 @@ class RunningMesh:
 ENGINE_MAX_NUM_SEQS = 72
 
 
+# The engines' LoRA where a mesh serves adapters: as many at once as the tests send, of the
+# rank fixtures.adapters builds.
+LORA_RANK = 8
+LORA_FLAGS = ["--enable-lora", "--max-loras", "2", "--max-lora-rank", str(LORA_RANK)]
+
+
 def mesh_config(mode: str, model: str, **fields: Any) -> MeshConfig:
     """A MeshConfig with `fields` set by name wherever each lives (workers=2: its serve
     config's, routing="kv": its routing config's; vllm_flags: its own), or a whole config
@@ -166,7 +172,10 @@ def start_mesh(
     if config.get("engine", "vllm") == "vllm":
         # A vLLM engine argument through `prism serve` to every engine (test_metrics reads
         # it back from the running engines); above the tests' concurrency, so it limits none.
-        config.setdefault("vllm_flags", ["--max-num-seqs", str(ENGINE_MAX_NUM_SEQS)])
+        flags = ["--max-num-seqs", str(ENGINE_MAX_NUM_SEQS)]
+        if config.get("lora_modules"):
+            flags += LORA_FLAGS
+        config.setdefault("vllm_flags", flags)
     config = mesh_config(
         mode,
         str(model),

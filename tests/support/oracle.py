@@ -5,7 +5,8 @@ text with greedy sampling. Run as a subprocess (vLLM's engine wants a process of
     python tests/support/oracle.py MODEL_DIR CASES.json
 Each case is {"kind": "chat", "messages": [...]} or {"kind": "completion", "prompt": "..."},
 plus "max_tokens", and optionally "temperature" and "seed" (a seeded sample, which every
-engine draws alike) and "ignore_eos".
+engine draws alike), "ignore_eos", and "lora" with "lora_path" (the LoRA adapter to answer
+with, by its name and directory).
 """
 
 import json
@@ -21,6 +22,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 def main() -> None:
     from vllm import LLM, SamplingParams
+    from vllm.lora.request import LoRARequest
 
     model, cases_path = sys.argv[1], sys.argv[2]
     with open(cases_path) as f:
@@ -28,6 +30,9 @@ def main() -> None:
     written = json.dumps(cases)
     videos = "video_url" in written
     audios = "input_audio" in written or "audio_url" in written
+    adapters = {case["lora"]: case["lora_path"] for case in cases if case.get("lora")}
+    loras = {name: LoRARequest(name, index, path)
+             for index, (name, path) in enumerate(sorted(adapters.items()), 1)}  # fmt: skip
     llm = LLM(
         model=model,
         dtype="float32",
@@ -36,6 +41,8 @@ def main() -> None:
         | ({"video": 4} if videos else {})
         | ({"audio": 4} if audios else {}),
         seed=0,
+        # As the tests' meshes serve adapters (support.meshes.LORA_FLAGS).
+        **({"enable_lora": True, "max_lora_rank": 8, "max_loras": 2} if loras else {}),
     )
     results = []
     for case in cases:
@@ -45,10 +52,11 @@ def main() -> None:
             max_tokens=case["max_tokens"],
             ignore_eos=case.get("ignore_eos", False),
         )
+        lora = loras.get(case.get("lora", ""))
         if case["kind"] == "chat":
-            (output,) = llm.chat(case["messages"], params, use_tqdm=False)
+            (output,) = llm.chat(case["messages"], params, use_tqdm=False, lora_request=lora)
         else:
-            (output,) = llm.generate(case["prompt"], params, use_tqdm=False)
+            (output,) = llm.generate(case["prompt"], params, use_tqdm=False, lora_request=lora)
         completion = output.outputs[0]
         results.append(
             {

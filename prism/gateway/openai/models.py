@@ -1,4 +1,5 @@
-"""GET /v1/models: the processor's served models, as vLLM's OpenAI server lists them."""
+"""GET /v1/models: the processor's served models, as vLLM's OpenAI server lists them: the
+base model, and each LoRA adapter with the base as its parent."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ async def models(request: Request) -> JSONResponse:
             "object": "model",
             "created": m.created,
             "owned_by": m.owned_by,
-            "root": m.id,
+            "root": m.root or m.id,
+            "parent": m.parent or None,
             "max_model_len": m.max_model_len,
         }
         for m in reply.models

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-import grpc
 from transformers import PreTrainedTokenizerBase
 
 from prism.engine.sampling import check_structured_output, to_vllm
@@ -22,19 +21,9 @@ from prism.media.policy import MediaPolicy
 from prism.media.video import VIDEO
 from prism.modes import Mode
 from prism.proto.stage.v1 import encoder_pb2
-from prism.proto.v1 import common_pb2, errors_pb2
+from prism.proto.v1 import common_pb2
 from prism.rpc.errors import PrismError, invalid
 from prism.services.processor.inputs import ModelInputs
-
-
-def check_model(model: str, served_model_name: str) -> None:
-    if model and model != served_model_name:
-        raise PrismError(
-            grpc.StatusCode.NOT_FOUND,
-            f"The model `{model}` does not exist.",
-            reason=errors_pb2.ERROR_REASON_MODEL_NOT_FOUND,
-            param="model",
-        )
 
 
 def check_placeholders(

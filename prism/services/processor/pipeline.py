@@ -86,15 +86,16 @@ class Pipeline:
         sampling: common_pb2.SamplingParams,
         call: StageCalls,
         migration_limit: int = 0,
+        adapter: engine_pb2.LoraAdapter | None = None,
     ) -> AsyncIterator[engine_pb2.GenerateResponse]:
-        """The worker replies of one request; its stage calls go through `call`, so that
-        an Abort can cancel them. If the worker streaming it dies, the request moves to
-        another replica, up to `migration_limit` times."""
+        """The worker replies of one request (with the LoRA `adapter`, if given); its stage
+        calls go through `call`, so that an Abort can cancel them. If the worker streaming
+        it dies, the request moves to another replica, up to `migration_limit` times."""
 
         async def attempt(
             engine_id: str, prompt: list[int], resumed: common_pb2.SamplingParams
         ) -> AsyncIterator[engine_pb2.GenerateResponse]:
-            return await self._start(engine_id, prompt, media, resumed, call)
+            return await self._start(engine_id, prompt, media, resumed, call, adapter)
 
         return self.failover.migrating(
             attempt, request_id, prompt_ids, sampling, call, migration_limit
@@ -107,11 +108,12 @@ class Pipeline:
         media: PromptMedia,
         sampling: common_pb2.SamplingParams,
         call: StageCalls,
+        adapter: engine_pb2.LoraAdapter | None,
     ) -> AsyncIterator[engine_pb2.GenerateResponse]:
         """Encodes the media if the mode has an encoder (the worker encodes them where no
         encoder can: prism.services.processor.encode_fallback); then the worker replies."""
         request = engine_pb2.GenerateRequest(
-            request_id=request_id, prompt_token_ids=prompt_ids, sampling=sampling
+            request_id=request_id, prompt_token_ids=prompt_ids, sampling=sampling, adapter=adapter
         )
         if media.image_embeddings:
             # The processor admits no pixels beside them, and no videos without an encoder.
@@ -128,7 +130,7 @@ class Pipeline:
             for modality in MODALITIES:
                 files = modality.items(request.files)
                 files.extend(item.to_proto() for item in media.files(modality))
-        keys = self._keys(prompt_ids, media)
+        keys = self._keys(prompt_ids, media, request.adapter.name)
         if self.mode.disaggregated:
             return self._prefill_then_decode(request, call, keys)
         return self._generate(MeshRole.WORKER, request, call, keys)
@@ -173,15 +175,16 @@ class Pipeline:
             modality.items(embeddings).append(handle)
         return embeddings
 
-    def _keys(self, prompt_ids: list[int], media: PromptMedia) -> list[int]:
-        """The keys of the prompt's blocks that `kv` routing can know: up to its first
-        item whose tokens the processor cannot count."""
+    def _keys(self, prompt_ids: list[int], media: PromptMedia, adapter: str) -> list[int]:
+        """The keys of the prompt's blocks that `kv` routing can know (under the LoRA
+        `adapter`, "" for the base model): up to its first item whose tokens the processor
+        cannot count."""
         if self.cache_watch is None or not self.router.block_size:
             return []
         tokens, spans = lay_out(
             prompt_ids, self.inputs.placeholders, self.inputs.media_items(media)
         )
-        return prompt_keys(tokens, spans, self.router.block_size)
+        return prompt_keys(tokens, spans, self.router.block_size, adapter)
 
     def _generate(
         self,
@@ -253,6 +256,7 @@ class Pipeline:
                 prompt_token_ids=request.prompt_token_ids,
                 sampling=request.sampling,
                 kv_transfer_params=finish.kv_transfer_params,
+                adapter=request.adapter if request.HasField("adapter") else None,
             )
             if finish.HasField("layouts"):
                 decode_request.layouts.CopyFrom(finish.layouts)

@@ -18,12 +18,14 @@ from prism import logs
 from prism.engine.parsing import ChatParsing, Parsers
 from prism.media.fetch import MediaLoader
 from prism.media.prompt import PromptMedia
+from prism.proto.stage.v1 import engine_pb2
 from prism.proto.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from prism.rpc.errors import invalid
 from prism.rpc.server import InFlightLimit
 from prism.runtime.service import Service
+from prism.services.processor.adapters import ServedModels
 from prism.services.processor.chat import ChatRenderer
-from prism.services.processor.checks import check_model, check_sampling
+from prism.services.processor.checks import check_sampling
 from prism.services.processor.choice import ChoiceAnswer, RequestAnswer, Response
 from prism.services.processor.completion import CompletionRenderer
 from prism.services.processor.failover import StageCalls
@@ -38,7 +40,7 @@ class InferenceServicer:
     def __init__(
         self,
         tokenizer: PreTrainedTokenizerBase,
-        served_model_name: str,
+        models: ServedModels,
         pipeline: Pipeline,
         loader: MediaLoader,
         max_model_len: int,
@@ -52,7 +54,7 @@ class InferenceServicer:
         self._chat = ChatRenderer(tokenizer, parsers or Parsers(), inputs, loader, pipeline.mode)
         self._completion = CompletionRenderer(tokenizer, inputs, loader)
         self.migration_limit = migration_limit
-        self.served_model_name = served_model_name
+        self.models = models
         self.pipeline = pipeline
         self.max_model_len = max_model_len
         self.created = int(time.time())
@@ -73,21 +75,20 @@ class InferenceServicer:
     def chat(self, request: inference_pb2.ChatRequest) -> AsyncIterator[inference_pb2.ChatResponse]:
         request_id = request.request_id or f"chatcmpl-{uuid.uuid4().hex}"
         self._describe(request_id)
-        check_model(request.model, self.served_model_name)
+        adapter = self.models.resolve(request.model)
         prompt, parsing = self._chat.render(request, request_id)
-        return self._answer(
-            inference_pb2.ChatResponse, request_id, prompt, request.sampling, parsing=parsing
-        )
+        return self._answer(inference_pb2.ChatResponse, request_id, prompt, request.sampling,
+                            adapter, parsing=parsing)  # fmt: skip
 
     def complete(
         self, request: inference_pb2.CompleteRequest
     ) -> AsyncIterator[inference_pb2.CompleteResponse]:
         request_id = request.request_id or f"cmpl-{uuid.uuid4().hex}"
         self._describe(request_id)
-        check_model(request.model, self.served_model_name)
+        adapter = self.models.resolve(request.model)
         prompt, echo = self._completion.render(request, request_id)
         return self._answer(
-            inference_pb2.CompleteResponse, request_id, prompt, request.sampling, echo
+            inference_pb2.CompleteResponse, request_id, prompt, request.sampling, adapter, echo
         )
 
     async def list_models(
@@ -97,13 +98,9 @@ class InferenceServicer:
             # As Dynamo lists a model only once a worker has registered it: a client that
             # waits for the model to be listed is not sent in before it can be served.
             return inference_pb2.ListModelsResponse()
-        model = inference_pb2.Model(
-            id=self.served_model_name,
-            owned_by="prism",
-            created=self.created,
-            max_model_len=self.max_model_len,
+        return inference_pb2.ListModelsResponse(
+            models=self.models.listed(self.created, self.max_model_len)
         )
-        return inference_pb2.ListModelsResponse(models=[model])
 
     async def abort(self, request: inference_pb2.AbortRequest) -> inference_pb2.AbortResponse:
         calls = self._active.get(request.request_id)
@@ -119,7 +116,7 @@ class InferenceServicer:
             logs.REQUEST_ID.set(request_id)
         trace.get_current_span().set_attributes({
             "prism.request_id": logs.REQUEST_ID.get(), "prism.engine_request_id": request_id,
-            "prism.mode": self.pipeline.mode.name, "gen_ai.request.model": self.served_model_name,
+            "prism.mode": self.pipeline.mode.name, "gen_ai.request.model": self.models.name,
         })  # fmt: skip
 
     async def _answer(
@@ -128,11 +125,13 @@ class InferenceServicer:
         request_id: str,
         prompt: Awaitable[Prompt],
         sampling: common_pb2.SamplingParams,
+        adapter: engine_pb2.LoraAdapter | None,
         echo: str | None = None,
         parsing: ChatParsing | None = None,
     ) -> AsyncIterator[Response]:
-        """Chat and Complete answer alike: one message per delta of each choice. `echo`:
-        the prompt's text, which then starts each choice; `parsing`: a chat's parsers."""
+        """Chat and Complete answer alike: one message per delta of each choice, by the
+        base model or the LoRA `adapter`. `echo`: the prompt's text, which then starts
+        each choice; `parsing`: a chat's parsers."""
         prompt_ids, media = await prompt
         check_sampling(sampling, prompt_ids, self.max_model_len, self.tokenizer)
         if request_id in self._active:
@@ -141,11 +140,12 @@ class InferenceServicer:
         calls = self._active[request_id] = [StageCalls() for _ in choices]
         tally = UsageTally(len(prompt_ids), len(choices))
         answer = RequestAnswer(
-            response_type, request_id, self.served_model_name, prompt_ids, tally, echo, parsing
-        )
+            response_type, request_id, adapter.name if adapter else self.models.name, prompt_ids,
+            tally, echo, parsing,
+        )  # fmt: skip
         try:
             streams = [
-                self._choice(answer, index, engine_id, params, media, calls[index])
+                self._choice(answer, index, engine_id, params, media, calls[index], adapter)
                 for index, (engine_id, params) in enumerate(choices)
             ]
             async for response in streams[0] if len(streams) == 1 else merge(streams):
@@ -161,10 +161,11 @@ class InferenceServicer:
         sampling: common_pb2.SamplingParams,
         media: PromptMedia,
         call: StageCalls,
+        adapter: engine_pb2.LoraAdapter | None,
     ) -> AsyncIterator[Response]:
         """One choice's messages, its engine request run through the mode's pipeline."""
         replies = self.pipeline.run(
-            engine_id, answer.prompt_ids, media, sampling, call, self.migration_limit
+            engine_id, answer.prompt_ids, media, sampling, call, self.migration_limit, adapter
         )
         choice = ChoiceAnswer(answer, index, engine_id, sampling, self.tokenizer)
         return choice.stream(replies, call)

@@ -46,6 +46,7 @@ async def serve(
     from transformers import AutoTokenizer
 
     from prism.engine.parsing import Parsers
+    from prism.services.processor.adapters import ServedModels
     from prism.services.processor.servicer import InferenceServicer
 
     own, model, routing, tools = config.processor, config.model, config.routing, config.tools
@@ -71,9 +72,13 @@ async def serve(
                              tools.enable_auto_tool_choice)  # fmt: skip
     except ValueError as exc:
         raise SystemExit(f"prism processor: {exc}") from None
+    try:
+        adapters = config.lora.modules()
+    except ValueError as exc:
+        raise SystemExit(f"prism processor: {exc}") from None
     servicer = InferenceServicer(
         tokenizer,
-        served_model,
+        ServedModels(served_model, model.model, adapters),
         pipeline,
         loader,
         model.max_model_len or context_length(model.model),

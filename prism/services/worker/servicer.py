@@ -24,6 +24,7 @@ from opentelemetry.trace import Span
 
 from prism import logs, telemetry
 from prism.engine import calls
+from prism.engine.lora import LoraAdapters, LoRARequest
 from prism.engine.types import (
     AsyncLLM,
     EngineDeadError,
@@ -163,6 +164,7 @@ class EngineServicer:
     ):
         self.engine = engine
         self.role = role
+        self.loras = LoraAdapters(engine)
         self.transfer = transfer
         self.decoders = _decoders(videos, audios)
         # Running request ids -> whether an Abort came for them.
@@ -268,9 +270,10 @@ class EngineServicer:
         self._running[request_id] = False
         run = _Run()
         try:
+            lora = await self.loras.request(request.adapter.name, request.adapter.path)
             engine_input, layouts = await self.role.render(prompt)
             async with aclosing(
-                self._replies(request, engine_input, params, layouts, run)
+                self._replies(request, engine_input, params, lora, layouts, run)
             ) as replies:
                 async for reply in replies:
                     yield reply
@@ -295,6 +298,7 @@ class EngineServicer:
         request: engine_pb2.GenerateRequest,
         engine_input: Any,
         params: SamplingParams,
+        lora: LoRARequest | None,
         layouts: engine_pb2.MediaLayouts,
         run: _Run,
     ) -> AsyncIterator[engine_pb2.GenerateResponse]:
@@ -311,7 +315,9 @@ class EngineServicer:
         first = True
         generated = 0
         try:
-            async for output in self.engine.generate(engine_input, params, request_id):
+            async for output in self.engine.generate(
+                engine_input, params, request_id, lora_request=lora
+            ):
                 self._last_output = time.monotonic()
                 completion = output.outputs[0]
                 generated += len(completion.token_ids)

@@ -27,7 +27,7 @@ from prism.proto.stage.v1 import encoder_pb2 as prism_dot_stage_dot_v1_dot_encod
 from prism.proto.v1 import common_pb2 as prism_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bprism/stage/v1/engine.proto\x12\x0eprism.stage.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1cprism/stage/v1/encoder.proto\x1a\x15prism/v1/common.proto\"\xc7\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12*\n\x08sampling\x18\x03 \x01(\x0b\x32\x18.prism.v1.SamplingParams\x12+\n\x05\x66iles\x18\x04 \x01(\x0b\x32\x1a.prism.stage.v1.MediaFilesH\x00\x12\x35\n\nembeddings\x18\x05 \x01(\x0b\x32\x1f.prism.stage.v1.MediaEmbeddingsH\x00\x12/\n\x07layouts\x18\x07 \x01(\x0b\x32\x1c.prism.stage.v1.MediaLayoutsH\x00\x12<\n\x12kv_transfer_params\x18\x06 \x01(\x0b\x32 .prism.stage.v1.KvTransferParamsB\x07\n\x05media\"o\n\nMediaFiles\x12\x1f\n\x06images\x18\x01 \x03(\x0b\x32\x0f.prism.v1.Image\x12\x1f\n\x06videos\x18\x02 \x03(\x0b\x32\x0f.prism.v1.Video\x12\x1f\n\x06\x61udios\x18\x03 \x03(\x0b\x32\x0f.prism.v1.Audio\"\x95\x01\n\x0cMediaLayouts\x12+\n\x06images\x18\x01 \x03(\x0b\x32\x1b.prism.stage.v1.MediaLayout\x12+\n\x06videos\x18\x02 \x03(\x0b\x32\x1b.prism.stage.v1.MediaLayout\x12+\n\x06\x61udios\x18\x03 \x03(\x0b\x32\x1b.prism.stage.v1.MediaLayout\"\xb9\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12,\n\x05\x66irst\x18\x02 \x01(\x0b\x32\x1b.prism.stage.v1.PromptUsageH\x00\x12&\n\x04last\x18\x03 \x01(\x0b\x32\x16.prism.stage.v1.FinishH\x00\x12\x30\n\x08logprobs\x18\x04 \x03(\x0b\x32\x1e.prism.stage.v1.EngineLogprobsB\n\n\x08position\"C\n\x0e\x45ngineLogprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0c\n\x04rank\x18\x03 \x01(\r\"t\n\x0bPromptUsage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\x12\x37\n\x0fprompt_logprobs\x18\x03 \x03(\x0b\x32\x1e.prism.stage.v1.EngineLogprobs\"\x9d\x01\n\x06\x46inish\x12&\n\x06reason\x18\x01 \x01(\x0e\x32\x16.prism.v1.FinishReason\x12<\n\x12kv_transfer_params\x18\x02 \x01(\x0b\x32 .prism.stage.v1.KvTransferParams\x12-\n\x07layouts\x18\x03 \x01(\x0b\x32\x1c.prism.stage.v1.MediaLayouts\"\x82\x02\n\x14GenerateBatchRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\x30\n\x05start\x18\x02 \x01(\x0b\x32\x1f.prism.stage.v1.GenerateRequestH\x00\x12&\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\x14.prism.v1.CallCancelH\x00\x12\x44\n\x08metadata\x18\x04 \x03(\x0b\x32\x32.prism.stage.v1.GenerateBatchRequest.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06\x61\x63tion\"F\n\x15GenerateBatchResponse\x12-\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1d.prism.stage.v1.GenerateEvent\"\x81\x01\n\rGenerateEvent\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\x31\n\x05reply\x18\x02 \x01(\x0b\x32 .prism.stage.v1.GenerateResponseH\x00\x12#\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x14.prism.v1.CallStatusH\x00\x42\x07\n\x05\x65vent\"\xe6\x04\n\x10KvTransferParams\x12\x19\n\x11\x64o_remote_prefill\x18\x01 \x01(\x08\x12\x18\n\x10\x64o_remote_decode\x18\x02 \x01(\x08\x12\x34\n\x10remote_block_ids\x18\x03 \x03(\x0b\x32\x1a.prism.stage.v1.KvBlockIds\x12\x18\n\x10remote_engine_id\x18\x04 \x01(\t\x12\x19\n\x11remote_request_id\x18\x05 \x01(\t\x12\x13\n\x0bremote_host\x18\x06 \x01(\t\x12\x13\n\x0bremote_port\x18\x07 \x01(\r\x12\x0f\n\x07tp_size\x18\x08 \x01(\r\x12\x10\n\x08\x64\x63p_size\x18\t \x01(\r\x12\x0f\n\x07pp_size\x18\n \x01(\r\x12\x19\n\x11remote_num_tokens\x18\x0b \x01(\x04\x12$\n\x1cremote_prefill_cached_tokens\x18\x0c \x01(\x04\x12&\n\x19remote_blocks_expiry_time\x18\r \x01(\x01H\x00\x88\x01\x01\x12\x15\n\rtransfer_mode\x18\x0e \x01(\t\x12\x1e\n\x11remote_block_size\x18\x0f \x01(\rH\x01\x88\x01\x01\x12:\n\x05\x65xtra\x18\x10 \x03(\x0b\x32+.prism.stage.v1.KvTransferParams.ExtraEntry\x1a\x44\n\nExtraEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value:\x02\x38\x01\x42\x1c\n\x1a_remote_blocks_expiry_timeB\x14\n\x12_remote_block_size\"\x19\n\nKvBlockIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"]\n\x0bMediaLayout\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x10\n\x08grid_thw\x18\x03 \x03(\r\x12\x1a\n\x12second_per_grid_ts\x18\x04 \x01(\x02\"/\n\x19\x45ngineServiceAbortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"-\n\x1a\x45ngineServiceAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\x32\xa2\x02\n\rEngineService\x12O\n\x08Generate\x12\x1f.prism.stage.v1.GenerateRequest\x1a .prism.stage.v1.GenerateResponse0\x01\x12`\n\rGenerateBatch\x12$.prism.stage.v1.GenerateBatchRequest\x1a%.prism.stage.v1.GenerateBatchResponse(\x01\x30\x01\x12^\n\x05\x41\x62ort\x12).prism.stage.v1.EngineServiceAbortRequest\x1a*.prism.stage.v1.EngineServiceAbortResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bprism/stage/v1/engine.proto\x12\x0eprism.stage.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1cprism/stage/v1/encoder.proto\x1a\x15prism/v1/common.proto\"\xf5\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\r\x12*\n\x08sampling\x18\x03 \x01(\x0b\x32\x18.prism.v1.SamplingParams\x12+\n\x05\x66iles\x18\x04 \x01(\x0b\x32\x1a.prism.stage.v1.MediaFilesH\x00\x12\x35\n\nembeddings\x18\x05 \x01(\x0b\x32\x1f.prism.stage.v1.MediaEmbeddingsH\x00\x12/\n\x07layouts\x18\x07 \x01(\x0b\x32\x1c.prism.stage.v1.MediaLayoutsH\x00\x12<\n\x12kv_transfer_params\x18\x06 \x01(\x0b\x32 .prism.stage.v1.KvTransferParams\x12,\n\x07\x61\x64\x61pter\x18\x08 \x01(\x0b\x32\x1b.prism.stage.v1.LoraAdapterB\x07\n\x05media\")\n\x0bLoraAdapter\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\"o\n\nMediaFiles\x12\x1f\n\x06images\x18\x01 \x03(\x0b\x32\x0f.prism.v1.Image\x12\x1f\n\x06videos\x18\x02 \x03(\x0b\x32\x0f.prism.v1.Video\x12\x1f\n\x06\x61udios\x18\x03 \x03(\x0b\x32\x0f.prism.v1.Audio\"\x95\x01\n\x0cMediaLayouts\x12+\n\x06images\x18\x01 \x03(\x0b\x32\x1b.prism.stage.v1.MediaLayout\x12+\n\x06videos\x18\x02 \x03(\x0b\x32\x1b.prism.stage.v1.MediaLayout\x12+\n\x06\x61udios\x18\x03 \x03(\x0b\x32\x1b.prism.stage.v1.MediaLayout\"\xb9\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12,\n\x05\x66irst\x18\x02 \x01(\x0b\x32\x1b.prism.stage.v1.PromptUsageH\x00\x12&\n\x04last\x18\x03 \x01(\x0b\x32\x16.prism.stage.v1.FinishH\x00\x12\x30\n\x08logprobs\x18\x04 \x03(\x0b\x32\x1e.prism.stage.v1.EngineLogprobsB\n\n\x08position\"C\n\x0e\x45ngineLogprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x0c\n\x04rank\x18\x03 \x01(\r\"t\n\x0bPromptUsage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x15\n\rcached_tokens\x18\x02 \x01(\r\x12\x37\n\x0fprompt_logprobs\x18\x03 \x03(\x0b\x32\x1e.prism.stage.v1.EngineLogprobs\"\x9d\x01\n\x06\x46inish\x12&\n\x06reason\x18\x01 \x01(\x0e\x32\x16.prism.v1.FinishReason\x12<\n\x12kv_transfer_params\x18\x02 \x01(\x0b\x32 .prism.stage.v1.KvTransferParams\x12-\n\x07layouts\x18\x03 \x01(\x0b\x32\x1c.prism.stage.v1.MediaLayouts\"\x82\x02\n\x14GenerateBatchRequest\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\x30\n\x05start\x18\x02 \x01(\x0b\x32\x1f.prism.stage.v1.GenerateRequestH\x00\x12&\n\x06\x63\x61ncel\x18\x03 \x01(\x0b\x32\x14.prism.v1.CallCancelH\x00\x12\x44\n\x08metadata\x18\x04 \x03(\x0b\x32\x32.prism.stage.v1.GenerateBatchRequest.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\x08\n\x06\x61\x63tion\"F\n\x15GenerateBatchResponse\x12-\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x1d.prism.stage.v1.GenerateEvent\"\x81\x01\n\rGenerateEvent\x12\x0f\n\x07\x63\x61ll_id\x18\x01 \x01(\x04\x12\x31\n\x05reply\x18\x02 \x01(\x0b\x32 .prism.stage.v1.GenerateResponseH\x00\x12#\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x14.prism.v1.CallStatusH\x00\x42\x07\n\x05\x65vent\"\xe6\x04\n\x10KvTransferParams\x12\x19\n\x11\x64o_remote_prefill\x18\x01 \x01(\x08\x12\x18\n\x10\x64o_remote_decode\x18\x02 \x01(\x08\x12\x34\n\x10remote_block_ids\x18\x03 \x03(\x0b\x32\x1a.prism.stage.v1.KvBlockIds\x12\x18\n\x10remote_engine_id\x18\x04 \x01(\t\x12\x19\n\x11remote_request_id\x18\x05 \x01(\t\x12\x13\n\x0bremote_host\x18\x06 \x01(\t\x12\x13\n\x0bremote_port\x18\x07 \x01(\r\x12\x0f\n\x07tp_size\x18\x08 \x01(\r\x12\x10\n\x08\x64\x63p_size\x18\t \x01(\r\x12\x0f\n\x07pp_size\x18\n \x01(\r\x12\x19\n\x11remote_num_tokens\x18\x0b \x01(\x04\x12$\n\x1cremote_prefill_cached_tokens\x18\x0c \x01(\x04\x12&\n\x19remote_blocks_expiry_time\x18\r \x01(\x01H\x00\x88\x01\x01\x12\x15\n\rtransfer_mode\x18\x0e \x01(\t\x12\x1e\n\x11remote_block_size\x18\x0f \x01(\rH\x01\x88\x01\x01\x12:\n\x05\x65xtra\x18\x10 \x03(\x0b\x32+.prism.stage.v1.KvTransferParams.ExtraEntry\x1a\x44\n\nExtraEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value:\x02\x38\x01\x42\x1c\n\x1a_remote_blocks_expiry_timeB\x14\n\x12_remote_block_size\"\x19\n\nKvBlockIds\x12\x0b\n\x03ids\x18\x01 \x03(\r\"]\n\x0bMediaLayout\x12\x0c\n\x04uuid\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x10\n\x08grid_thw\x18\x03 \x03(\r\x12\x1a\n\x12second_per_grid_ts\x18\x04 \x01(\x02\"/\n\x19\x45ngineServiceAbortRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"-\n\x1a\x45ngineServiceAbortResponse\x12\x0f\n\x07\x61\x62orted\x18\x01 \x01(\x08\x32\xa2\x02\n\rEngineService\x12O\n\x08Generate\x12\x1f.prism.stage.v1.GenerateRequest\x1a .prism.stage.v1.GenerateResponse0\x01\x12`\n\rGenerateBatch\x12$.prism.stage.v1.GenerateBatchRequest\x1a%.prism.stage.v1.GenerateBatchResponse(\x01\x30\x01\x12^\n\x05\x41\x62ort\x12).prism.stage.v1.EngineServiceAbortRequest\x1a*.prism.stage.v1.EngineServiceAbortResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,39 +39,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_KVTRANSFERPARAMS_EXTRAENTRY']._loaded_options = None
   _globals['_KVTRANSFERPARAMS_EXTRAENTRY']._serialized_options = b'8\001'
   _globals['_GENERATEREQUEST']._serialized_start=131
-  _globals['_GENERATEREQUEST']._serialized_end=458
-  _globals['_MEDIAFILES']._serialized_start=460
-  _globals['_MEDIAFILES']._serialized_end=571
-  _globals['_MEDIALAYOUTS']._serialized_start=574
-  _globals['_MEDIALAYOUTS']._serialized_end=723
-  _globals['_GENERATERESPONSE']._serialized_start=726
-  _globals['_GENERATERESPONSE']._serialized_end=911
-  _globals['_ENGINELOGPROBS']._serialized_start=913
-  _globals['_ENGINELOGPROBS']._serialized_end=980
-  _globals['_PROMPTUSAGE']._serialized_start=982
-  _globals['_PROMPTUSAGE']._serialized_end=1098
-  _globals['_FINISH']._serialized_start=1101
-  _globals['_FINISH']._serialized_end=1258
-  _globals['_GENERATEBATCHREQUEST']._serialized_start=1261
-  _globals['_GENERATEBATCHREQUEST']._serialized_end=1519
-  _globals['_GENERATEBATCHREQUEST_METADATAENTRY']._serialized_start=1462
-  _globals['_GENERATEBATCHREQUEST_METADATAENTRY']._serialized_end=1509
-  _globals['_GENERATEBATCHRESPONSE']._serialized_start=1521
-  _globals['_GENERATEBATCHRESPONSE']._serialized_end=1591
-  _globals['_GENERATEEVENT']._serialized_start=1594
-  _globals['_GENERATEEVENT']._serialized_end=1723
-  _globals['_KVTRANSFERPARAMS']._serialized_start=1726
-  _globals['_KVTRANSFERPARAMS']._serialized_end=2340
-  _globals['_KVTRANSFERPARAMS_EXTRAENTRY']._serialized_start=2220
-  _globals['_KVTRANSFERPARAMS_EXTRAENTRY']._serialized_end=2288
-  _globals['_KVBLOCKIDS']._serialized_start=2342
-  _globals['_KVBLOCKIDS']._serialized_end=2367
-  _globals['_MEDIALAYOUT']._serialized_start=2369
-  _globals['_MEDIALAYOUT']._serialized_end=2462
-  _globals['_ENGINESERVICEABORTREQUEST']._serialized_start=2464
-  _globals['_ENGINESERVICEABORTREQUEST']._serialized_end=2511
-  _globals['_ENGINESERVICEABORTRESPONSE']._serialized_start=2513
-  _globals['_ENGINESERVICEABORTRESPONSE']._serialized_end=2558
-  _globals['_ENGINESERVICE']._serialized_start=2561
-  _globals['_ENGINESERVICE']._serialized_end=2851
+  _globals['_GENERATEREQUEST']._serialized_end=504
+  _globals['_LORAADAPTER']._serialized_start=506
+  _globals['_LORAADAPTER']._serialized_end=547
+  _globals['_MEDIAFILES']._serialized_start=549
+  _globals['_MEDIAFILES']._serialized_end=660
+  _globals['_MEDIALAYOUTS']._serialized_start=663
+  _globals['_MEDIALAYOUTS']._serialized_end=812
+  _globals['_GENERATERESPONSE']._serialized_start=815
+  _globals['_GENERATERESPONSE']._serialized_end=1000
+  _globals['_ENGINELOGPROBS']._serialized_start=1002
+  _globals['_ENGINELOGPROBS']._serialized_end=1069
+  _globals['_PROMPTUSAGE']._serialized_start=1071
+  _globals['_PROMPTUSAGE']._serialized_end=1187
+  _globals['_FINISH']._serialized_start=1190
+  _globals['_FINISH']._serialized_end=1347
+  _globals['_GENERATEBATCHREQUEST']._serialized_start=1350
+  _globals['_GENERATEBATCHREQUEST']._serialized_end=1608
+  _globals['_GENERATEBATCHREQUEST_METADATAENTRY']._serialized_start=1551
+  _globals['_GENERATEBATCHREQUEST_METADATAENTRY']._serialized_end=1598
+  _globals['_GENERATEBATCHRESPONSE']._serialized_start=1610
+  _globals['_GENERATEBATCHRESPONSE']._serialized_end=1680
+  _globals['_GENERATEEVENT']._serialized_start=1683
+  _globals['_GENERATEEVENT']._serialized_end=1812
+  _globals['_KVTRANSFERPARAMS']._serialized_start=1815
+  _globals['_KVTRANSFERPARAMS']._serialized_end=2429
+  _globals['_KVTRANSFERPARAMS_EXTRAENTRY']._serialized_start=2309
+  _globals['_KVTRANSFERPARAMS_EXTRAENTRY']._serialized_end=2377
+  _globals['_KVBLOCKIDS']._serialized_start=2431
+  _globals['_KVBLOCKIDS']._serialized_end=2456
+  _globals['_MEDIALAYOUT']._serialized_start=2458
+  _globals['_MEDIALAYOUT']._serialized_end=2551
+  _globals['_ENGINESERVICEABORTREQUEST']._serialized_start=2553
+  _globals['_ENGINESERVICEABORTREQUEST']._serialized_end=2600
+  _globals['_ENGINESERVICEABORTRESPONSE']._serialized_start=2602
+  _globals['_ENGINESERVICEABORTRESPONSE']._serialized_end=2647
+  _globals['_ENGINESERVICE']._serialized_start=2650
+  _globals['_ENGINESERVICE']._serialized_end=2940
 # @@protoc_insertion_point(module_scope)

@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "prompt_token_ids", "sampling", "files", "embeddings", "layouts", "kv_transfer_params")
+    __slots__ = ("request_id", "prompt_token_ids", "sampling", "files", "embeddings", "layouts", "kv_transfer_params", "adapter")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class GenerateRequest(_message.Message):
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     LAYOUTS_FIELD_NUMBER: _ClassVar[int]
     KV_TRANSFER_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: _common_pb2.SamplingParams
@@ -25,7 +26,16 @@ class GenerateRequest(_message.Message):
     embeddings: _encoder_pb2.MediaEmbeddings
     layouts: MediaLayouts
     kv_transfer_params: KvTransferParams
-    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., files: _Optional[_Union[MediaFiles, _Mapping]] = ..., embeddings: _Optional[_Union[_encoder_pb2.MediaEmbeddings, _Mapping]] = ..., layouts: _Optional[_Union[MediaLayouts, _Mapping]] = ..., kv_transfer_params: _Optional[_Union[KvTransferParams, _Mapping]] = ...) -> None: ...
+    adapter: LoraAdapter
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., files: _Optional[_Union[MediaFiles, _Mapping]] = ..., embeddings: _Optional[_Union[_encoder_pb2.MediaEmbeddings, _Mapping]] = ..., layouts: _Optional[_Union[MediaLayouts, _Mapping]] = ..., kv_transfer_params: _Optional[_Union[KvTransferParams, _Mapping]] = ..., adapter: _Optional[_Union[LoraAdapter, _Mapping]] = ...) -> None: ...
+
+class LoraAdapter(_message.Message):
+    __slots__ = ("name", "path")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    path: str
+    def __init__(self, name: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
 
 class MediaFiles(_message.Message):
     __slots__ = ("images", "videos", "audios")

@@ -1,0 +1,69 @@
+"""LoRA adapters as the front knows them: `--lora-modules` in vLLM's two forms, a request's
+`model` resolved to the base or an adapter (or refused, named), the models listed as
+`vllm serve` lists them, and `prism serve` refusing adapters without the engines' LoRA."""
+
+from __future__ import annotations
+
+import os
+
+import grpc
+import pytest
+from prometheus_client import REGISTRY
+from support.meshes import mesh_config
+
+from prism.config.lora import LoraConfig
+from prism.ops.plan import check_lora
+from prism.rpc.errors import PrismError
+from prism.services.processor.adapters import ServedModels
+
+
+def test_lora_modules_take_name_equals_path_and_vllms_json_form():
+    config = LoraConfig(["a1=/adapters/one", '{"name": "a2", "path": "rel/two"}'])
+    assert config.modules() == {"a1": "/adapters/one", "a2": os.path.abspath("rel/two")}
+
+
+@pytest.mark.parametrize(
+    "entry,message",
+    [
+        ("a1", "takes NAME=PATH"),
+        ("=/p", "takes NAME=PATH"),
+        ('{"name": "a1"}', "JSON with a name and a path"),
+    ],
+)
+def test_a_malformed_module_is_refused_naming_it(entry, message):
+    with pytest.raises(ValueError, match=message):
+        LoraConfig([entry]).modules()
+
+
+def test_an_adapter_named_twice_is_refused():
+    with pytest.raises(ValueError, match="'a1' given twice"):
+        LoraConfig(["a1=/x", "a1=/y"]).modules()
+
+
+def test_a_requests_model_names_the_base_or_an_adapter():
+    models = ServedModels("tiny", "/models/tiny", {"a1": "/adapters/one"})
+    counted = REGISTRY.get_sample_value("prism_lora_requests_total", {"adapter": "a1"}) or 0
+    assert models.resolve("") is None and models.resolve("tiny") is None
+    adapter = models.resolve("a1")
+    assert (adapter.name, adapter.path) == ("a1", "/adapters/one")
+    assert REGISTRY.get_sample_value("prism_lora_requests_total", {"adapter": "a1"}) == counted + 1
+    with pytest.raises(PrismError) as refused:
+        models.resolve("a2")
+    assert refused.value.code == grpc.StatusCode.NOT_FOUND
+    assert "`a2` does not exist" in refused.value.message
+
+
+def test_models_are_listed_base_first_each_adapter_with_its_parent():
+    listed = ServedModels("tiny", "/models/tiny", {"a1": "/adapters/one"}).listed(7, 64)
+    assert [(m.id, m.parent, m.root) for m in listed] == [
+        ("tiny", "", "/models/tiny"), ("a1", "tiny", "/adapters/one")
+    ]  # fmt: skip
+    assert {(m.created, m.max_model_len) for m in listed} == {(7, 64)}
+
+
+def test_serve_refuses_adapters_without_the_engines_lora():
+    config = mesh_config("epd", "m", lora_modules=["a1=/x"])
+    with pytest.raises(ValueError, match="--lora-modules needs --enable-lora"):
+        check_lora(config)
+    check_lora(mesh_config("epd", "m", lora_modules=["a1=/x"], vllm_flags=["--enable-lora"]))
+    check_lora(mesh_config("epd", "m"))
