@@ -22,6 +22,15 @@ class LoraConfig(Flags):
         several=True,
     )
 
+    allowed_lora_dirs: list[str] = flag(
+        help="directories under which LoRA adapters may be loaded at run time "
+        "(/v1/load_lora_adapter, InferenceService.LoadAdapter); none: loading at run "
+        "time is off",
+        factory=list,
+        metavar="DIR",
+        several=True,
+    )
+
     def modules(self) -> dict[str, str]:
         """Each adapter's path (absolute: every stage on this host finds it), by name.
         Raises ValueError on a malformed entry or a name given twice."""

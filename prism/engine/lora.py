@@ -26,6 +26,8 @@ class LoraAdapters:
         self.engine = engine
         self._ids: dict[tuple[str, str], int] = {}
         self._loaded: set[int] = set()
+        # Ids are never reused: vLLM may still hold a dropped one's weights in its cache.
+        self._next_id = 1
 
     async def request(self, name: str, path: str) -> LoRARequest | None:
         """The adapter `name` at `path` as vLLM takes it, loaded into the engine; None for
@@ -33,7 +35,10 @@ class LoraAdapters:
         loaded."""
         if not name:
             return None
-        lora_id = self._ids.setdefault((name, path), len(self._ids) + 1)
+        lora_id = self._ids.get((name, path))
+        if lora_id is None:
+            lora_id = self._ids[(name, path)] = self._next_id
+            self._next_id += 1
         lora = LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=path)
         if lora_id not in self._loaded:
             if not self.engine.vllm_config.lora_config:
@@ -46,3 +51,15 @@ class LoraAdapters:
                 raise ValueError(f"adapter {name!r} cannot be loaded from {path}: {exc}") from None
             self._loaded.add(lora_id)
         return lora
+
+    async def drop(self, name: str) -> bool:
+        """Unloads adapter `name` (every path it was loaded from); whether the engine held
+        it. A request naming it again loads it again."""
+        held = [(key, lora_id) for key, lora_id in self._ids.items() if key[0] == name]
+        dropped = False
+        for key, lora_id in held:
+            del self._ids[key]
+            if lora_id in self._loaded:
+                self._loaded.discard(lora_id)
+                dropped = bool(await self.engine.remove_lora(lora_id)) or dropped
+        return dropped

@@ -18,7 +18,7 @@ from prism import tracing
 from prism.gateway import health, middleware
 from prism.gateway.client import GrpcProcessorClient, ProcessorClient
 from prism.gateway.kserve import servicer as kserve
-from prism.gateway.openai import chat, completions, models
+from prism.gateway.openai import chat, completions, lora, models
 from prism.gateway.openai.responses import router as responses
 from prism.gateway.openai.responses.store import ResponseStore
 from prism.registry import Instance, Registry, advertise_host, instance, open_registry
@@ -77,7 +77,7 @@ def create_app(
     app.add_middleware(middleware.FrontDoor, api_key=api_key, limit=limit)
     app.add_exception_handler(PrismError, middleware.prism_error)
     app.add_exception_handler(HTTPException, middleware.http_error)
-    for endpoints in (health, models, chat, completions, responses):
+    for endpoints in (health, models, chat, completions, responses, lora):
         app.include_router(endpoints.router)
     return app
 

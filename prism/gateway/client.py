@@ -23,6 +23,9 @@ from prism.rpc.channel import call_metadata, is_serving
 from prism.rpc.errors import PrismError, status_for
 from prism.runtime.clients import CHAT, COMPLETE, Batched, Peers
 
+# Seconds a processor may take to load an adapter on every engine (or drop it).
+_ADAPTER_S = 120.0
+
 
 class ReplyStream(Protocol):
     """A Chat or Complete call, read as a `grpc.aio.UnaryStreamCall` is (its errors are
@@ -45,6 +48,10 @@ class ProcessorClient(Protocol):
     async def list_models(
         self, timeout: float | None = None
     ) -> inference_pb2.ListModelsResponse: ...
+
+    async def adapter(
+        self, request: inference_pb2.LoadAdapterRequest | inference_pb2.UnloadAdapterRequest
+    ) -> None: ...
 
     async def healthy(self) -> bool: ...
 
@@ -79,6 +86,16 @@ class GrpcProcessorClient:
         return await stub.ListModels(
             inference_pb2.ListModelsRequest(), metadata=call_metadata(), timeout=timeout
         )
+
+    async def adapter(
+        self, request: inference_pb2.LoadAdapterRequest | inference_pb2.UnloadAdapterRequest
+    ) -> None:
+        """Loads or unloads an adapter on every processor: each serves what it was told."""
+        for address in self._peers.router.registry.endpoints(MeshRole.PROCESSOR):
+            stub = inference_pb2_grpc.InferenceServiceStub(self._peers.channel(address))
+            call = stub.LoadAdapter if isinstance(request, inference_pb2.LoadAdapterRequest) \
+                else stub.UnloadAdapter  # fmt: skip
+            await call(request, metadata=call_metadata(), timeout=_ADAPTER_S)
 
     async def healthy(self) -> bool:
         try:
@@ -117,6 +134,13 @@ class InProcessClient:
     async def list_models(self, timeout: float | None = None) -> inference_pb2.ListModelsResponse:
         request = inference_pb2.ListModelsRequest()
         return await _unary(self.servicer.ListModels, request, timeout)
+
+    async def adapter(
+        self, request: inference_pb2.LoadAdapterRequest | inference_pb2.UnloadAdapterRequest
+    ) -> None:
+        load = isinstance(request, inference_pb2.LoadAdapterRequest)
+        handler = self.servicer.LoadAdapter if load else self.servicer.UnloadAdapter
+        await _unary(handler, request, _ADAPTER_S)
 
     async def healthy(self) -> bool:
         try:

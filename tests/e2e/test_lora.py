@@ -6,17 +6,22 @@ adapter's image chats equal offline vLLM's with that adapter's `LoRARequest`, to
 token (in P/D, prefill and decode both apply it); the base model's and both adapters'
 answers sent together at concurrency 16 are each their own; /v1/models lists each
 adapter with the base as its parent; an adapter the mesh does not hold is a 404 that
-names it. (The base model's parity with `vllm serve`, which runs without LoRA, is
+names it. An adapter loaded at run time is served by every engine, a worker that does not
+hold it loading it from the request, until it is unloaded; one that cannot be loaded is
+refused, naming why. (The base model's parity with `vllm serve`, which runs without LoRA, is
 test_openai_parity's, on these same LoRA-enabled meshes.)
 """
 
 from __future__ import annotations
 
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 from support.cases import ADAPTERS, LORA_CASES, assert_answers_differ, openai_client
+
+from prism.proto.stage.v1 import engine_pb2, engine_pb2_grpc
 
 
 def ask(mesh, name: str, stream: bool = True) -> tuple[str, str, int]:
@@ -89,4 +94,67 @@ def test_an_adapter_the_mesh_does_not_hold_is_a_404_naming_it(mesh):
     error = reply.json()["error"]
     assert "no-such-adapter" in error["message"] and error["param"] == "model"
     # The mesh serves on.
+    assert ask(mesh, "lora_a1_0")[0] == "a1"
+
+
+def _post(mesh, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{mesh.base_url}/{path}", json=body, timeout=120)
+
+
+def test_an_adapter_loaded_at_run_time_is_served_until_unloaded(mesh, oracle, adapters):
+    """a2's files under another name and directory (where the mesh allows loading): its
+    answers are a2's; a worker that does not hold it loads it from the request; unloaded,
+    it is a 404."""
+    source = adapters[mesh.family]["a2"]
+    copy = source.parent / f"{mesh.family}-{mesh.mode.replace('/', '')}-b2"
+    shutil.copytree(source, copy, dirs_exist_ok=True)
+    load = {"lora_name": "b2", "lora_path": str(copy)}
+    reply = _post(mesh, "load_lora_adapter", load)
+    assert reply.status_code == 200, reply.text
+    assert reply.text == "Success: LoRA adapter 'b2' added successfully."
+    again = _post(mesh, "load_lora_adapter", load)
+    assert again.status_code == 400 and "already been loaded" in again.json()["error"]["message"]
+    expected = oracle(mesh.family)["lora_a2_0"]
+    client = openai_client(mesh)
+    _, messages, max_tokens, _ = LORA_CASES["lora_a2_0"]
+
+    def answer() -> str:
+        reply = client.chat.completions.create(
+            model="b2", messages=messages, max_tokens=max_tokens, temperature=0
+        )
+        return reply.choices[0].message.content
+
+    assert answer() == expected["text"]
+    listed = httpx.get(f"{mesh.base_url}/models", timeout=30).json()["data"]
+    assert {m["id"]: m["parent"] for m in listed}["b2"] == mesh.model
+    # An engine that lost it (as a restarted one would have) loads it from the request.
+    for stage in mesh.engine_stages:
+        stub = engine_pb2_grpc.EngineServiceStub(mesh.channel(stage))
+        request = engine_pb2.EngineServiceUnloadAdapterRequest(name="b2")
+        assert stub.UnloadAdapter(request, timeout=30).unloaded
+    assert answer() == expected["text"]
+    reply = _post(mesh, "unload_lora_adapter", {"lora_name": "b2"})
+    assert reply.status_code == 200 and reply.text.endswith("removed successfully.")
+    gone = _post(mesh, "chat/completions", {"model": "b2", "messages": messages, "max_tokens": 2})
+    assert gone.status_code == 404
+    assert _post(mesh, "unload_lora_adapter", {"lora_name": "b2"}).status_code == 404
+
+
+def test_an_adapter_that_cannot_be_loaded_is_refused_naming_why(mesh, adapters, tmp_path):
+    allowed = adapters[mesh.family]["a1"].parent
+    corrupt = allowed / f"{mesh.family}-{mesh.mode.replace('/', '')}-corrupt"
+    corrupt.mkdir(exist_ok=True)
+    (corrupt / "adapter_config.json").write_text("{not json")
+    refused = {
+        "a path outside --allowed-lora-dirs": (str(tmp_path), "allowed-lora-dirs"),
+        "a corrupt directory": (str(corrupt), "cannot be loaded"),
+    }
+    for why, (path, named) in refused.items():
+        reply = _post(mesh, "load_lora_adapter", {"lora_name": "bad", "lora_path": path})
+        assert reply.status_code == 400, (why, reply.text)
+        assert named in reply.json()["error"]["message"], (why, reply.text)
+    missing = _post(mesh, "load_lora_adapter", {"lora_name": "bad"})
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "lora_path"
+    # Nothing was served under that name, and the mesh serves on.
+    assert "bad" not in {m["id"] for m in httpx.get(f"{mesh.base_url}/models").json()["data"]}
     assert ask(mesh, "lora_a1_0")[0] == "a1"

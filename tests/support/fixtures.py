@@ -101,9 +101,11 @@ def mesh(request, models, adapters, oracle, served, tmp_path_factory):
         served(family)
     # Tool calls parsed as `vllm serve` parses them for the parity cases.
     served_adapters = [f"{name}={path}" for name, path in adapters[family].items()]
+    # Adapters may be loaded at run time from where the family's are (test_lora).
+    loadable = [str(path.parent) for path in adapters[family].values()][:1]
     running = start_mesh(family, mode, models[family], tmp_path_factory.mktemp("logs"),
                          tool_call_parser="hermes", enable_auto_tool_choice=True,
-                         lora_modules=served_adapters)  # fmt: skip
+                         lora_modules=served_adapters, allowed_lora_dirs=loadable)  # fmt: skip
     running.first_outcomes = first_requests(running)
     yield running
     running.stop()

@@ -1,9 +1,11 @@
 """LoRA adapters as the front knows them: `--lora-modules` in vLLM's two forms, a request's
 `model` resolved to the base or an adapter (or refused, named), the models listed as
-`vllm serve` lists them, and `prism serve` refusing adapters without the engines' LoRA."""
+`vllm serve` lists them, `prism serve` refusing adapters without the engines' LoRA, and
+loads at run time refused where they are off, shared, duplicate or out of bounds."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import grpc
@@ -13,8 +15,9 @@ from support.meshes import mesh_config
 
 from prism.config.lora import LoraConfig
 from prism.ops.plan import check_lora
+from prism.proto.v1 import inference_pb2
 from prism.rpc.errors import PrismError
-from prism.services.processor.adapters import ServedModels
+from prism.services.processor.adapters import AdapterLoading, ServedModels
 
 
 def test_lora_modules_take_name_equals_path_and_vllms_json_form():
@@ -67,3 +70,39 @@ def test_serve_refuses_adapters_without_the_engines_lora():
         check_lora(config)
     check_lora(mesh_config("epd", "m", lora_modules=["a1=/x"], vllm_flags=["--enable-lora"]))
     check_lora(mesh_config("epd", "m"))
+
+
+def _loading(allowed: list[str], shared: bool = False) -> AdapterLoading:
+    # Every refusal here comes before any engine is asked: no pipeline is needed.
+    models = ServedModels("tiny", "/models/tiny", {"a1": "/adapters/one"})
+    return AdapterLoading(models, None, allowed, shared)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "loading,request_,code,message",
+    [
+        (_loading([]), ("b", "/adapters/b"), "FAILED_PRECONDITION", "--allowed-lora-dirs"),
+        (_loading(["/adapters"], shared=True), ("b", "/adapters/b"), "FAILED_PRECONDITION",
+         "shares its ports"),
+        (_loading(["/adapters"]), ("a1", "/adapters/b"), "INVALID_ARGUMENT", "already been"),
+        (_loading(["/adapters"]), ("tiny", "/adapters/b"), "INVALID_ARGUMENT", "already been"),
+        (_loading(["/adapters"]), ("b", "/elsewhere/b"), "INVALID_ARGUMENT",
+         "not under --allowed-lora-dirs"),
+        (_loading(["/adapters"]), ("b", "/adapters/../etc"), "INVALID_ARGUMENT",
+         "not under --allowed-lora-dirs"),
+        (_loading(["/adapters"]), ("", "/adapters/b"), "INVALID_ARGUMENT", "lora_name"),
+    ],
+)  # fmt: skip
+def test_a_load_at_run_time_is_refused_before_any_engine_is_asked(loading, request_, code, message):
+    name, path = request_
+    with pytest.raises(PrismError) as refused:
+        asyncio.run(loading.load(inference_pb2.LoadAdapterRequest(name=name, path=path)))
+    assert refused.value.code.name == code
+    assert message in refused.value.message
+
+
+def test_unloading_an_adapter_the_mesh_does_not_serve_is_a_404():
+    with pytest.raises(PrismError) as refused:
+        asyncio.run(_loading(["/adapters"]).unload(inference_pb2.UnloadAdapterRequest(name="x")))
+    assert refused.value.code == grpc.StatusCode.NOT_FOUND
+    assert "'x' cannot be found" in refused.value.message

@@ -63,6 +63,16 @@ class InferenceServiceStub:
                 request_serializer=prism_dot_v1_dot_inference__pb2.ListModelsRequest.SerializeToString,
                 response_deserializer=prism_dot_v1_dot_inference__pb2.ListModelsResponse.FromString,
                 _registered_method=True)
+        self.LoadAdapter = channel.unary_unary(
+                '/prism.v1.InferenceService/LoadAdapter',
+                request_serializer=prism_dot_v1_dot_inference__pb2.LoadAdapterRequest.SerializeToString,
+                response_deserializer=prism_dot_v1_dot_inference__pb2.LoadAdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadAdapter = channel.unary_unary(
+                '/prism.v1.InferenceService/UnloadAdapter',
+                request_serializer=prism_dot_v1_dot_inference__pb2.UnloadAdapterRequest.SerializeToString,
+                response_deserializer=prism_dot_v1_dot_inference__pb2.UnloadAdapterResponse.FromString,
+                _registered_method=True)
         self.Abort = channel.unary_unary(
                 '/prism.v1.InferenceService/Abort',
                 request_serializer=prism_dot_v1_dot_inference__pb2.AbortRequest.SerializeToString,
@@ -114,6 +124,21 @@ class InferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadAdapter(self, request, context):
+        """Loads a LoRA adapter on every engine of the mesh and serves it by its name, as vLLM's
+        /v1/load_lora_adapter (the processor's --allowed-lora-dirs bound its path).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadAdapter(self, request, context):
+        """Stops serving a LoRA adapter and drops it from every engine.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Abort(self, request, context):
         """Aborts a running request by its id (for callers that cannot cancel the stream).
         """
@@ -148,6 +173,16 @@ def add_InferenceServiceServicer_to_server(servicer, server):
                     servicer.ListModels,
                     request_deserializer=prism_dot_v1_dot_inference__pb2.ListModelsRequest.FromString,
                     response_serializer=prism_dot_v1_dot_inference__pb2.ListModelsResponse.SerializeToString,
+            ),
+            'LoadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadAdapter,
+                    request_deserializer=prism_dot_v1_dot_inference__pb2.LoadAdapterRequest.FromString,
+                    response_serializer=prism_dot_v1_dot_inference__pb2.LoadAdapterResponse.SerializeToString,
+            ),
+            'UnloadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadAdapter,
+                    request_deserializer=prism_dot_v1_dot_inference__pb2.UnloadAdapterRequest.FromString,
+                    response_serializer=prism_dot_v1_dot_inference__pb2.UnloadAdapterResponse.SerializeToString,
             ),
             'Abort': grpc.unary_unary_rpc_method_handler(
                     servicer.Abort,
@@ -294,6 +329,60 @@ class InferenceService:
             '/prism.v1.InferenceService/ListModels',
             prism_dot_v1_dot_inference__pb2.ListModelsRequest.SerializeToString,
             prism_dot_v1_dot_inference__pb2.ListModelsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/prism.v1.InferenceService/LoadAdapter',
+            prism_dot_v1_dot_inference__pb2.LoadAdapterRequest.SerializeToString,
+            prism_dot_v1_dot_inference__pb2.LoadAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/prism.v1.InferenceService/UnloadAdapter',
+            prism_dot_v1_dot_inference__pb2.UnloadAdapterRequest.SerializeToString,
+            prism_dot_v1_dot_inference__pb2.UnloadAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,5 +1,6 @@
 """The models a processor serves: its base model and the LoRA adapters beside it
-(`--lora-modules`), each named by a request's `model` as `vllm serve` names them.
+(`--lora-modules`, or loaded at run time), each named by a request's `model` as `vllm
+serve` names them.
 
 A request for an adapter carries the adapter's name and path to every worker it passes
 (prism.stage.v1.LoraAdapter), which loads it the first time; in P/D both prefill and
@@ -9,12 +10,23 @@ vLLM keys an adapter's prefix cache apart from the base model's and from other a
 
 from __future__ import annotations
 
+import logging
+import os
+
 import grpc
 
 from prism import telemetry
-from prism.proto.stage.v1 import engine_pb2
+from prism.modes import MeshRole
+from prism.proto.stage.v1 import engine_pb2, engine_pb2_grpc
 from prism.proto.v1 import errors_pb2, inference_pb2
-from prism.rpc.errors import PrismError
+from prism.rpc.channel import call_metadata
+from prism.rpc.errors import PrismError, invalid
+from prism.runtime.service import Service
+from prism.services.processor.pipeline import Pipeline
+
+log = logging.getLogger(__name__)
+# Seconds an engine may take to load an adapter (or drop one).
+_CALL_S = 60.0
 
 
 class ServedModels:
@@ -50,3 +62,114 @@ class ServedModels:
                                 max_model_len=max_model_len, root=path, parent=self.name)
             for name, path in self.adapters.items()
         )]  # fmt: skip
+
+
+class AdapterLoading:
+    """`LoadAdapter` and `UnloadAdapter` of `InferenceService`: adapters loaded and unloaded
+    at run time, as vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter.
+
+    A load is allowed only under `allowed` directories (none: loading at run time is off),
+    and is made on every engine replica first, so that an adapter that cannot be loaded is
+    refused with the engine's cause before it is served; replicas that start later load it
+    from the requests that name it. The adapters loaded live in this processor's memory:
+    where several fronts share their ports (`shared`), a load would reach one of them, so
+    it is refused there."""
+
+    def __init__(
+        self, models: ServedModels, pipeline: Pipeline, allowed: list[str], shared: bool
+    ) -> None:
+        self.models = models
+        self.pipeline = pipeline
+        self.allowed = [os.path.realpath(directory) for directory in allowed]
+        self.shared = shared
+
+    def serve(self, service: Service) -> None:
+        service.unary("LoadAdapter", self.load)
+        service.unary("UnloadAdapter", self.unload)
+
+    async def load(
+        self, request: inference_pb2.LoadAdapterRequest
+    ) -> inference_pb2.LoadAdapterResponse:
+        self._check_allowed()
+        name = request.name
+        if not name or not request.path:
+            raise invalid(
+                "lora_name and lora_path are required", "lora_name" if not name else "lora_path"
+            )
+        if name == self.models.name or name in self.models.adapters:
+            raise invalid(f"The lora adapter '{name}' has already been loaded.", "lora_name")
+        path = os.path.realpath(request.path)
+        if not any(os.path.commonpath([path, root]) == root for root in self.allowed):
+            raise invalid(f"{request.path} is not under --allowed-lora-dirs", "lora_path")
+        adapter = engine_pb2.LoraAdapter(name=name, path=path)
+        engines = self._engines()
+        if not engines:
+            raise PrismError(grpc.StatusCode.UNAVAILABLE, "no engine is serving to load it on")
+        loaded: list[str] = []
+        try:
+            for address in engines:
+                await self._stub(address).LoadAdapter(
+                    engine_pb2.EngineServiceLoadAdapterRequest(adapter=adapter),
+                    metadata=call_metadata(), timeout=_CALL_S,
+                )  # fmt: skip
+                loaded.append(address)
+        except grpc.aio.AioRpcError as exc:
+            await self._drop(name, loaded)
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise invalid(exc.details() or "", "lora_path") from None
+            raise PrismError(
+                grpc.StatusCode.UNAVAILABLE, f"engine {address}: {exc.details()}"
+            ) from None
+        self.models.adapters[name] = path
+        log.info("LoRA adapter %r loaded from %s", name, path)
+        return inference_pb2.LoadAdapterResponse()
+
+    async def unload(
+        self, request: inference_pb2.UnloadAdapterRequest
+    ) -> inference_pb2.UnloadAdapterResponse:
+        self._check_allowed()
+        if request.name not in self.models.adapters:
+            raise PrismError(
+                grpc.StatusCode.NOT_FOUND,
+                f"The lora adapter '{request.name}' cannot be found.",
+                reason=errors_pb2.ERROR_REASON_MODEL_NOT_FOUND,
+                param="lora_name",
+            )
+        del self.models.adapters[request.name]
+        await self._drop(request.name, self._engines())
+        log.info("LoRA adapter %r unloaded", request.name)
+        return inference_pb2.UnloadAdapterResponse()
+
+    def _check_allowed(self) -> None:
+        if not self.allowed:
+            raise PrismError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "loading LoRA adapters at run time is off: start Prism with "
+                "--allowed-lora-dirs DIR (adapters under DIR may be loaded)",
+            )
+        if self.shared:
+            raise PrismError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this front shares its ports with other fronts (--front-workers), which "
+                "would not know the adapter: serve it with --lora-modules",
+            )
+
+    def _engines(self) -> list[str]:
+        """Every replica of the roles that run an engine."""
+        roles = [role for role in self.pipeline.mode.roles if role != MeshRole.ENCODER]
+        return [a for role in roles for a in self.pipeline.router.registry.endpoints(role)]
+
+    def _stub(self, address: str) -> engine_pb2_grpc.EngineServiceStub:
+        return engine_pb2_grpc.EngineServiceStub(self.pipeline.peers.channel(address))
+
+    async def _drop(self, name: str, addresses: list[str]) -> None:
+        """Unloads `name` from the engines at `addresses`; one that cannot be asked drops
+        it with its process, or from its cache as other adapters come."""
+        request = engine_pb2.EngineServiceUnloadAdapterRequest(name=name)
+        for address in addresses:
+            try:
+                await self._stub(address).UnloadAdapter(
+                    request, metadata=call_metadata(), timeout=_CALL_S
+                )
+            except grpc.aio.AioRpcError as exc:
+                log.warning("engine %s: adapter %r not unloaded: %s", address, name, exc.details())

@@ -46,7 +46,7 @@ async def serve(
     from transformers import AutoTokenizer
 
     from prism.engine.parsing import Parsers
-    from prism.services.processor.adapters import ServedModels
+    from prism.services.processor.adapters import AdapterLoading, ServedModels
     from prism.services.processor.servicer import InferenceServicer
 
     own, model, routing, tools = config.processor, config.model, config.routing, config.tools
@@ -88,6 +88,9 @@ async def serve(
         parsers,
     )
 
+    loading = AdapterLoading(servicer.models, pipeline, config.lora.allowed_lora_dirs,
+                             shared=config.address.reuse_port)  # fmt: skip
+    loading.serve(servicer.service)
     served = [servicer.service, *services(servicer)]
     names = [service.name for service in served]
     try:

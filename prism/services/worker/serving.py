@@ -16,6 +16,7 @@ from prism.media.modalities import per_prompt
 from prism.media.video import VideoDecoder
 from prism.modes import EngineRole, modes_served
 from prism.runtime.stage import Stage
+from prism.services.worker.adapters import serve_adapters
 from prism.services.worker.kv_publisher import KvPublisher
 from prism.services.worker.roles import make_role
 from prism.services.worker.servicer import EngineServicer
@@ -60,6 +61,7 @@ async def _serve(config: WorkerStageConfig, directory: Path) -> None:
         )
     )
     telemetry.info("prism_engine_config", "The running engine's settings", config_info(engine))
+    serve_adapters(servicer.service, servicer.loras)
     services, tasks = [servicer.service], [servicer.watch]
     if kv_events is not None:
         kv_events.engine = engine

@@ -206,3 +206,25 @@ class EngineServiceAbortResponse(_message.Message):
     ABORTED_FIELD_NUMBER: _ClassVar[int]
     aborted: bool
     def __init__(self, aborted: _Optional[bool] = ...) -> None: ...
+
+class EngineServiceLoadAdapterRequest(_message.Message):
+    __slots__ = ("adapter",)
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    adapter: LoraAdapter
+    def __init__(self, adapter: _Optional[_Union[LoraAdapter, _Mapping]] = ...) -> None: ...
+
+class EngineServiceLoadAdapterResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EngineServiceUnloadAdapterRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class EngineServiceUnloadAdapterResponse(_message.Message):
+    __slots__ = ("unloaded",)
+    UNLOADED_FIELD_NUMBER: _ClassVar[int]
+    unloaded: bool
+    def __init__(self, unloaded: _Optional[bool] = ...) -> None: ...

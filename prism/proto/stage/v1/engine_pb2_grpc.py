@@ -56,6 +56,16 @@ class EngineServiceStub:
                 request_serializer=prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceAbortRequest.SerializeToString,
                 response_deserializer=prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceAbortResponse.FromString,
                 _registered_method=True)
+        self.LoadAdapter = channel.unary_unary(
+                '/prism.stage.v1.EngineService/LoadAdapter',
+                request_serializer=prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceLoadAdapterRequest.SerializeToString,
+                response_deserializer=prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceLoadAdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadAdapter = channel.unary_unary(
+                '/prism.stage.v1.EngineService/UnloadAdapter',
+                request_serializer=prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceUnloadAdapterRequest.SerializeToString,
+                response_deserializer=prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceUnloadAdapterResponse.FromString,
+                _registered_method=True)
 
 
 class EngineServiceServicer:
@@ -92,6 +102,21 @@ class EngineServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadAdapter(self, request, context):
+        """Loads a LoRA adapter into the engine, checked as a request naming it would be, so
+        that one that cannot be loaded is refused before the mesh serves it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadAdapter(self, request, context):
+        """Drops a LoRA adapter from the engine.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +134,16 @@ def add_EngineServiceServicer_to_server(servicer, server):
                     servicer.Abort,
                     request_deserializer=prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceAbortRequest.FromString,
                     response_serializer=prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceAbortResponse.SerializeToString,
+            ),
+            'LoadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadAdapter,
+                    request_deserializer=prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceLoadAdapterRequest.FromString,
+                    response_serializer=prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceLoadAdapterResponse.SerializeToString,
+            ),
+            'UnloadAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadAdapter,
+                    request_deserializer=prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceUnloadAdapterRequest.FromString,
+                    response_serializer=prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceUnloadAdapterResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -199,6 +234,60 @@ class EngineService:
             '/prism.stage.v1.EngineService/Abort',
             prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceAbortRequest.SerializeToString,
             prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceAbortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/prism.stage.v1.EngineService/LoadAdapter',
+            prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceLoadAdapterRequest.SerializeToString,
+            prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceLoadAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/prism.stage.v1.EngineService/UnloadAdapter',
+            prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceUnloadAdapterRequest.SerializeToString,
+            prism_dot_stage_dot_v1_dot_engine__pb2.EngineServiceUnloadAdapterResponse.FromString,
             options,
             channel_credentials,
             insecure,
