@@ -14,7 +14,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 from support.calls import abort_while_running, greedy, inference, text_message
-from support.cases import CASES
+from support.cases import ADAPTERS, CASES
 from support.waiting import wait_for
 from transformers import AutoTokenizer
 
@@ -213,8 +213,10 @@ def test_complete_accepts_token_ids(mesh, oracle):
 
 
 def test_list_models(mesh):
+    # The base model, then the LoRA adapters the shared meshes serve (support.cases.ADAPTERS).
     reply = inference(mesh).ListModels(inference_pb2.ListModelsRequest())
-    assert [m.id for m in reply.models] == [mesh.model]
+    assert [m.id for m in reply.models] == [mesh.model, *ADAPTERS]
+    assert [m.parent for m in reply.models] == ["", *[mesh.model] * len(ADAPTERS)]
     assert reply.models[0].max_model_len > 0
 
 

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 from support.cases import (
+    ADAPTERS,
     CASES,
     CONCURRENT_CASES,
     SEEDED_CASES,
@@ -104,9 +105,9 @@ def test_the_first_requests_after_ready_all_complete(mesh):
     assert mesh.first_outcomes == ["completed"] * len(mesh.first_outcomes), mesh.log_problems()
 
 
-def test_models_lists_the_served_model(mesh):
+def test_models_lists_the_served_model_and_its_adapters(mesh):
     models = openai_client(mesh).models.list()
-    assert [m.id for m in models.data] == [mesh.model]
+    assert [m.id for m in models.data] == [mesh.model, *ADAPTERS]
 
 
 def test_health(mesh):
