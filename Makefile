@@ -41,7 +41,8 @@ test-net:
 # Not a test: Prism in each mode against `vllm serve` at concurrency 1, 8 and 32 with an image
 # per request (bench/results/latest.json), then EPD, E/PD and E/P/D with a video per request
 # (bench/results/video.json), then every mode with a clip of audio per request
-# (bench/results/audio.json), then vLLM's own client (`vllm bench serve`, sampled) against
+# (bench/results/audio.json), then every mode with the base model and two LoRA adapters asked
+# in turn (bench/results/lora.json), then vLLM's own client (`vllm bench serve`, sampled) against
 # every mode and `vllm serve`, two rounds (bench/results/vllm_bench.json); all in
 # docs/benchmarks.md.
 bench:
@@ -53,6 +54,8 @@ bench:
 	$(PY) -m prism.cli model build --family qwen2-audio --out models/tiny-qwen2-audio >/dev/null
 	$(PY) -m bench.serve --model models/tiny-qwen2-audio --load audio \
 		--modes epd,e/pd,e/p/d,ep/d --concurrency 1,8 --requests 128
+	$(PY) -m bench.serve --model models/tiny-llava --load lora --modes epd,e/pd,e/p/d,ep/d \
+		--concurrency 1,8 --requests 128
 	$(PY) -m bench.vllm_bench --model models/tiny-llava
 
 # Not a test: Prism's modes beside the anchors of their shape, one run, three rounds: NVIDIA

@@ -1,6 +1,6 @@
 """Prism in each mode against `vllm serve` on the same model, the same machine, the same load.
 
-    .venv/bin/python -m bench.serve --model DIR [--load image|video|audio]
+    .venv/bin/python -m bench.serve --model DIR [--load image|video|audio|lora]
         [--modes epd,e/pd,e/p/d,ep/d] [--concurrency 1,8,32] [--requests 256]
         [--max-tokens 32] [--out JSON] [--doc docs/benchmarks.md] [--profile DIR]
         [--rounds N] [--repeats 16]
@@ -16,11 +16,14 @@ every concurrency level (a bounded count per level, after a warm-up), from the a
 client below: requests/s, output tokens/s, time to first token and inter-token latency
 (p50, p99), and each Prism run's ratios to `vllm serve` measured in the same run. For the
 modes that move tensors, the share of request time spent in NIXL reads.
+The LoRA load (`--load lora`) asks the base model and two random adapters of it in turn,
+an image each, every server serving both (`--enable-lora`, `--lora-modules`).
 The video and audio loads measure the embedding cache too: `--repeats` items, each sent
 twice at concurrency 1 under different questions, and the time to first token of each
 sending.
 Not a test: results go to `--out` (JSON; by default bench/results/latest.json for images,
-bench/results/video.json for videos, bench/results/audio.json for audio), and `--doc` is
+bench/results/video.json for videos, bench/results/audio.json for audio,
+bench/results/lora.json for adapters), and `--doc` is
 rendered again from the results files with them (bench/render.py), the image load's
 figures beside it.
 With `--profile`, py-spy records each Prism stage's Python process during the highest
@@ -38,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import parity
-from bench.lib.load import ServerFailed, drive, repeats, requests, resend
+from bench.lib.load import ADAPTERS, ServerFailed, drive, repeats, requests, resend
 from bench.lib.metrics import prompt_sources, scrape
 from bench.lib.profile import finish, record, tree_cpu_seconds
 from bench.lib.report import publish
@@ -56,7 +59,9 @@ from bench.lib.servers import (
 from bench.lib.shapes import DYNAMO_AGG, DYNAMO_E_PD, DYNAMO_PD, slug
 from bench.lib.stats import anchor_pairs, median_ratios, medians, shape_pairs
 
-LOADS = ("image", "video", "audio")
+LOADS = ("image", "video", "audio", "lora")
+# The LoRA load's engines, on both sides: as many adapters at once as it asks for.
+LORA_FLAGS = ("--enable-lora", "--max-loras", "2", "--max-lora-rank", "8")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -111,14 +116,27 @@ def level_loads(args: argparse.Namespace, round_: int) -> dict[int, tuple[list, 
     return out
 
 
+def adapters(model: str, logs: Path) -> tuple[str, ...]:
+    """The LoRA load's adapters of `model`, built under `logs`, as NAME=PATH."""
+    from prism.devtools.lora import build_lora
+
+    return tuple(
+        f"{name}={build_lora(Path(model), logs / name, rank=8, seed=seed)}"
+        for seed, name in enumerate(ADAPTERS, 1)
+    )
+
+
 def starters(args: argparse.Namespace, logs: Path) -> list[Callable[[], Server]]:
     """What starts each server, in the order they run in every round."""
     # The same caps as a Prism mesh's defaults (--max-images 8, --max-videos 4,
     # --max-audios 4).
-    limits = {"image": {"image": 8}, "video": {"image": 8, "video": 4}, "audio": {"audio": 4}}[
-        args.load
-    ]
-    out = [lambda: start_vllm(args.model, logs / "vllm-serve.log", limits)]
+    limits = {"image": {"image": 8}, "video": {"image": 8, "video": 4},
+              "audio": {"audio": 4}, "lora": {"image": 8}}[args.load]  # fmt: skip
+    lora = adapters(args.model, logs) if args.load == "lora" else ()
+    # Both sides' engines serve the adapters (`vllm serve --enable-lora --lora-modules`).
+    engine = LORA_FLAGS if lora else ()
+    vllm_extra = (*engine, "--lora-modules", *lora) if lora else ()
+    out = [lambda: start_vllm(args.model, logs / "vllm-serve.log", limits, extra=vllm_extra)]
     if args.anchors:
         if not DYNAMO_PYTHON.exists():
             raise SystemExit("the anchors are not installed: run `make bench-anchors`")
@@ -133,7 +151,12 @@ def starters(args: argparse.Namespace, logs: Path) -> list[Callable[[], Server]]
             lambda: start_vllm(args.model, logs / "vllm-serve-uni.log", limits, same_engine=True)
         )
     out += [
-        may_fail(lambda mode=mode: start_prism(mode, args.model, logs / f"{slug(mode)}.log"), mode)
+        may_fail(
+            lambda mode=mode: start_prism(
+                mode, args.model, logs / f"{slug(mode)}.log", vllm_flags=engine, lora_modules=lora
+            ),
+            mode,
+        )
         for mode in args.modes.split(",")
     ]
     return out
@@ -246,7 +269,7 @@ def run_rounds(
             try:
                 check_parity(server, args, expected, tally)
                 rows += run_server(server, level_loads(args, round_), profile)
-                if args.load != "image" and args.repeats:
+                if args.load in ("video", "audio") and args.repeats:
                     resends.append(resent_once(server, args, round_))
             except ServerFailed as exc:
                 tally.failed[index] = f"{server.name} failed: {exc}"

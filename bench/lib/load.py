@@ -66,14 +66,22 @@ def chat(model: str, content: list[dict], max_tokens: int) -> dict:
     }
 
 
+# The LoRA load's models, in turn: the base model (None: the server's), then each adapter
+# (bench.serve builds them, random, and every server serves them by these names).
+ADAPTERS = ("a1", "a2")
+
+
 def requests(model: str, seeds: range, max_tokens: int, load: str = "image") -> list[dict]:
-    """A fixed load: a chat per seed, each with its own image, video or clip and question."""
+    """A fixed load: a chat per seed, each with its own image, video or clip and question;
+    the LoRA load's, an image each, asks the base model and each adapter in turn."""
+    models = [model, *ADAPTERS] if load == "lora" else [model]
+    media = "image" if load == "lora" else load
     return [
         chat(
-            model,
+            models[seed % len(models)],
             [
-                media_part(load, seed),
-                {"type": "text", "text": f"Question {seed}: what is in this {load}?"},
+                media_part(media, seed),
+                {"type": "text", "text": f"Question {seed}: what is in this {media}?"},
             ],
             max_tokens,
         )

@@ -18,6 +18,7 @@ RECORDS = {
     "image": DIR / "latest.json",
     "video": DIR / "video.json",
     "audio": DIR / "audio.json",
+    "lora": DIR / "lora.json",
     "anchors": DIR / "anchors.json",
     "scale": DIR / "scale.json",
     "routing": DIR / "routing.json",

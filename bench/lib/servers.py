@@ -27,6 +27,7 @@ from bench.lib.shapes import ANCHOR, DYNAMO_AGG, DYNAMO_E_PD, DYNAMO_PD, SAME_EN
 from prism.config.commands import MeshConfig, ServeConfig
 from prism.config.common import LimitConfig, LogConfig, ModelConfig
 from prism.config.gateway import HttpConfig
+from prism.config.lora import LoraConfig
 from prism.ops import gpus
 from prism.ops.launcher import Mesh
 from prism.ops.plan import plan
@@ -123,9 +124,12 @@ def vllm_argv(model: str, port: int, limits: dict) -> list[str]:
             "--uvicorn-log-level", "warning"]  # fmt: skip
 
 
-def start_vllm(model: str, log: Path, limits: dict, same_engine: bool = False) -> Server:
+def start_vllm(
+    model: str, log: Path, limits: dict, same_engine: bool = False, extra: tuple[str, ...] = ()
+) -> Server:
+    """`vllm serve` on `model`, with `extra` flags (its LoRA adapters)."""
     port = free_port()
-    argv = vllm_argv(model, port, limits)
+    argv = [*vllm_argv(model, port, limits), *extra]
     env = dict(VLLM_ENV)
     if same_engine:
         argv += ["--distributed-executor-backend", "uni"]
@@ -265,15 +269,22 @@ _EXCEPTION = re.compile(r"^\w[\w.]*(Error|Exception)\b")
 
 
 def start_prism(
-    mode: str, model: str, log: Path, vllm_flags: tuple[str, ...] = (), **serve: Any
+    mode: str,
+    model: str,
+    log: Path,
+    vllm_flags: tuple[str, ...] = (),
+    lora_modules: tuple[str, ...] = (),
+    **serve: Any,
 ) -> Server:
     """A mesh of `mode`; `serve`, fields of its ServeConfig (prefill_workers=2);
-    `vllm_flags`, vLLM's engine arguments for every engine (--enforce-eager)."""
+    `vllm_flags`, vLLM's engine arguments for every engine (--enforce-eager);
+    `lora_modules`, its LoRA adapters (NAME=PATH)."""
     port, grpc_port = free_port(), free_port()
     config = MeshConfig(ModelConfig(model),
                         ServeConfig(mode, grpc_port=grpc_port, **serve),
                         HttpConfig(http_port=port),
                         limit=LimitConfig(0), log=LogConfig("warning"),
+                        lora=LoraConfig(list(lora_modules)),
                         vllm_flags=list(vllm_flags))  # fmt: skip
     mesh = Mesh.forking(plan(config))
     with open(log, "w") as out:

@@ -27,10 +27,16 @@ def loads_section(results: dict[str, dict[str, Any]]) -> list[str]:
             f"one {AUDIO_SECONDS:g} s clip of noise (16-bit mono WAV at "
             f"{AUDIO_RATE // 1000} kHz, the model's rate) as an `input_audio` part"
         ),
+        "lora": (
+            "one 64x48 image, asking the base model and two random LoRA adapters of it "
+            "(rank 8) in turn, every server serving both (`--enable-lora --max-loras 2 "
+            "--lora-modules`)"
+        ),
     }
     for load, what in media.items():
         if result := results.get(load):
-            lines += [f"## {load.capitalize()} load", "", setting(result, what), "",
+            title = "LoRA" if load == "lora" else load.capitalize()
+            lines += [f"## {title} load", "", setting(result, what), "",
                       *table(result), "", *resent_lines(load, result["resent"])]  # fmt: skip
     return lines
 
