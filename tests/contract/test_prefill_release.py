@@ -48,7 +48,7 @@ class Engine:
         # Whether the worker reads the finished output, or is cut short before it does.
         self.deliver = True
 
-    async def generate(self, prompt, params, request_id: str):
+    async def generate(self, prompt, params, request_id: str, lora_request=None):
         engine_id = f"{request_id}-0a1b2c3d"
         self.processing.add(engine_id)
         await asyncio.sleep(0)

@@ -175,7 +175,7 @@ class Pipeline:
             modality.items(embeddings).append(handle)
         return embeddings
 
-    def _keys(self, prompt_ids: list[int], media: PromptMedia, adapter: str) -> list[int]:
+    def _keys(self, prompt_ids: list[int], media: PromptMedia, adapter: str = "") -> list[int]:
         """The keys of the prompt's blocks that `kv` routing can know (under the LoRA
         `adapter`, "" for the base model): up to its first item whose tokens the processor
         cannot count."""
