@@ -28,8 +28,8 @@ def loads_section(results: dict[str, dict[str, Any]]) -> list[str]:
             f"{AUDIO_RATE // 1000} kHz, the model's rate) as an `input_audio` part"
         ),
         "lora": (
-            "one 64x48 image, asking the base model and two random LoRA adapters of it "
-            "(rank 8) in turn, every server serving both (`--enable-lora --max-loras 2 "
+            "one 64x48 image (the base model and two random rank-8 LoRA adapters of it "
+            "asked in turn, every server serving both: `--enable-lora --max-loras 2 "
             "--lora-modules`)"
         ),
     }
