@@ -125,6 +125,10 @@ def test_chaos_in_e_p_d_leaves_nothing_hung_or_held(models, tmp_path):
     count = 300
     plan = [(i % 3 == 0, rng.random() < 0.1, rng.randint(1, 10)) for i in range(count)]
     outcomes: Counter[str] = Counter()
+    # Clients that meant to hang up but whose answer came whole first: its tokens may come
+    # in fewer events than `after` (events ready together travel as one, as after a
+    # request moved to the other decode).
+    answered_first: list[bool] = []
     done = threading.Event()
     lock = threading.Lock()
 
@@ -158,6 +162,8 @@ def test_chaos_in_e_p_d_leaves_nothing_hung_or_held(models, tmp_path):
         finally:
             with lock:
                 outcomes[outcome] += 1
+                if hang_up and outcome == "completed":
+                    answered_first.append(True)
                 if sum(outcomes.values()) >= 90:
                     done.set()
 
@@ -185,7 +191,8 @@ def test_chaos_in_e_p_d_leaves_nothing_hung_or_held(models, tmp_path):
         # Every request completed, was hung up on, or ended with a clean error, rarely.
         clean = {"completed", "hung up"}
         assert not [o for o in outcomes if o not in clean and not o.startswith(("http ", "error "))]
-        assert outcomes["hung up"] == sum(hang for _, hang, _ in plan), outcomes
+        planned = sum(hang for _, hang, _ in plan)
+        assert outcomes["hung up"] + len(answered_first) == planned, outcomes
         assert outcomes["completed"] + outcomes["hung up"] >= count * 0.99, outcomes
 
         def idle() -> bool:
