@@ -9,7 +9,10 @@ open on it have yet to compute, in the spirit of Dynamo's KV router; decode goes
 and an encoder by the media item it is to encode: each item's content hash has an owner
 among the encoders (rendezvous hashing), whose embedding cache then holds it, unless the
 owner has more than `encoder_slack` calls in flight beyond the least busy encoder (a burst
-of one image, or of images one encoder owns, then spreads). Replicas whose health probe
+of one image, or of images one encoder owns, then spreads). Under `kv` a request for a LoRA
+adapter goes likewise to the adapter's owner among the engines, which then holds it loaded,
+unless that owner is busier than the least busy by more than `adapter_slack`. Replicas
+whose health probe
 or last call failed (a draining one among them) are skipped while any other is left.
 """
 
@@ -45,6 +48,7 @@ class Router:
         rng: random.Random | None = None,
         overlap_weight: float = 1.0,
         encoder_slack: int = 4,
+        adapter_slack: int = 4,
     ):
         if policy not in POLICIES:
             raise ValueError(
@@ -55,7 +59,8 @@ class Router:
         self._rng = rng or random.Random()
         self._turns: dict[str, itertools.count] = collections.defaultdict(itertools.count)
         self._down: set[str] = set()
-        # When each replica was last marked down by a failed call.
+        # When each replica was last marked down by a failed call, until a probe sent
+        # since finds it serving.
         self._failed_at: dict[str, float] = {}
         self._reported: dict[str, int] = {}
         self._open: collections.Counter[str] = collections.Counter()
@@ -65,6 +70,7 @@ class Router:
         self.block_size = 0
         self.overlap_weight = overlap_weight
         self.encoder_slack = encoder_slack
+        self.adapter_slack = adapter_slack
         self._blocks: collections.Counter[str] = collections.Counter()
 
     def pick(
@@ -73,15 +79,23 @@ class Router:
         exclude: Collection[str] = (),
         keys: Sequence[int] = (),
         content: str = "",
+        adapter: str = "",
     ) -> str:
-        """A replica of `role` for a call; `keys`, the prompt's block keys, and `content`,
-        the content hash of the media it encodes, where `kv` routes by them."""
+        """A replica of `role` for a call; `keys`, the prompt's block keys, `content`, the
+        content hash of the media it encodes, and `adapter`, the LoRA adapter it runs,
+        where `kv` routes by them."""
         candidates = self._candidates(role, exclude)
         telemetry.ROUTING_DECISIONS.labels(self.policy, role).inc()
         if self.policy == "kv" and content:
             owner = _owner(candidates, content)
             least = min(candidates, key=self.load)
             return least if self.load(owner) > self.load(least) + self.encoder_slack else owner
+        if self.policy == "kv" and adapter:
+            # The adapter's owner holds it loaded (and the prefixes computed with it);
+            # past the slack, the policy's own choice.
+            owner = _owner(candidates, f"adapter:{adapter}")
+            if self.load(owner) <= min(map(self.load, candidates)) + self.adapter_slack:
+                return owner
         if self.policy == "random":
             return self._rng.choice(candidates)
         turn = next(self._turns[role])
@@ -104,8 +118,14 @@ class Router:
         candidates = [a for a in self.registry.endpoints(role) if a not in exclude]
         if not candidates:
             raise PrismError(grpc.StatusCode.UNAVAILABLE, f"no {role} is available")
-        # A replica believed down may have come back; try one only when none is up.
-        return [a for a in candidates if a not in self._down] or candidates
+        # A replica believed down may have come back; try one only when none is up, and
+        # then first one that only a probe found down (e.g. still starting when last
+        # probed) rather than one a call just failed on.
+        return (
+            [a for a in candidates if a not in self._down]
+            or [a for a in candidates if a not in self._failed_at]
+            or candidates
+        )
 
     def _by_cache(self, candidates: list[str], keys: Sequence[int]) -> list[str]:
         """The candidates of least cost for a prompt of block `keys`."""
@@ -162,6 +182,7 @@ class Router:
         if serving:
             if probed_at is None or probed_at >= self._failed_at.get(address, -math.inf):
                 self._down.discard(address)
+                self._failed_at.pop(address, None)
         else:
             self._down.add(address)
         if in_flight is not None:

@@ -157,6 +157,13 @@ class RoutingConfig(Flags):
         "flight beyond the least busy one's",
         minimum=0,
     )
+    adapter_load_slack: int = flag(
+        4,
+        "--routing kv: a request for a LoRA adapter goes to the engine that owns the adapter "
+        "(which then holds it loaded) unless that engine has more than this many requests "
+        "in flight beyond the least busy one's",
+        minimum=0,
+    )
 
 
 @dataclass

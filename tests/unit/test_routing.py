@@ -119,6 +119,30 @@ def test_kv_sends_an_item_past_its_owner_only_when_the_owner_is_busier_by_the_sl
     assert r.pick("encoder", content=item) == owner
 
 
+def test_kv_sends_an_adapters_requests_to_its_owner_within_the_slack():
+    r = router("kv", worker=["a:1", "b:1", "c:1"], decode=["d:1", "e:1"])
+    adapters = [f"lora{i}" for i in range(30)]
+    owners = {name: r.pick("worker", adapter=name) for name in adapters}
+    # Adapters spread over the engines, each always to the same one, prefill and decode
+    # alike; the base model's requests go by the policy alone.
+    assert set(owners.values()) == {"a:1", "b:1", "c:1"}
+    assert all(r.pick("worker", adapter=name) == owners[name] for name in adapters)
+    assert len({r.pick("decode", adapter="lora0") for _ in range(4)}) == 1
+    assert {r.pick("worker") for _ in range(6)} == {"a:1", "b:1", "c:1"}
+    owner = owners["lora0"]
+    r.report(owner, True, in_flight=r.adapter_slack)
+    assert r.pick("worker", adapter="lora0") == owner  # busier, within the slack
+    r.report(owner, True, in_flight=r.adapter_slack + 1)
+    assert r.pick("worker", adapter="lora0") != owner
+    # An owner lost: only its adapters move.
+    r.mark_down(owner)
+    moved = {name for name in adapters if r.pick("worker", adapter=name) != owners[name]}
+    assert moved == {name for name in adapters if owners[name] == owner}
+    # Other policies ignore adapters.
+    rr = router(worker=["a:1", "b:1"])
+    assert {rr.pick("worker", adapter="lora0") for _ in range(4)} == {"a:1", "b:1"}
+
+
 def test_least_loaded_follows_reports_and_open_calls():
     r = router("least-loaded", worker=["a:1", "b:1", "c:1"])
     r.report("a:1", True, in_flight=5)
@@ -150,7 +174,10 @@ def test_down_replicas_are_skipped_while_another_is_up():
     r.mark_down("a:1")
     assert {r.pick("worker") for _ in range(4)} == {"b:1"}
     r.report("b:1", serving=False)
-    # Everything down: try them anyway rather than refuse.
+    # Everything down: try them anyway rather than refuse, first the one only a probe
+    # found down (perhaps still starting then) rather than the one a call failed on.
+    assert {r.pick("worker") for _ in range(4)} == {"b:1"}
+    r.mark_down("b:1")
     assert {r.pick("worker") for _ in range(4)} == {"a:1", "b:1"}
     r.report("a:1", serving=True)
     assert {r.pick("worker") for _ in range(4)} == {"a:1"}
@@ -415,6 +442,27 @@ def test_a_decode_gone_before_its_first_reply_is_not_retried_on_the_same_kv():
     assert decoded.kv_transfer_params.remote_request_id == "r1-migrated-1-engine"
     # The spare decode draws the first token again (here 2), which is dropped.
     assert tokens == [5, 5]
+
+
+def test_a_decode_that_does_not_connect_is_passed_over_before_any_call():
+    """Nothing was sent to it, so nothing read the KV: another decode takes the request
+    with no second prefill."""
+
+    async def main() -> tuple[list[int], FakePrefill, FakeEngine, Router]:
+        prefill, spare = FakePrefill(5), FakeEngine(2)
+        servers = await engines(prefill, spare)
+        prefill_at, spare_at = (f"127.0.0.1:{s.port}" for s in servers)
+        dead_at = f"127.0.0.1:{free_port()}"
+        router = Router(StaticRegistry({"prefill": [prefill_at], "decode": [dead_at, spare_at]}))
+        sampling = common_pb2.SamplingParams(max_tokens=4, seed=1)
+        tokens = await migrated(Pipeline(MODES["ep/d"], router), servers, sampling)
+        return tokens, prefill, spare, router
+
+    tokens, prefill, spare, router = asyncio.run(main())
+    assert [list(r.prompt_token_ids) for r in prefill.requests] == [[7, 8]]
+    assert len(spare.requests) == 1
+    assert tokens == [5]
+    assert {router.pick("decode") for _ in range(4)} == {router.registry.endpoints("decode")[1]}
 
 
 class FakeDecode(FakeEngine):

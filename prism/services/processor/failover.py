@@ -97,21 +97,21 @@ class Failover:
         keys: Sequence[int] = (),
         blocks: int = 0,
         content: str = "",
+        adapter: str = "",
     ) -> AsyncIterator:
         """The replies of the call `start(address)` makes to a replica of `role` (one for a
         unary call), for a prompt of `blocks` blocks whose `keys` kv routing knows, or for
-        media whose `content` hash it knows. If the replica turns out to be full, or gone
-        (with `retry_gone`), before its first reply, tries once more on another one."""
+        media whose `content` hash it knows, run with LoRA `adapter` if named. If the
+        replica turns out to be full, or gone (with `retry_gone`), before its first reply,
+        tries once more on another one; one whose channel does not connect is passed over
+        for another before any call."""
         tried: list[str] = []
         while True:
-            address = self.router.pick(role, exclude=tried, keys=keys, content=content)
-            channel = self.peers.channel(address)
-            if channel.get_state(try_to_connect=True) != grpc.ChannelConnectivity.READY:
-                # A replica that came up (or back) moments ago may still be in its channel's
-                # reconnect backoff, where a call fails at once with the last connect error
-                # (a refusal from before it listened): give it a moment to connect.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(channel.channel_ready(), _CONNECT_S)
+            address = self.router.pick(
+                role, exclude=tried, keys=keys, content=content, adapter=adapter
+            )
+            if await self._passed_over(role, address, tried):
+                continue
             replied = False
             first_reply = telemetry.STAGE_FIRST_REPLY.labels(role)
             open_for = telemetry.STAGE_CALL_SECONDS.labels(role)
@@ -164,6 +164,27 @@ class Failover:
             finally:
                 if not replied:
                     waiting.dec()
+
+    async def _passed_over(self, role: MeshRole, address: str, tried: list[str]) -> bool:
+        """Whether the replica at `address` is passed over (then added to `tried`): its
+        channel does not connect, and another replica is left. A replica that came up (or
+        back) moments ago may still be in its channel's reconnect backoff, where a call
+        fails at once with the last connect error (a refusal from before it listened): it
+        is given a moment to connect."""
+        channel = self.peers.channel(address)
+        if channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
+            return False
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(channel.channel_ready(), _CONNECT_S)
+        others = [a for a in self.router.registry.endpoints(role) if a not in (*tried, address)]
+        if channel.get_state() == grpc.ChannelConnectivity.READY or not others:
+            return False
+        # Gone, and nothing was sent to it: safe to take elsewhere, even a decode (which
+        # may not retry once it could have read the KV).
+        self.router.mark_down(address)
+        tried.append(address)
+        log.warning("%s %s does not connect; trying another replica", role, address)
+        return True
 
     async def migrating(
         self,

@@ -205,8 +205,9 @@ class Pipeline:
         # second decode could read reused blocks. The request migrates instead, prefilled
         # again.
         return self.failover.on_replica(
-            role, call, start, retry_gone=role != MeshRole.DECODE, keys=keys or [], blocks=blocks
-        )
+            role, call, start, retry_gone=role != MeshRole.DECODE, keys=keys or [], blocks=blocks,
+            adapter=request.adapter.name,
+        )  # fmt: skip
 
     async def _prefill_then_decode(
         self, request: engine_pb2.GenerateRequest, call: StageCalls, keys: list[int]

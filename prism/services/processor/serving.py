@@ -46,6 +46,7 @@ async def serve(
     from transformers import AutoTokenizer
 
     from prism.engine.parsing import Parsers
+    from prism.services.processor.adapter_state import AdapterState
     from prism.services.processor.adapters import AdapterLoading, ServedModels
     from prism.services.processor.servicer import InferenceServicer
 
@@ -63,6 +64,7 @@ async def serve(
         routing.routing,
         overlap_weight=routing.kv_overlap_weight,
         encoder_slack=routing.encoder_load_slack,
+        adapter_slack=routing.adapter_load_slack,
     )
     pipeline = Pipeline(deployed, router, inputs, not own.no_encoder_fallback)
     loader = MediaLoader(media_policy(config.media, config.fetch))
@@ -78,7 +80,12 @@ async def serve(
         raise SystemExit(f"prism processor: {exc}") from None
     servicer = InferenceServicer(
         tokenizer,
-        ServedModels(served_model, model.model, adapters),
+        ServedModels(
+            served_model,
+            model.model,
+            adapters,
+            AdapterState(config.lora.lora_state) if config.lora.lora_state else None,
+        ),
         pipeline,
         loader,
         model.max_model_len or context_length(model.model),
