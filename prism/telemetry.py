@@ -111,6 +111,16 @@ COMPLETION_TOKENS = Counter(
 LORA_REQUESTS = Counter(
     "prism_lora_requests", "Requests for a LoRA adapter, by its name", ["adapter"]
 )
+LORA_TOKENS = Counter(
+    "prism_lora_tokens",
+    "Tokens of answered requests for a LoRA adapter, by its name and kind (prompt, completion)",
+    ["adapter", "kind"],
+)
+LORA_LOADED = Gauge(
+    "prism_engine_lora_adapters",
+    "LoRA adapters this engine holds loaded (1 each), by name",
+    ["adapter"],
+)
 FIRST_TOKEN_DIVERGENCES = Counter(
     "prism_first_token_divergences",
     "P/D requests whose decode drew another first token than their prefill (both seeded "

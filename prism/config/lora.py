@@ -31,6 +31,15 @@ class LoraConfig(Flags):
         several=True,
     )
 
+    lora_state: str = flag(
+        "",
+        "a file that keeps the LoRA adapters served once they change at run time, so that "
+        "fronts sharing it serve what any of them loaded, and a front started again what "
+        "was loaded before (`prism serve` gives its fronts one); none: each processor's "
+        "memory",
+        metavar="FILE",
+    )
+
     def modules(self) -> dict[str, str]:
         """Each adapter's path (absolute: every stage on this host finds it), by name.
         Raises ValueError on a malformed entry or a name given twice."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from vllm.lora.request import LoRARequest
 
+from prism import telemetry
 from prism.engine.types import AsyncLLM
 
 __all__ = ["LoRARequest", "LoraAdapters"]
@@ -50,6 +51,7 @@ class LoraAdapters:
             except Exception as exc:  # vLLM's loader raises what the files make it raise
                 raise ValueError(f"adapter {name!r} cannot be loaded from {path}: {exc}") from None
             self._loaded.add(lora_id)
+            telemetry.LORA_LOADED.labels(name).set(1)
         return lora
 
     async def drop(self, name: str) -> bool:
@@ -62,4 +64,6 @@ class LoraAdapters:
             if lora_id in self._loaded:
                 self._loaded.discard(lora_id)
                 dropped = bool(await self.engine.remove_lora(lora_id)) or dropped
+        if held:
+            telemetry.LORA_LOADED.remove(name)
         return dropped

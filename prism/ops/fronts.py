@@ -15,6 +15,7 @@ from collections.abc import Callable
 from prism.config.commands import MeshConfig
 from prism.config.common import AddressConfig, LimitConfig, MetricsConfig
 from prism.config.gateway import GatewayConfig, HttpConfig
+from prism.config.lora import LoraConfig
 from prism.config.processor import ProcessorConfig
 from prism.modes import MeshRole
 from prism.ops.stage_process import StageProcess, grpc_stage, http_ok
@@ -68,9 +69,10 @@ def plan(
     # The mesh's bound on requests in flight, shared out among its fronts.
     bound = config.limit.max_in_flight
     limit = LimitConfig(bound and max(1, bound // workers))
+    gateway_config, lora, scratch = _scratch(config, workers)
     argv = [*config.fetch.to_argv(), *own.to_argv(), *config.routing.to_argv(),
             *limit.to_argv(), *config.tools.to_argv(), *config.reasoning.to_argv(),
-            *config.lora.to_argv(), *peers(by_role)]  # fmt: skip
+            *lora.to_argv(), *peers(by_role)]  # fmt: skip
     base_url = f"http://{http.http_host}:{http.http_port}"
     kserve_port = config.gateway.kserve_grpc_port
     doors_healthy = functools.partial(
@@ -81,6 +83,7 @@ def plan(
     if config.serve.front == "split":
         processor = grpc_stage("processor", grpc_host, [*head, "processor", *model(config), *argv],
                                port=config.serve.grpc_port, reach=reach)  # fmt: skip
+        processor.scratch = scratch
         gateway = StageProcess(
             "gateway",
             base_url,
@@ -93,8 +96,7 @@ def plan(
             env=env,
         )  # fmt: skip
         return [processor, gateway]
-    gateway, store = _shared_store(config, workers)
-    argv = [*argv, *http.to_argv(), *gateway.to_argv()]
+    argv = [*argv, *http.to_argv(), *gateway_config.to_argv()]
     if workers == 1:
         front = grpc_stage("front", grpc_host, [*head, "front", *model(config), *argv],
                            port=config.serve.grpc_port, reach=reach)  # fmt: skip
@@ -102,6 +104,7 @@ def plan(
         front.healthy = lambda: grpc_healthy() and doors_healthy()
         front.url = base_url
         front.env.update(env)
+        front.scratch = scratch
         return [front]
     # The ports the fronts share are chosen once.
     port = config.serve.grpc_port or free_port(grpc_host)
@@ -119,7 +122,7 @@ def plan(
         front.healthy = functools.partial(_front_healthy, own_health, doors_healthy)
         front.url = base_url
         front.env.update(env)
-        front.scratch = store
+        front.scratch = scratch
         shared.append(front)
     return shared
 
@@ -138,16 +141,25 @@ def claim_ports(config: MeshConfig) -> list[int | None]:
     ]
 
 
-def _shared_store(config: MeshConfig, workers: int) -> tuple[GatewayConfig, str]:
-    """The gateway's flags; fronts that share the ports share one response store too (a
-    follow-up reaches whichever the kernel picks), in a directory of this mesh's own that
-    only its user can read (conversations are in it), and that goes with the mesh: the
-    directory too, "" where there is none."""
-    if workers == 1 or config.gateway.responses_store:
-        return config.gateway, ""
-    directory = tempfile.mkdtemp(prefix="prism-responses-")
-    path = os.path.join(directory, "responses.sqlite3")
-    return dataclasses.replace(config.gateway, responses_store=path), directory
+def _scratch(config: MeshConfig, workers: int) -> tuple[GatewayConfig, LoraConfig, str]:
+    """The gateway's and the LoRA flags of the fronts, with what they keep outside their
+    memory in a directory of this mesh's own that only its user can read and that goes
+    with the mesh (the directory too, "" where there is none): the response store, where
+    fronts share their ports (a follow-up reaches whichever the kernel picks;
+    conversations are in it), and the adapters loaded at run time (every front serves
+    them, one started again too)."""
+    gateway, lora = config.gateway, config.lora
+    share_store = workers > 1 and not gateway.responses_store
+    keep_adapters = bool(lora.allowed_lora_dirs) and not lora.lora_state
+    if not (share_store or keep_adapters):
+        return gateway, lora, ""
+    directory = tempfile.mkdtemp(prefix="prism-front-")
+    if share_store:
+        store = os.path.join(directory, "responses.sqlite3")
+        gateway = dataclasses.replace(gateway, responses_store=store)
+    if keep_adapters:
+        lora = dataclasses.replace(lora, lora_state=os.path.join(directory, "adapters.json"))
+    return gateway, lora, directory
 
 
 def _front_healthy(own_health: str, doors_healthy: Callable[[], bool]) -> bool:

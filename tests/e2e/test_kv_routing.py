@@ -1,9 +1,10 @@
 """`--routing kv` on two aggregated workers behind two encoders (E/PD): each conversation's
 next turn goes to the worker whose prefix cache holds its start, its image's blocks
 included, so the engine serves those blocks from its cache; another image in the same place
-matches nothing past it; a processor started again learns both caches from their snapshots;
-each image is encoded once, by the encoder that owns it; a worker that dies leaves the
-processor's index and the rest serve on."""
+matches nothing past it; each LoRA adapter's requests go to the worker that owns it, and a
+prompt cached under one adapter is no hit for another or for the base; a processor started
+again learns both caches from their snapshots; each image is encoded once, by the encoder
+that owns it; a worker that dies leaves the processor's index and the rest serve on."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import threading
 
 import openai
 import pytest
-from support.cases import laid_out
+from support.cases import ADAPTERS, laid_out
 from support.content import data_url, image_part, png, user
 from support.meshes import start_mesh
 from support.waiting import wait_for
@@ -29,9 +30,11 @@ ENCODERS = ["encoder-0", "encoder-1"]
 
 
 @pytest.fixture(scope="module")
-def kv_mesh(models, tmp_path_factory):
+def kv_mesh(models, adapters, tmp_path_factory):
+    served_adapters = [f"{name}={path}" for name, path in adapters["llava"].items()]
     mesh = start_mesh("llava", "e/pd", models["llava"], tmp_path_factory.mktemp("kv"),
-                      workers=2, encoders=2, routing="kv")  # fmt: skip
+                      workers=2, encoders=2, routing="kv",
+                      lora_modules=served_adapters)  # fmt: skip
     try:
         # The mesh serves once one worker does: until the processor follows both workers'
         # caches and routes to both (a prompt shorter than a block is routed by load alone).
@@ -132,6 +135,36 @@ def test_a_conversations_image_blocks_are_found_where_they_were_cached(kv_mesh):
     other = image_turns(0, png(seed=299, size=(64, 48)))[0]
     reply = client.chat.completions.create(model=kv_mesh.model, messages=other, max_tokens=2)
     assert reply.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_an_image_prompt_cached_under_one_adapter_is_no_hit_for_another_or_the_base(kv_mesh):
+    """Each adapter's requests go to the engine that owns it, which alone loads it; the
+    same image chat is a cache hit under the same adapter only: the routing keys, like
+    vLLM's prefix cache, are the adapter's."""
+    size = block_size(kv_mesh)
+    client = openai.OpenAI(base_url=kv_mesh.base_url, api_key="unused", max_retries=0)
+    messages = image_turns(7, png(seed=350, size=(64, 48)))[0]
+    addresses = {kv_mesh.address(w): w for w in WORKERS}
+    owners = {a: addresses[Router(StaticRegistry({"worker": list(addresses)}), "kv").pick(
+        "worker", adapter=a)] for a in ADAPTERS}  # fmt: skip
+
+    def cached(model: str) -> int:
+        reply = client.chat.completions.create(model=model, messages=messages, max_tokens=2)
+        assert reply.model == model
+        return reply.usage.prompt_tokens_details.cached_tokens
+
+    assert cached("a1") == 0
+    assert cached("a1") >= 2 * size
+    assert cached("a2") == 0
+    assert cached(kv_mesh.model) == 0
+    assert cached("a2") >= 2 * size
+    for adapter in ADAPTERS:
+        held = {w: kv_mesh.metric(w, "prism_engine_lora_adapters", adapter=adapter)
+                for w in WORKERS}  # fmt: skip
+        assert held == {w: float(w == owners[adapter]) for w in WORKERS}, (adapter, held)
+        tokens = kv_mesh.metric("front", "prism_lora_tokens_total", adapter=adapter,
+                                kind="completion")  # fmt: skip
+        assert tokens == 4, adapter
 
 
 def test_a_processor_restarted_mid_traffic_learns_both_caches_from_their_snapshots(kv_mesh):

@@ -121,3 +121,20 @@ def test_doors_told_to_share_a_port_both_answer(monkeypatch):
         await asyncio.wait_for(asyncio.gather(*serving), 15)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_fronts_keep_the_adapters_loaded_at_run_time_in_one_file_of_the_meshs(workers):
+    config = mesh_config("epd", "m", engine="sim", front_workers=workers,
+                         allowed_lora_dirs=["/adapters"])  # fmt: skip
+    stages = plan(config)
+    fronts_ = [stage for stage in stages if stage.name.startswith("front")]
+    (state,) = {tuple(flag(stage.argv, "--lora-state")) for stage in fronts_}
+    directory = os.path.dirname(state[0])
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    launcher.Mesh(stages).stop()
+    assert not os.path.exists(directory)
+    # Without loading at run time, nothing to keep; a file of the user's own is theirs.
+    assert "--lora-state" not in plan(mesh_config("epd", "m", engine="sim"))[-1].argv
+    mine = mesh_config("epd", "m", engine="sim", allowed_lora_dirs=["/a"], lora_state="/s.json")
+    assert flag(plan(mine)[-1].argv, "--lora-state") == ["/s.json"]

@@ -1,12 +1,14 @@
 """LoRA adapters as the front knows them: `--lora-modules` in vLLM's two forms, a request's
 `model` resolved to the base or an adapter (or refused, named), the models listed as
 `vllm serve` lists them, `prism serve` refusing adapters without the engines' LoRA, and
-loads at run time refused where they are off, shared, duplicate or out of bounds."""
+loads at run time refused where they are off, shared, duplicate or out of bounds, and the
+adapters changed at run time kept in a file that fronts share (--lora-state)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import types
 
 import grpc
 import pytest
@@ -15,8 +17,10 @@ from support.meshes import mesh_config
 
 from prism.config.lora import LoraConfig
 from prism.ops.plan import check_lora
+from prism.proto.stage.v1 import engine_pb2
 from prism.proto.v1 import inference_pb2
 from prism.rpc.errors import PrismError
+from prism.services.processor.adapter_state import AdapterState
 from prism.services.processor.adapters import AdapterLoading, ServedModels
 
 
@@ -106,3 +110,39 @@ def test_unloading_an_adapter_the_mesh_does_not_serve_is_a_404():
         asyncio.run(_loading(["/adapters"]).unload(inference_pb2.UnloadAdapterRequest(name="x")))
     assert refused.value.code == grpc.StatusCode.NOT_FOUND
     assert "'x' cannot be found" in refused.value.message
+
+
+class _NoEngines:
+    # A pipeline whose mode runs no engine: loads and unloads reach none.
+    mode = types.SimpleNamespace(roles=[])
+
+
+def test_fronts_sharing_a_state_file_serve_what_any_of_them_changed(tmp_path):
+    state = str(tmp_path / "adapters.json")
+
+    def front() -> ServedModels:
+        return ServedModels("tiny", "/models/tiny", {"a1": "/adapters/one"}, AdapterState(state))
+
+    first, second = front(), front()
+    # Until a change, the flags' adapters, and no file.
+    assert first.adapters == second.adapters == {"a1": "/adapters/one"}
+    assert not os.path.exists(state)
+    with first.changing() as adapters:
+        adapters["b"] = "/adapters/b"
+    assert second.resolve("b") == engine_pb2.LoraAdapter(name="b", path="/adapters/b")
+    # Unloaded through the second (with its ports shared: the file makes it safe), gone
+    # from the first; a front started again serves what the file holds.
+    loading = AdapterLoading(second, _NoEngines(), ["/adapters"], shared=True)  # type: ignore[arg-type]
+    asyncio.run(loading.unload(inference_pb2.UnloadAdapterRequest(name="a1")))
+    with pytest.raises(PrismError):
+        first.resolve("a1")
+    assert front().adapters == {"b": "/adapters/b"}
+    assert [m.id for m in front().listed(7, 64)] == ["tiny", "b"]
+
+
+def test_a_change_that_fails_leaves_the_state_as_it_was(tmp_path):
+    models = ServedModels("tiny", "/m", {"a1": "/adapters/one"}, AdapterState(str(tmp_path / "s")))
+    with pytest.raises(RuntimeError), models.changing() as adapters:
+        adapters["b"] = "/adapters/b"
+        raise RuntimeError
+    assert models.adapters == {"a1": "/adapters/one"}

@@ -10,18 +10,21 @@ vLLM keys an adapter's prefix cache apart from the base model's and from other a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 
 import grpc
 
 from prism import telemetry
 from prism.modes import MeshRole
 from prism.proto.stage.v1 import engine_pb2, engine_pb2_grpc
-from prism.proto.v1 import errors_pb2, inference_pb2
+from prism.proto.v1 import common_pb2, errors_pb2, inference_pb2
 from prism.rpc.channel import call_metadata
 from prism.rpc.errors import PrismError, invalid
 from prism.runtime.service import Service
+from prism.services.processor.adapter_state import AdapterState
 from prism.services.processor.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
@@ -30,12 +33,30 @@ _CALL_S = 60.0
 
 
 class ServedModels:
-    """The base model `base` (served as `name`) and the adapters `adapters` (name → path)."""
+    """The base model `base` (served as `name`) and the adapters `adapters` (name → path),
+    as changed at run time: in `state` if given, else in this processor's memory."""
 
-    def __init__(self, name: str, base: str, adapters: dict[str, str]) -> None:
+    def __init__(
+        self, name: str, base: str, adapters: dict[str, str], state: AdapterState | None = None
+    ) -> None:
         self.name = name
         self.base = base
-        self.adapters = dict(adapters)
+        self._adapters = dict(adapters)
+        self.state = state
+
+    @property
+    def adapters(self) -> dict[str, str]:
+        held = self.state.read() if self.state is not None else None
+        return self._adapters if held is None else held
+
+    @contextlib.contextmanager
+    def changing(self) -> Iterator[dict[str, str]]:
+        """The adapters, to change in the block."""
+        if self.state is None:
+            yield self._adapters
+        else:
+            with self.state.changing(self._adapters) as adapters:
+                yield adapters
 
     def resolve(self, model: str) -> engine_pb2.LoraAdapter | None:
         """The adapter a request's `model` names, counted (prism_lora_requests); None for
@@ -43,15 +64,22 @@ class ServedModels:
         when it names neither."""
         if not model or model == self.name:
             return None
-        if model in self.adapters:
+        if (path := self.adapters.get(model)) is not None:
             telemetry.LORA_REQUESTS.labels(model).inc()
-            return engine_pb2.LoraAdapter(name=model, path=self.adapters[model])
+            return engine_pb2.LoraAdapter(name=model, path=path)
         raise PrismError(
             grpc.StatusCode.NOT_FOUND,
             f"The model `{model}` does not exist.",
             reason=errors_pb2.ERROR_REASON_MODEL_NOT_FOUND,
             param="model",
         )
+
+    @staticmethod
+    def count(adapter: engine_pb2.LoraAdapter | None, usage: common_pb2.Usage) -> None:
+        """Counts an answered request's tokens under its adapter (prism_lora_tokens)."""
+        if adapter is not None:
+            telemetry.LORA_TOKENS.labels(adapter.name, "prompt").inc(usage.prompt_tokens)
+            telemetry.LORA_TOKENS.labels(adapter.name, "completion").inc(usage.completion_tokens)
 
     def listed(self, created: int, max_model_len: int) -> list[inference_pb2.Model]:
         """The base model, then each adapter with the base as its parent."""
@@ -71,9 +99,9 @@ class AdapterLoading:
     A load is allowed only under `allowed` directories (none: loading at run time is off),
     and is made on every engine replica first, so that an adapter that cannot be loaded is
     refused with the engine's cause before it is served; replicas that start later load it
-    from the requests that name it. The adapters loaded live in this processor's memory:
-    where several fronts share their ports (`shared`), a load would reach one of them, so
-    it is refused there."""
+    from the requests that name it. Where several fronts share their ports (`shared`), a
+    load reaches one of them: it is refused there unless the adapters are kept in a file
+    they share (`--lora-state`, which `prism serve` gives them)."""
 
     def __init__(
         self, models: ServedModels, pipeline: Pipeline, allowed: list[str], shared: bool
@@ -120,7 +148,8 @@ class AdapterLoading:
             raise PrismError(
                 grpc.StatusCode.UNAVAILABLE, f"engine {address}: {exc.details()}"
             ) from None
-        self.models.adapters[name] = path
+        with self.models.changing() as adapters:
+            adapters[name] = path
         log.info("LoRA adapter %r loaded from %s", name, path)
         return inference_pb2.LoadAdapterResponse()
 
@@ -135,7 +164,8 @@ class AdapterLoading:
                 reason=errors_pb2.ERROR_REASON_MODEL_NOT_FOUND,
                 param="lora_name",
             )
-        del self.models.adapters[request.name]
+        with self.models.changing() as adapters:
+            adapters.pop(request.name, None)
         await self._drop(request.name, self._engines())
         log.info("LoRA adapter %r unloaded", request.name)
         return inference_pb2.UnloadAdapterResponse()
@@ -147,11 +177,12 @@ class AdapterLoading:
                 "loading LoRA adapters at run time is off: start Prism with "
                 "--allowed-lora-dirs DIR (adapters under DIR may be loaded)",
             )
-        if self.shared:
+        if self.shared and self.models.state is None:
             raise PrismError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "this front shares its ports with other fronts (--front-workers), which "
-                "would not know the adapter: serve it with --lora-modules",
+                "would not know the adapter: give them one --lora-state file, or serve it "
+                "with --lora-modules",
             )
 
     def _engines(self) -> list[str]:

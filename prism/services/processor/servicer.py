@@ -150,6 +150,7 @@ class InferenceServicer:
             ]
             async for response in streams[0] if len(streams) == 1 else merge(streams):
                 yield response
+            self.models.count(adapter, tally.usage())
         finally:
             self._active.pop(request_id, None)
 
