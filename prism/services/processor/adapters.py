@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import grpc
 
 from prism import telemetry
+from prism.config.lora import LoraConfig
 from prism.modes import MeshRole
 from prism.proto.stage.v1 import engine_pb2, engine_pb2_grpc
 from prism.proto.v1 import common_pb2, errors_pb2, inference_pb2
@@ -43,6 +44,12 @@ class ServedModels:
         self.base = base
         self._adapters = dict(adapters)
         self.state = state
+
+    @classmethod
+    def of(cls, name: str, base: str, lora: LoraConfig) -> ServedModels:
+        """The models `lora`'s flags serve beside `base`; ValueError if malformed."""
+        state = AdapterState(lora.lora_state) if lora.lora_state else None
+        return cls(name, base, lora.modules(), state)
 
     @property
     def adapters(self) -> dict[str, str]:

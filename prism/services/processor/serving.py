@@ -46,7 +46,6 @@ async def serve(
     from transformers import AutoTokenizer
 
     from prism.engine.parsing import Parsers
-    from prism.services.processor.adapter_state import AdapterState
     from prism.services.processor.adapters import AdapterLoading, ServedModels
     from prism.services.processor.servicer import InferenceServicer
 
@@ -75,17 +74,12 @@ async def serve(
     except ValueError as exc:
         raise SystemExit(f"prism processor: {exc}") from None
     try:
-        adapters = config.lora.modules()
+        models = ServedModels.of(served_model, model.model, config.lora)
     except ValueError as exc:
         raise SystemExit(f"prism processor: {exc}") from None
     servicer = InferenceServicer(
         tokenizer,
-        ServedModels(
-            served_model,
-            model.model,
-            adapters,
-            AdapterState(config.lora.lora_state) if config.lora.lora_state else None,
-        ),
+        models,
         pipeline,
         loader,
         model.max_model_len or context_length(model.model),
