@@ -3,6 +3,9 @@ through them."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
@@ -34,6 +37,21 @@ def sync_channel(address: str) -> grpc.Channel:
     if credentials is None:
         return grpc.insecure_channel(address, options=options.CHANNEL_OPTIONS)
     return grpc.secure_channel(address, credentials, channel_options())
+
+
+# How long a call may wait for its channel to connect.
+CONNECT_S = 3.0
+
+
+async def connected(channel: grpc.aio.Channel, timeout: float = CONNECT_S) -> bool:
+    """Whether `channel` is, or within `timeout` gets, connected. A server that came up (or
+    back) moments ago may still be in the channel's reconnect backoff, where a call fails
+    at once with the last connect error (a refusal from before it listened)."""
+    if channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
+        return True
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(channel.channel_ready(), timeout)
+    return channel.get_state() == grpc.ChannelConnectivity.READY
 
 
 async def is_serving(channel: grpc.aio.Channel, service: str = "", timeout: float = 1.0) -> bool:

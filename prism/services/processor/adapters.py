@@ -22,7 +22,7 @@ from prism.config.lora import LoraConfig
 from prism.modes import MeshRole
 from prism.proto.stage.v1 import engine_pb2, engine_pb2_grpc
 from prism.proto.v1 import common_pb2, errors_pb2, inference_pb2
-from prism.rpc.channel import call_metadata
+from prism.rpc.channel import call_metadata, connected
 from prism.rpc.errors import PrismError, invalid
 from prism.runtime.service import Service
 from prism.services.processor.adapter_state import AdapterState
@@ -143,7 +143,8 @@ class AdapterLoading:
         loaded: list[str] = []
         try:
             for address in engines:
-                await self._stub(address).LoadAdapter(
+                stub = await self._stub(address)
+                await stub.LoadAdapter(
                     engine_pb2.EngineServiceLoadAdapterRequest(adapter=adapter),
                     metadata=call_metadata(), timeout=_CALL_S,
                 )  # fmt: skip
@@ -197,8 +198,12 @@ class AdapterLoading:
         roles = [role for role in self.pipeline.mode.roles if role != MeshRole.ENCODER]
         return [a for role in roles for a in self.pipeline.router.registry.endpoints(role)]
 
-    def _stub(self, address: str) -> engine_pb2_grpc.EngineServiceStub:
-        return engine_pb2_grpc.EngineServiceStub(self.pipeline.peers.channel(address))
+    async def _stub(self, address: str) -> engine_pb2_grpc.EngineServiceStub:
+        """The engine's stub, once its channel is connected (a replica that started moments
+        ago is given that moment)."""
+        channel = self.pipeline.peers.channel(address)
+        await connected(channel)
+        return engine_pb2_grpc.EngineServiceStub(channel)
 
     async def _drop(self, name: str, addresses: list[str]) -> None:
         """Unloads `name` from the engines at `addresses`; one that cannot be asked drops
@@ -206,8 +211,7 @@ class AdapterLoading:
         request = engine_pb2.EngineServiceUnloadAdapterRequest(name=name)
         for address in addresses:
             try:
-                await self._stub(address).UnloadAdapter(
-                    request, metadata=call_metadata(), timeout=_CALL_S
-                )
+                stub = await self._stub(address)
+                await stub.UnloadAdapter(request, metadata=call_metadata(), timeout=_CALL_S)
             except grpc.aio.AioRpcError as exc:
                 log.warning("engine %s: adapter %r not unloaded: %s", address, name, exc.details())

@@ -5,7 +5,6 @@ elsewhere from the prompt plus the tokens already streamed.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -20,15 +19,13 @@ from prism.modes import MeshRole
 from prism.proto.stage.v1 import engine_pb2
 from prism.proto.v1 import common_pb2, errors_pb2
 from prism.rpc import multiplex
+from prism.rpc.channel import connected
 from prism.rpc.errors import PrismError
 from prism.runtime.clients import Peers
 
 log = logging.getLogger(__name__)
 
 CallT = TypeVar("CallT", bound=grpc.aio.Call | multiplex.MultiplexCall)
-
-# How long a call waits for its replica's channel to connect.
-_CONNECT_S = 3.0
 
 # A worker could not read what another replica held for the request (prefill's KV, an
 # encoder's embeddings): that replica is lost, not the worker, and so is its data for every
@@ -167,17 +164,11 @@ class Failover:
 
     async def _passed_over(self, role: MeshRole, address: str, tried: list[str]) -> bool:
         """Whether the replica at `address` is passed over (then added to `tried`): its
-        channel does not connect, and another replica is left. A replica that came up (or
-        back) moments ago may still be in its channel's reconnect backoff, where a call
-        fails at once with the last connect error (a refusal from before it listened): it
-        is given a moment to connect."""
-        channel = self.peers.channel(address)
-        if channel.get_state(try_to_connect=True) == grpc.ChannelConnectivity.READY:
+        channel does not connect in a moment (one that came up, or back, moments ago is
+        given that), and another replica is left."""
+        if await connected(self.peers.channel(address)):
             return False
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(channel.channel_ready(), _CONNECT_S)
-        others = [a for a in self.router.registry.endpoints(role) if a not in (*tried, address)]
-        if channel.get_state() == grpc.ChannelConnectivity.READY or not others:
+        if not [a for a in self.router.registry.endpoints(role) if a not in (*tried, address)]:
             return False
         # Gone, and nothing was sent to it: safe to take elsewhere, even a decode (which
         # may not retry once it could have read the KV).
