@@ -42,7 +42,7 @@ test-net:
 # per request (bench/results/latest.json), then EPD, E/PD and E/P/D with a video per request
 # (bench/results/video.json), then every mode with a clip of audio per request
 # (bench/results/audio.json), then every mode with the base model and two LoRA adapters asked
-# in turn (bench/results/lora.json), then vLLM's own client (`vllm bench serve`, sampled) against
+# in turn, three rounds (bench/results/lora.json), then vLLM's own client (`vllm bench serve`, sampled) against
 # every mode and `vllm serve`, two rounds (bench/results/vllm_bench.json); all in
 # docs/benchmarks.md.
 bench:
@@ -55,7 +55,7 @@ bench:
 	$(PY) -m bench.serve --model models/tiny-qwen2-audio --load audio \
 		--modes epd,e/pd,e/p/d,ep/d --concurrency 1,8 --requests 128
 	$(PY) -m bench.serve --model models/tiny-llava --load lora --modes epd,e/pd,e/p/d,ep/d \
-		--concurrency 1,8 --requests 128
+		--concurrency 1,8 --requests 128 --rounds 3
 	$(PY) -m bench.vllm_bench --model models/tiny-llava
 
 # Not a test: Prism's modes beside the anchors of their shape, one run, three rounds: NVIDIA
