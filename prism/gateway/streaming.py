@@ -133,7 +133,7 @@ class ClientWatch:
     def __init__(self, receive: Callable) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._task = task
+        self.task = task
         self._gone = False
         self._open = True
         self._watcher = asyncio.create_task(self._watch(receive))
@@ -145,12 +145,12 @@ class ClientWatch:
             pass
         if self._open:
             self._gone = True
-            self._task.cancel()
+            self.task.cancel()
 
     def quiet(self) -> bool:
         """On a CancelledError: whether this watch's was the only cancel (the client gone,
         nothing else), so that the request ends quietly."""
-        return self._gone and self._task.uncancel() == 0
+        return self._gone and self.task.uncancel() == 0
 
     def close(self) -> None:
         self._open = False
@@ -160,16 +160,25 @@ class ClientWatch:
 async def unless_gone(receive: Callable, answer: Awaitable[Response]) -> Response:
     """`answer`'s response, unless the client disconnects first: a generation waiting for
     its first token, or answered whole, ends then, not when its tokens are all computed
-    for nobody; the response nobody reads is a 499 (nginx's "client closed request")."""
+    for nobody; the response nobody reads is a 499 (nginx's "client closed request"). An
+    event stream takes the watch on (the same task writes it), rather than a second one
+    watching the same client."""
     watch = ClientWatch(receive)
     try:
-        return await answer
+        response = await answer
     except asyncio.CancelledError:
+        watch.close()
         if not watch.quiet():
             raise
         return Response(status_code=499)
-    finally:
+    except BaseException:
         watch.close()
+        raise
+    if isinstance(response, EventStream):
+        response.watch = watch
+    else:
+        watch.close()
+    return response
 
 
 async def _whole(
@@ -264,12 +273,18 @@ class EventStream(Response):
         self.background = None
         self.init_headers()
         self.chunks = chunks
+        # The watch on the client that the stream's first message was awaited under.
+        self.watch: ClientWatch | None = None
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        await send({"type": "http.response.start", "status": self.status_code,
-                    "headers": self.raw_headers})  # fmt: skip
-        watch = ClientWatch(receive)
+        watch = self.watch
+        if watch is None or watch.task is not asyncio.current_task():
+            if watch is not None:
+                watch.close()
+            watch = ClientWatch(receive)
         try:
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers})  # fmt: skip
             async for chunk in self.chunks:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             watch.close()

@@ -1,5 +1,6 @@
-"""A client that disconnects before its answer is written ends what the answer waits
-for (the processor's call: its generation), and only that ends the request quietly."""
+"""A client that disconnects before its answer is written, or while it streams, ends what
+the answer waits for (the processor's call: its generation), and only that ends the request
+quietly; one watch follows the client from the request to the stream's end."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import pytest
 from fastapi.responses import JSONResponse
 
-from prism.gateway.streaming import unless_gone
+from prism.gateway.streaming import ClientWatch, EventStream, unless_gone
 
 
 class Client:
@@ -67,3 +68,41 @@ def test_a_cancel_from_elsewhere_is_not_taken_for_the_client():
 
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(run())
+
+
+def test_an_event_stream_takes_the_watch_on_and_a_client_gone_mid_stream_ends_it(monkeypatch):
+    """One watch on the client from the request to the stream's end: no second task."""
+    watches: list[ClientWatch] = []
+    init = ClientWatch.__init__
+
+    def counted(self: ClientWatch, receive) -> None:
+        init(self, receive)
+        watches.append(self)
+
+    monkeypatch.setattr(ClientWatch, "__init__", counted)
+    closed: list[bool] = []
+    sent: list[dict] = []
+
+    async def chunks():
+        try:
+            yield b"data: first\n\n"
+            await asyncio.Event().wait()  # a generation that would go on for nobody
+            yield b"never"
+        finally:
+            closed.append(True)
+
+    async def run() -> None:
+        client = Client()
+        response = await unless_gone(client.receive, asyncio.sleep(0, EventStream(chunks())))
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+            if len(sent) == 2:
+                asyncio.get_running_loop().call_later(0.01, client.leave)
+
+        await response({}, client.receive, send)
+
+    asyncio.run(run())
+    assert len(watches) == 1
+    assert [m.get("body") for m in sent] == [None, b"data: first\n\n"]
+    assert closed == [True]
