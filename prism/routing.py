@@ -12,8 +12,9 @@ owner has more than `encoder_slack` calls in flight beyond the least busy encode
 of one image, or of images one encoder owns, then spreads). Under `kv` a request for a LoRA
 adapter goes likewise to the adapter's owner among the engines, which then holds it loaded,
 unless that owner is busier than the least busy by more than `adapter_slack`. Replicas
-whose health probe
-or last call failed (a draining one among them) are skipped while any other is left.
+whose health probe or last call failed (a draining one among them) are skipped while any
+other is left, and when none is, one only a probe found down goes before one a call has
+just failed on.
 """
 
 from __future__ import annotations
