@@ -60,7 +60,7 @@ def parity_lines(parity: dict) -> list[str]:
         differences = "; ".join(
             f"{i}: {row['first_difference']}, "
             f"{row.get('margin_offline', float('nan')):.3f} / "
-            f"{row.get('margin_mesh', float('nan')):.3f}"
+            f"{row.get('margin_mesh', float('nan')):.3f}" + (" (a tie)" if row.get("tie") else "")
             for i, row in enumerate(rows)
             if not row["equal"]
         )

@@ -274,16 +274,18 @@ def start_prism(
     log: Path,
     vllm_flags: tuple[str, ...] = (),
     lora_modules: tuple[str, ...] = (),
+    log_level: str = "warning",
     **serve: Any,
 ) -> Server:
     """A mesh of `mode`; `serve`, fields of its ServeConfig (prefill_workers=2);
     `vllm_flags`, vLLM's engine arguments for every engine (--enforce-eager);
-    `lora_modules`, its LoRA adapters (NAME=PATH)."""
+    `lora_modules`, its LoRA adapters (NAME=PATH); `log_level`, its stages' (`info`: each
+    stage's start phase by phase, vLLM's timings among them)."""
     port, grpc_port = free_port(), free_port()
     config = MeshConfig(ModelConfig(model),
                         ServeConfig(mode, grpc_port=grpc_port, **serve),
                         HttpConfig(http_port=port),
-                        limit=LimitConfig(0), log=LogConfig("warning"),
+                        limit=LimitConfig(0), log=LogConfig(log_level),
                         lora=LoraConfig(list(lora_modules)),
                         vllm_flags=list(vllm_flags))  # fmt: skip
     mesh = Mesh.forking(plan(config))

@@ -114,7 +114,7 @@ fi
 if wanted parity-2b; then
   wait "${build:-0}" 2>/dev/null
   run parity-2b "$(left)" "$PY" scripts/gpu-host/parity.py "$work/parity-2b" --eager --budget "$(left 40)" \
-    --modes "$MODES_2B" --model "qwen2-vl-2b=$models/qwen2-vl-2b" || failed=1
+    --expect "$work/parity/parity.json" --modes "$MODES_2B" --model "qwen2-vl-2b=$models/qwen2-vl-2b" || failed=1
   grep -E 'prompts equal|^cut|NOT EQUAL' "$work/parity-2b.log"
 fi
 [ -n "${build:-}" ] && kill -KILL -- "-$build" 2>/dev/null
