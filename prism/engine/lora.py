@@ -30,6 +30,13 @@ class LoraAdapters:
         # Ids are never reused: vLLM may still hold a dropped one's weights in its cache.
         self._next_id = 1
 
+    @property
+    def max_loras(self) -> int:
+        """How many adapters the engine applies at once (vLLM's --max-loras; 0 without
+        LoRA)."""
+        config = self.engine.vllm_config.lora_config
+        return config.max_loras if config else 0
+
     async def request(self, name: str, path: str) -> LoRARequest | None:
         """The adapter `name` at `path` as vLLM takes it, loaded into the engine; None for
         the base model (no name). Raises ValueError naming the cause if it cannot be

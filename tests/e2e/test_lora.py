@@ -7,9 +7,10 @@ token (in P/D, prefill and decode both apply it); the base model's and both adap
 answers sent together at concurrency 16 are each their own; /v1/models lists each
 adapter with the base as its parent; an adapter the mesh does not hold is a 404 that
 names it. An adapter loaded at run time is served by every engine, a worker that does not
-hold it loading it from the request, until it is unloaded; one that cannot be loaded is
-refused, naming why. (The base model's parity with `vllm serve`, which runs without LoRA, is
-test_openai_parity's, on these same LoRA-enabled meshes.)
+hold it loading it from the request, until it is unloaded; one that cannot be loaded, or
+one past what the engines hold at once (--max-loras), is refused, naming why. (The base
+model's parity with `vllm serve`, which runs without LoRA, is test_openai_parity's, on
+these same LoRA-enabled meshes.)
 """
 
 from __future__ import annotations
@@ -114,6 +115,12 @@ def test_an_adapter_loaded_at_run_time_is_served_until_unloaded(mesh, oracle, ad
     assert reply.text == "Success: LoRA adapter 'b2' added successfully."
     again = _post(mesh, "load_lora_adapter", load)
     assert again.status_code == 400 and "already been loaded" in again.json()["error"]["message"]
+    # a1, a2 and b2 fill the engine's --max-loras 3 (support.meshes.LORA_FLAGS): a fourth
+    # is refused naming the bound, and not served.
+    full = _post(mesh, "load_lora_adapter", {"lora_name": "b3", "lora_path": str(copy)})
+    assert full.status_code == 400, full.text
+    message = full.json()["error"]["message"]
+    assert "serves 3 adapters" in message and " replica with --max-loras 3" in message
     expected = oracle(mesh.family)["lora_a2_0"]
     client = openai_client(mesh)
     _, messages, max_tokens, _ = LORA_CASES["lora_a2_0"]
@@ -127,6 +134,7 @@ def test_an_adapter_loaded_at_run_time_is_served_until_unloaded(mesh, oracle, ad
     assert answer() == expected["text"]
     listed = httpx.get(f"{mesh.base_url}/models", timeout=30).json()["data"]
     assert {m["id"]: m["parent"] for m in listed}["b2"] == mesh.model
+    assert "b3" not in {m["id"] for m in listed}
     # An engine that lost it (as a restarted one would have) loads it from the request.
     for stage in mesh.engine_stages:
         stub = engine_pb2_grpc.EngineServiceStub(mesh.channel(stage))

@@ -117,10 +117,10 @@ class RunningMesh:
 ENGINE_MAX_NUM_SEQS = 72
 
 
-# The engines' LoRA where a mesh serves adapters: as many at once as the tests send, of the
-# rank fixtures.adapters builds.
+# The engines' LoRA where a mesh serves adapters: the two it serves and one loaded at run
+# time at once (test_lora refuses a fourth), of the rank fixtures.adapters builds.
 LORA_RANK = 8
-LORA_FLAGS = ["--enable-lora", "--max-loras", "2", "--max-lora-rank", str(LORA_RANK)]
+LORA_FLAGS = ["--enable-lora", "--max-loras", "3", "--max-lora-rank", str(LORA_RANK)]
 
 
 def mesh_config(mode: str, model: str, **fields: Any) -> MeshConfig:

@@ -42,7 +42,7 @@ def main() -> None:
         | ({"audio": 4} if audios else {}),
         seed=0,
         # As the tests' meshes serve adapters (support.meshes.LORA_FLAGS).
-        **({"enable_lora": True, "max_lora_rank": 8, "max_loras": 2} if loras else {}),
+        **({"enable_lora": True, "max_lora_rank": 8, "max_loras": 3} if loras else {}),
     )
     results = []
     for case in cases:

@@ -1,8 +1,9 @@
 """LoRA adapters as the front knows them: `--lora-modules` in vLLM's two forms, a request's
 `model` resolved to the base or an adapter (or refused, named), the models listed as
 `vllm serve` lists them, `prism serve` refusing adapters without the engines' LoRA, and
-loads at run time refused where they are off, shared, duplicate or out of bounds, and the
-adapters changed at run time kept in a file that fronts share (--lora-state)."""
+loads at run time refused where they are off, shared, duplicate or out of bounds, the
+adapters the engines hold at once (their --max-loras), and the adapters changed at run
+time kept in a file that fronts share (--lora-state)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ from prometheus_client import REGISTRY
 from support.meshes import mesh_config
 
 from prism.config.lora import LoraConfig
+from prism.modes import MeshRole
 from prism.ops.plan import check_lora
 from prism.proto.stage.v1 import engine_pb2
 from prism.proto.v1 import inference_pb2
 from prism.rpc.errors import PrismError
 from prism.services.processor.adapter_state import AdapterState
-from prism.services.processor.adapters import AdapterLoading, ServedModels
+from prism.services.processor.adapters import AdapterLoading, ServedModels, capacity
 
 
 def test_lora_modules_take_name_equals_path_and_vllms_json_form():
@@ -146,3 +148,19 @@ def test_a_change_that_fails_leaves_the_state_as_it_was(tmp_path):
         adapters["b"] = "/adapters/b"
         raise RuntimeError
     assert models.adapters == {"a1": "/adapters/one"}
+
+
+def test_the_adapters_engines_hold_at_once_are_the_least_roles_sum_of_max_loras():
+    engines = {MeshRole.PREFILL: ["p0", "p1"], MeshRole.DECODE: ["d0"]}
+    assert capacity(engines, {"p0": 2, "p1": 2, "d0": 3}) == (
+        3,
+        "1 decode replica with --max-loras 3",
+    )
+    assert capacity(engines, {"p0": 1, "p1": 2, "d0": 4}) == (
+        3,
+        "2 prefill replicas with --max-loras 1 + 2",
+    )
+    assert capacity({MeshRole.WORKER: ["w0", "w1"]}, {"w0": 2, "w1": 2}) == (
+        4,
+        "2 worker replicas with --max-loras 2",
+    )

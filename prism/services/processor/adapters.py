@@ -106,9 +106,10 @@ class AdapterLoading:
     A load is allowed only under `allowed` directories (none: loading at run time is off),
     and is made on every engine replica first, so that an adapter that cannot be loaded is
     refused with the engine's cause before it is served; replicas that start later load it
-    from the requests that name it. Where several fronts share their ports (`shared`), a
-    load reaches one of them: it is refused there unless the adapters are kept in a file
-    they share (`--lora-state`, which `prism serve` gives them)."""
+    from the requests that name it. One past what the engines hold at once (`capacity`)
+    is refused too, and dropped from them again. Where several fronts share their ports
+    (`shared`), a load reaches one of them: it is refused there unless the adapters are
+    kept in a file they share (`--lora-state`, which `prism serve` gives them)."""
 
     def __init__(
         self, models: ServedModels, pipeline: Pipeline, allowed: list[str], shared: bool
@@ -138,26 +139,40 @@ class AdapterLoading:
             raise invalid(f"{request.path} is not under --allowed-lora-dirs", "lora_path")
         adapter = engine_pb2.LoraAdapter(name=name, path=path)
         engines = self._engines()
-        if not engines:
-            raise PrismError(grpc.StatusCode.UNAVAILABLE, "no engine is serving to load it on")
-        loaded: list[str] = []
+        if idle := [role for role, addresses in engines.items() if not addresses]:
+            raise PrismError(
+                grpc.StatusCode.UNAVAILABLE, f"no {idle[0]} engine is serving to load it on"
+            )
+        # Each engine that loaded it, with its --max-loras.
+        loaded: dict[str, int] = {}
         try:
-            for address in engines:
+            for address in (a for addresses in engines.values() for a in addresses):
                 stub = await self._stub(address)
-                await stub.LoadAdapter(
+                reply = await stub.LoadAdapter(
                     engine_pb2.EngineServiceLoadAdapterRequest(adapter=adapter),
                     metadata=call_metadata(), timeout=_CALL_S,
                 )  # fmt: skip
-                loaded.append(address)
+                loaded[address] = reply.max_loras
         except grpc.aio.AioRpcError as exc:
-            await self._drop(name, loaded)
+            await self._drop(name, list(loaded))
             if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise invalid(exc.details() or "", "lora_path") from None
             raise PrismError(
                 grpc.StatusCode.UNAVAILABLE, f"engine {address}: {exc.details()}"
             ) from None
+        most, bound = capacity(engines, loaded)
+        # Counted and added under the state's lock, so that loads at once cannot both pass.
         with self.models.changing() as adapters:
-            adapters[name] = path
+            served = len(adapters)
+            if served < most:
+                adapters[name] = path
+        if served >= most:
+            await self._drop(name, list(loaded))
+            raise invalid(
+                f"The lora adapter '{name}' cannot be loaded: the mesh serves {served} "
+                f"adapters, as many as its engines hold at once ({bound}); unload one first",
+                "lora_name",
+            )
         log.info("LoRA adapter %r loaded from %s", name, path)
         return inference_pb2.LoadAdapterResponse()
 
@@ -174,7 +189,8 @@ class AdapterLoading:
             )
         with self.models.changing() as adapters:
             adapters.pop(request.name, None)
-        await self._drop(request.name, self._engines())
+        engines = self._engines()
+        await self._drop(request.name, [a for addresses in engines.values() for a in addresses])
         log.info("LoRA adapter %r unloaded", request.name)
         return inference_pb2.UnloadAdapterResponse()
 
@@ -193,10 +209,10 @@ class AdapterLoading:
                 "with --lora-modules",
             )
 
-    def _engines(self) -> list[str]:
-        """Every replica of the roles that run an engine."""
+    def _engines(self) -> dict[MeshRole, list[str]]:
+        """Every replica of each role that runs an engine."""
         roles = [role for role in self.pipeline.mode.roles if role != MeshRole.ENCODER]
-        return [a for role in roles for a in self.pipeline.router.registry.endpoints(role)]
+        return {role: self.pipeline.router.registry.endpoints(role) for role in roles}
 
     async def _stub(self, address: str) -> engine_pb2_grpc.EngineServiceStub:
         """The engine's stub, once its channel is connected (a replica that started moments
@@ -215,3 +231,17 @@ class AdapterLoading:
                 await stub.UnloadAdapter(request, metadata=call_metadata(), timeout=_CALL_S)
             except grpc.aio.AioRpcError as exc:
                 log.warning("engine %s: adapter %r not unloaded: %s", address, name, exc.details())
+
+
+def capacity(engines: dict[MeshRole, list[str]], limits: dict[str, int]) -> tuple[int, str]:
+    """How many adapters the engines hold at once, and that bound as flags say it: per role,
+    the sum of its replicas' --max-loras (`limits`, by address; each adapter has an owner
+    among them under KV routing); the least over the roles, since in P/D prefill and decode
+    both apply it."""
+    bounds = []
+    for role, addresses in engines.items():
+        held = [limits[a] for a in addresses if a in limits]
+        replicas = f"{len(held)} {role} replica{'s' if len(held) != 1 else ''}"
+        each = str(held[0]) if len(set(held)) == 1 else " + ".join(map(str, held))
+        bounds.append((sum(held), f"{replicas} with --max-loras {each}"))
+    return min(bounds)

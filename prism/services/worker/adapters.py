@@ -23,7 +23,7 @@ def serve_adapters(service: Service, loras: LoraAdapters) -> None:
             await loras.request(adapter.name, adapter.path)
         except ValueError as exc:
             raise invalid(str(exc), "adapter") from None
-        return engine_pb2.EngineServiceLoadAdapterResponse()
+        return engine_pb2.EngineServiceLoadAdapterResponse(max_loras=loras.max_loras)
 
     async def unload(
         request: engine_pb2.EngineServiceUnloadAdapterRequest,

@@ -214,8 +214,10 @@ class EngineServiceLoadAdapterRequest(_message.Message):
     def __init__(self, adapter: _Optional[_Union[LoraAdapter, _Mapping]] = ...) -> None: ...
 
 class EngineServiceLoadAdapterResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("max_loras",)
+    MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
+    max_loras: int
+    def __init__(self, max_loras: _Optional[int] = ...) -> None: ...
 
 class EngineServiceUnloadAdapterRequest(_message.Message):
     __slots__ = ("name",)
