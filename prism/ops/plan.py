@@ -187,12 +187,15 @@ def _start_order(
 
     An engine on a GPU waits for the stages placed on it before: vLLM sizes an engine's KV
     cache from the memory its profiling run sees used on the device, and a stage loading
-    beside it meanwhile would be counted as its own. On the CPU, engines that compile
-    (vLLM's `--no-enforce-eager`; Prism's CPU engines run eagerly otherwise) wait for the
-    first, whose compiled graphs they then load from the cache they share."""
+    beside it meanwhile would be counted as its own. Not where the KV cache is given in
+    bytes (vLLM's `--kv-cache-memory-bytes`, which skips that sizing): there they start
+    together. On the CPU, engines that compile (vLLM's `--no-enforce-eager`; Prism's CPU
+    engines run eagerly otherwise) wait for the first, whose compiled graphs they then load
+    from the cache they share."""
+    profiled = not any(flag.startswith("--kv-cache-memory-bytes") for flag in config.vllm_flags)
     last_on: dict[int, str] = {}
     for stage in placed:
-        if stage in engines:
+        if stage in engines and profiled:
             stage.after = sorted({last_on[g] for g in stage.placement.gpus if g in last_on})
         last_on.update(dict.fromkeys(stage.placement.gpus, stage.name))
     compiled = config.engine.engine == "vllm" and "--no-enforce-eager" in config.vllm_flags

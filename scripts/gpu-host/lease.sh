@@ -5,7 +5,9 @@
 #   install   the bundle into /tmp/site
 #   parity    eager on both sides (vLLM's --enforce-eager: engines start in seconds of
 #             loading): every mode of MODES on the tiny model of each of FAMILIES (Qwen2-VL
-#             and LLaVA) beside one offline engine each (scripts/gpu-host/parity.py)
+#             and LLaVA) beside one offline engine each (scripts/gpu-host/parity.py); the
+#             mesh engines' KV cache KV_BYTES bytes (default 2 GiB on a GPU; empty: sized
+#             by vLLM's profiling), so that the engines sharing the GPU start together
 #   parity-2b the same on the qwen2-vl-2b preset in bfloat16, MODES_2B
 #   start     an E/P/D mesh's start, stage by stage: eager, compiled from an empty cache,
 #             compiled again from that cache (bench/start.py)
@@ -24,6 +26,7 @@ set -u
 BUDGET=${BUDGET:-690}
 FORM=${FORM:-gpu}
 if [ "$FORM" = cpu ]; then STEPS=${STEPS:-parity,start,serve}; else STEPS=${STEPS:-install,parity,parity-2b,start,serve}; fi
+if [ "$FORM" = cpu ]; then KV_BYTES=${KV_BYTES-}; else KV_BYTES=${KV_BYTES-2147483648}; fi
 MODES=${MODES:-epd,e/pd,e/p/d,ep/d}
 FAMILIES=${FAMILIES:-qwen2-vl llava}
 MODES_2B=${MODES_2B:-e/pd,e/p/d}
@@ -108,13 +111,14 @@ fi
 failed=0
 if wanted parity; then
   run parity "$(left)" "$PY" scripts/gpu-host/parity.py "$work/parity" --eager --budget "$(left 40)" \
-    --modes "$MODES" "${tiny[@]}" || failed=1
+    --kv-cache-bytes "${KV_BYTES:-0}" --modes "$MODES" "${tiny[@]}" || failed=1
   grep -E 'prompts equal|^cut|NOT EQUAL' "$work/parity.log"
 fi
 if wanted parity-2b; then
   wait "${build:-0}" 2>/dev/null
   run parity-2b "$(left)" "$PY" scripts/gpu-host/parity.py "$work/parity-2b" --eager --budget "$(left 40)" \
-    --expect "$work/parity/parity.json" --modes "$MODES_2B" --model "qwen2-vl-2b=$models/qwen2-vl-2b" || failed=1
+    --kv-cache-bytes "${KV_BYTES:-0}" --expect "$work/parity/parity.json" --modes "$MODES_2B" \
+    --model "qwen2-vl-2b=$models/qwen2-vl-2b" || failed=1
   grep -E 'prompts equal|^cut|NOT EQUAL' "$work/parity-2b.log"
 fi
 [ -n "${build:-}" ] && kill -KILL -- "-$build" 2>/dev/null

@@ -5,15 +5,16 @@ gRPC API, with the first differing position and both sides' margin where they di
     python3 scripts/gpu-host/parity.py OUT_DIR --model qwen2-vl=/tmp/tiny-qwen2-vl \\
         --model llava=/tmp/tiny-llava --modes epd,e/pd,e/p/d,ep/d --eager --budget 300
 
-`--eager` runs both sides without compilation or CUDA graphs (vLLM's `--enforce-eager`):
-on a GPU an engine then starts in seconds of loading instead of minutes of compiling, and
-greedy parity is a check of correctness, not of speed. A step that the budget no longer
-leaves room for (as long as the slowest of its kind so far took, or in the run of
-`--expect PARITY_JSON` before: the 2B preset's first step after the tiny models') is cut,
-and said to be. Everything lands in OUT_DIR/parity.json as it ends; the exit status is 1
-where a mode answered otherwise than the offline engine, or failed. A difference where the
-offline engine's own top two log probabilities were equal and the mesh took the other one
-is a tie, reported as such and not counted as a failure.
+`--eager` runs both sides without compilation or CUDA graphs (vLLM's `--enforce-eager`): on
+a GPU an engine then starts in seconds of loading instead of minutes of compiling, and
+greedy parity is a check of correctness, not of speed. `--kv-cache-bytes` gives each mesh
+engine its KV cache in bytes, so that the engines sharing the GPU need not start in turn. A
+step that the budget no longer leaves room for (as long as the slowest of its kind so far
+took, or in the run of `--expect PARITY_JSON` before: the 2B preset's first step after the
+tiny models') is cut, and said to be. Everything lands in OUT_DIR/parity.json as it ends;
+the exit status is 1 where a mode answered otherwise than the offline engine, or failed. A
+difference where the offline engine's own top two log probabilities were equal and the mesh
+took the other one is a tie, reported as such and not counted as a failure.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--expect", type=Path, help="an earlier parity.json: its step times")
+    parser.add_argument("--kv-cache-bytes", type=int, default=0,
+                        help="each mesh engine's KV cache in bytes (vLLM's "
+                        "--kv-cache-memory-bytes): engines on one GPU start together")  # fmt: skip
     args = parser.parse_args()
     # On SIGTERM (the lease's limit), the meshes still running are stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -71,6 +75,8 @@ def main() -> int:
         return False
 
     vllm_flags = ("--enforce-eager",) if args.eager else ()
+    if args.kv_cache_bytes:
+        vllm_flags += ("--kv-cache-memory-bytes", str(args.kv_cache_bytes))
     for entry in args.model:
         name, _, model = entry.partition("=")
         rows: dict = {}

@@ -86,6 +86,13 @@ def test_stages_that_share_a_gpu_start_one_after_another():
     assert (stages["prefill-0"].after, stages["decode-0"].after) == (["encoder-0"], [])
 
 
+def test_engines_given_their_kv_cache_in_bytes_start_together_on_one_gpu():
+    # Their start profiles no memory that a neighbour's could be counted in.
+    flags = ["--kv-cache-memory-bytes", "2147483648"]
+    stages = _by_name(mesh_config("e/p/d", "m", gpus=["0"], vllm_flags=flags))
+    assert all(stage.after == [] for stage in stages.values())
+
+
 def test_cpu_engines_that_compile_wait_for_the_first_and_share_one_cache(tmp_path):
     eager = _by_name(mesh_config("ep/d", "m", gpus=["none"], decode_workers=2))
     assert all(stage.after == [] for stage in eager.values())
