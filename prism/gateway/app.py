@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 
 from prism import tracing
-from prism.gateway import health, middleware
+from prism.gateway import health, hot, middleware
 from prism.gateway.client import GrpcProcessorClient, ProcessorClient
 from prism.gateway.kserve import servicer as kserve
 from prism.gateway.openai import chat, completions, lora, models
@@ -73,6 +73,8 @@ def create_app(
     app.state.processor = processor
     app.state.responses = stored or ResponseStore()
     tracing.instrument_app(app, "gateway")
+    # Inside the front door: its id, key and bound hold for the generations too.
+    app.add_middleware(hot.HotPaths, routes=app.routes)
     # Outermost, so that the id is set before the request's span and every log line.
     app.add_middleware(middleware.FrontDoor, api_key=api_key, limit=limit)
     app.add_exception_handler(PrismError, middleware.prism_error)
