@@ -18,21 +18,23 @@ from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
 
-HOT = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+from prism.gateway.middleware import GENERATIONS
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 class HotPaths:
-    """ASGI middleware in front of FastAPI's router: POSTs to `HOT` go to the endpoints
-    that `routes` (the app's, read once the app is built) give those paths."""
+    """ASGI middleware in front of FastAPI's router: POSTs to the generation paths go to
+    the endpoints that `routes` (the app's, read once the app is built) give them."""
 
     def __init__(self, app: Any, routes: Sequence[Any]) -> None:
         self.app = app
         self.endpoints: dict[str, Endpoint] = {
             route.path: route.endpoint
             for route in routes
-            if isinstance(route, APIRoute) and route.path in HOT and route.methods == {"POST"}
+            if isinstance(route, APIRoute)
+            and route.path in GENERATIONS
+            and route.methods == {"POST"}
         }
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:

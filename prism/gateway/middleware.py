@@ -21,8 +21,8 @@ from prism.rpc.errors import PrismError, status_for
 from prism.rpc.server import InFlightLimit
 
 # Routes counted by path in the request metrics; anything else counts as "other".
-_GENERATIONS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
-_ROUTES = (*_GENERATIONS, "/v1/models")
+GENERATIONS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+_ROUTES = (*GENERATIONS, "/v1/models")
 
 
 def error_response(error: PrismError) -> JSONResponse:
@@ -82,7 +82,7 @@ class FrontDoor:
         try:
             if path.startswith("/v1/"):
                 authorize(self.api_key, headers.get(b"authorization", b"").decode("latin-1"))
-            if path in _GENERATIONS:
+            if path in GENERATIONS:
                 with self.limit.admit():
                     await self.app(scope, receive, send_with_id)
             else:

@@ -32,7 +32,7 @@ def _place_on_gpus(config: MeshConfig, by_role: dict[str, list[StageProcess]]) -
     placements = gpus.place(units, available)
     if not any(placement.gpus for placement in placements.values()):
         return
-    user_fraction = any(flag.startswith("--gpu-memory-utilization") for flag in config.vllm_flags)
+    user_fraction = _given(config, "--gpu-memory-utilization")
     for stage in (stage for stages in by_role.values() for stage in stages):
         stage.placement = placements[stage.name]
         # Cores are the CPU backend's to share out; GPU engines keep all of them.
@@ -192,7 +192,7 @@ def _start_order(
     together. On the CPU, engines that compile (vLLM's `--no-enforce-eager`; Prism's CPU
     engines run eagerly otherwise) wait for the first, whose compiled graphs they then load
     from the cache they share."""
-    profiled = not any(flag.startswith("--kv-cache-memory-bytes") for flag in config.vllm_flags)
+    profiled = not _given(config, "--kv-cache-memory-bytes")
     last_on: dict[int, str] = {}
     for stage in placed:
         if stage in engines and profiled:
@@ -202,6 +202,11 @@ def _start_order(
     if compiled and not any(stage.placement.gpus for stage in engines):
         for stage in engines[1:]:
             stage.after = [engines[0].name]
+
+
+def _given(config: MeshConfig, flag: str) -> bool:
+    """Whether the user gave vLLM `flag` (alone or as `flag=value`)."""
+    return any(given.startswith(flag) for given in config.vllm_flags)
 
 
 def _peers(config: MeshConfig, by_role: dict[str, list[StageProcess]]) -> list[str]:

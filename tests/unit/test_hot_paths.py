@@ -11,7 +11,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 
 from prism.gateway.app import create_app
-from prism.gateway.hot import HOT, HotPaths
+from prism.gateway.hot import HotPaths
+from prism.gateway.middleware import GENERATIONS
 from prism.registry import StaticRegistry
 from prism.routing import Router
 
@@ -51,7 +52,7 @@ def test_the_front_calls_every_generation_endpoint_straight_and_answers_as_befor
         stack = app.middleware_stack
         while not isinstance(stack, HotPaths):
             stack = stack.app
-        assert sorted(stack.endpoints) == sorted(HOT)
+        assert sorted(stack.endpoints) == sorted(GENERATIONS)
         # A bad request and no processor: the same bodies FastAPI's handlers write.
         bad = client.post("/v1/chat/completions", json={"model": "m", "messages": "x"})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"

@@ -146,7 +146,7 @@ class AdapterLoading:
         # Each engine that loaded it, with its --max-loras.
         loaded: dict[str, int] = {}
         try:
-            for address in (a for addresses in engines.values() for a in addresses):
+            for address in _every(engines):
                 stub = await self._stub(address)
                 reply = await stub.LoadAdapter(
                     engine_pb2.EngineServiceLoadAdapterRequest(adapter=adapter),
@@ -189,8 +189,7 @@ class AdapterLoading:
             )
         with self.models.changing() as adapters:
             adapters.pop(request.name, None)
-        engines = self._engines()
-        await self._drop(request.name, [a for addresses in engines.values() for a in addresses])
+        await self._drop(request.name, _every(self._engines()))
         log.info("LoRA adapter %r unloaded", request.name)
         return inference_pb2.UnloadAdapterResponse()
 
@@ -231,6 +230,11 @@ class AdapterLoading:
                 await stub.UnloadAdapter(request, metadata=call_metadata(), timeout=_CALL_S)
             except grpc.aio.AioRpcError as exc:
                 log.warning("engine %s: adapter %r not unloaded: %s", address, name, exc.details())
+
+
+def _every(engines: dict[MeshRole, list[str]]) -> list[str]:
+    """The addresses of every role's replicas, in one list."""
+    return [address for addresses in engines.values() for address in addresses]
 
 
 def capacity(engines: dict[MeshRole, list[str]], limits: dict[str, int]) -> tuple[int, str]:
