@@ -14,8 +14,9 @@ import uvicorn
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 
+import prism
 from prism import tracing
-from prism.gateway import health, hot, middleware
+from prism.gateway import health, hot, middleware, openapi
 from prism.gateway.client import GrpcProcessorClient, ProcessorClient
 from prism.gateway.kserve import servicer as kserve
 from prism.gateway.openai import chat, completions, lora, models
@@ -69,7 +70,7 @@ def create_app(
         authorize=authorize,
         shutdown_grace_s=shutdown_grace_s,
     )
-    app = FastAPI(title="Prism", lifespan=lifespan)
+    app = FastAPI(title="Prism", version=prism.__version__, lifespan=lifespan)
     app.state.processor = processor
     app.state.responses = stored or ResponseStore()
     tracing.instrument_app(app, "gateway")
@@ -81,6 +82,7 @@ def create_app(
     app.add_exception_handler(HTTPException, middleware.http_error)
     for endpoints in (health, models, chat, completions, responses, lora):
         app.include_router(endpoints.router)
+    openapi.describe(app)
     return app
 
 

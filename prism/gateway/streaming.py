@@ -16,15 +16,8 @@ from fastapi.responses import JSONResponse, Response
 
 from prism import logs, telemetry
 from prism.gateway.client import ReplyStream
-from prism.gateway.openai.protocol import (
-    StreamOptions,
-    as_sent,
-    error_body,
-    finish_reason,
-    stream_options,
-    usage,
-    wants_stream,
-)
+from prism.gateway.openai.protocol import as_sent, error_body, finish_reason, usage
+from prism.gateway.openai.schemas import Sampling, StreamOptions
 from prism.rpc.errors import PrismError
 
 
@@ -111,16 +104,15 @@ async def generate(
 
 
 async def respond(
-    request: Request, body: dict, answer: EndpointAnswer, start: Callable[[], ReplyStream]
+    request: Request, body: Sampling, answer: EndpointAnswer, start: Callable[[], ReplyStream]
 ) -> Response:
-    """An OpenAI generation endpoint's reply to `body`. `start` makes the processor call,
-    once the body's stream options are known to be good; errors name the parameter as
-    the client sent it."""
-    options = stream_options(body)
+    """An OpenAI generation endpoint's reply to `body`. `start` makes the processor call;
+    errors name the parameter as the client sent it."""
+    options = body.stream_options or StreamOptions()
     call = start()
     try:
         return await unless_gone(
-            request.receive, generate(call, wants_stream(body), options, answer, request.url.path)
+            request.receive, generate(call, bool(body.stream), options, answer, request.url.path)
         )
     except PrismError as error:
         raise as_sent(error, body) from None

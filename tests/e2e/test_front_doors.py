@@ -276,7 +276,7 @@ def test_tritonclient_unmodified_talks_to_the_kserve_port(served, tmp_path):
     assert streamed_text == completion
     # A raw prompt laid out by the chat template, with its image: the chat's answer.
     assert streamed_image == out["infer_image"] == served.rest_chat()
-    assert "'temperature' has the wrong type" in failed["error"][0]
+    assert "'temperature': Expected `float" in failed["error"][0]
 
     errors = out["errors"]
     assert errors["name"]["status"] == "StatusCode.INVALID_ARGUMENT"

@@ -67,7 +67,7 @@ def cases() -> dict[str, tuple[str, dict | bytes, int, str | None]]:
         "content not text": (CHAT, {"model": "MODEL", "messages": [{"role": "user", "content": 7}]},
                              400, "messages[0].content"),
         "audio part without data": (CHAT, chat({"type": "input_audio", "input_audio": {}}), 400,
-                                    PART + ".input_audio"),
+                                    PART + ".input_audio.data"),
         "unknown part": (CHAT, chat({"type": "hologram"}), 400, PART + ".type"),
         "text part without text": (CHAT, chat({"type": "text"}), 400, PART + ".text"),
         "image part without url": (CHAT, chat({"type": "image_url"}), 400,

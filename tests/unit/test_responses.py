@@ -68,6 +68,8 @@ class Scripted:
 
 
 HELLO = [reply("Hel"), reply("lo", STOP)]
+# A request whose only item has no type the Responses API knows.
+BAD_ITEM = json.dumps({"model": "m", "input": [{"type": 1}]})
 
 
 def client(processor: Scripted, store: ResponseStore | None = None) -> TestClient:
@@ -152,7 +154,7 @@ def test_items_become_messages_as_vllm_builds_them():
         ({"input": ["x", {"role": "user", "content": "a"}]}, "input[0]"),
         ({"input": [{"role": "user", "content": "a"},
                     {"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-         "input[1].content[0].image_url"),
+         "input[1].content[0].image_url.url"),
         ({"input": "x", "frobnicate": 1}, "frobnicate"),
         ({"input": "x", "background": True}, "background"),
         ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
@@ -336,7 +338,7 @@ def test_grpc_answers_as_rest_does_and_shares_its_store():
         for call, request in (
             (service.GetResponse, responses_pb2.GetResponseRequest(response_id=first["id"])),
             (service.Respond, responses_pb2.RespondRequest(request="{")),
-            (service.Respond, responses_pb2.RespondRequest(request='{"input": [{"type": 1}]}')),
+            (service.Respond, responses_pb2.RespondRequest(request=BAD_ITEM)),
         ):
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await _rpc(call, request)

@@ -9,12 +9,16 @@ import pytest
 from prism import telemetry
 from prism.gateway.openai.chat import ChatAnswer
 from prism.gateway.openai.completions import CompletionAnswer
-from prism.gateway.openai.protocol import StreamOptions
+from prism.gateway.openai.schemas import StreamOptions
 from prism.gateway.streaming import _events
 from prism.proto.v1 import common_pb2, inference_pb2
 
 TEXTS = ["", "a", ' "quoted" \\ back', "tab\tnew\nline", "é ü 中文 🙂", "\x00\x1f"]
-OPTIONS = [StreamOptions(), StreamOptions(True), StreamOptions(True, True)]
+OPTIONS = [
+    StreamOptions(),
+    StreamOptions(include_usage=True),
+    StreamOptions(include_usage=True, continuous_usage_stats=True),
+]
 
 
 class General:

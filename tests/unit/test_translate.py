@@ -10,7 +10,7 @@ import pytest
 import safetensors.numpy
 
 from prism.gateway.openai import chat as chat_api
-from prism.gateway.openai import completions, protocol
+from prism.gateway.openai import completions, protocol, schemas
 from prism.proto.v1 import common_pb2, errors_pb2, inference_pb2
 from prism.rpc.errors import PrismError
 
@@ -76,17 +76,23 @@ def test_image_embeds_parts_take_base64_safetensors_and_a_grid():
         assert list(gridded.image_grid_thw) == [1, 4, 6]
     pickled = base64.b64encode(pickle.dumps(array)).decode()
     bad_grid = {"image_embeds": encoded, "image_grid_thw": [1, -4, 6]}
-    cases = [(pickled, "pickles"), ("@@", "base64"), (3, "base64-encoded"), (bad_grid, "positive")]
-    for bad, message in cases:
+    where = "messages[0].content[0].image_embeds"
+    cases = [(pickled, "pickles", where), ("@@", "base64", where), (3, "str | object", where),
+             (bad_grid, ">= 1", where + ".image_grid_thw")]  # fmt: skip
+    for bad, message, param in cases:
         with pytest.raises(PrismError, match=message) as info:
             _embeds_part(bad)
-        assert info.value.param == "messages[0].content[0].image_embeds"
+        assert info.value.param == param
+
+
+def sampling(**fields) -> common_pb2.SamplingParams:
+    return protocol.sampling(schemas.typed(chat(**fields), schemas.ChatCompletionRequest))
 
 
 def test_sampling_fields_are_carried():
-    params = protocol.sampling(
-        chat(temperature=0, top_p=0.5, top_k=3, max_tokens=7, seed=11, stop="x",
-             stop_token_ids=[2], ignore_eos=True, min_tokens=1, stream_interval=4)
+    params = sampling(
+        temperature=0, top_p=0.5, top_k=3, max_tokens=7, seed=11, stop="x",
+        stop_token_ids=[2], ignore_eos=True, min_tokens=1, stream_interval=4,
     )  # fmt: skip
     assert params.HasField("temperature") and params.temperature == 0
     assert params.top_p == 0.5 and params.top_k == 3 and params.max_tokens == 7
@@ -96,12 +102,12 @@ def test_sampling_fields_are_carried():
 
 
 def test_unset_sampling_fields_stay_unset():
-    params = protocol.sampling(chat())
+    params = sampling()
     assert not params.HasField("temperature") and not params.HasField("max_tokens")
 
 
 def test_max_completion_tokens_wins_over_max_tokens():
-    assert protocol.sampling(chat(max_tokens=5, max_completion_tokens=9)).max_tokens == 9
+    assert sampling(max_tokens=5, max_completion_tokens=9).max_tokens == 9
 
 
 @pytest.mark.parametrize(
@@ -119,43 +125,44 @@ def test_max_completion_tokens_wins_over_max_tokens():
         ({"messages": "hi"}, "messages"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
         ({"messages": [{"role": "assistant", "tool_calls": [{"type": "function"}]}]},
-         "messages[0].tool_calls[0]"),
+         "messages[0].tool_calls[0].function"),
         ({"messages": [{"role": "tool", "tool_call_id": 3, "content": "x"}]},
          "messages[0].tool_call_id"),
         ({"tools": []}, "tools"),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
          "tools[0].function.parameters"),
         ({"tool_choice": "sometimes"}, "tool_choice"),
-        ({"tool_choice": {"type": "function"}}, "tool_choice"),
+        ({"tool_choice": {"type": "function"}}, "tool_choice.function"),
         ({"parallel_tool_calls": "no"}, "parallel_tool_calls"),
         ({"messages": [{"role": "user", "content": [{"type": "audio"}]}]},
          "messages[0].content[0].type"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
          "messages[0].content[0].image_url"),
         ({"messages": [{"role": "user", "content": [{"type": "video_url", "video_url": {}}]}]},
-         "messages[0].content[0].video_url"),
+         "messages[0].content[0].video_url.url"),
         ({"model": 3}, "model"),
-        ({"tools": [{"type": "function"}]}, "tools[0]"),
+        ({"tools": [{"type": "function"}]}, "tools[0].function"),
         ({"top_logprobs": 2}, "top_logprobs"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"logit_bias": {"x": 1}}, "logit_bias"),
         ({"logit_bias": [1]}, "logit_bias"),
-        ({"response_format": {"type": "xml"}}, "response_format"),
-        ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
+        ({"response_format": {"type": "json_schema", "json_schema": {}}},
+         "response_format.json_schema.schema"),
         ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
-        ({"structured_outputs": {"choice": []}}, "structured_outputs"),
+        ({"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
         ({"structured_outputs": {"json": "{"}}, "structured_outputs"),
         ({"prompt_logprobs": 1}, "prompt_logprobs"),
         ({"messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
          "messages[0].content[0].input_audio"),
         ({"messages": [{"role": "user", "content": [
             {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "aiff"}}]}]},
-         "messages[0].content[0].input_audio"),
+         "messages[0].content[0].input_audio.format"),
         ({"messages": [{"role": "user", "content": [
             {"type": "input_audio", "input_audio": {"data": "%%", "format": "wav"}}]}]},
          "messages[0].content[0].input_audio.data"),
         ({"messages": [{"role": "user", "content": [{"type": "audio_url", "audio_url": {}}]}]},
-         "messages[0].content[0].audio_url"),
+         "messages[0].content[0].audio_url.url"),
     ],
 )  # fmt: skip
 def test_invalid_chat_fields_name_the_parameter(fields, param):
@@ -181,13 +188,16 @@ def test_completion_prompt_forms():
 
 
 def test_stream_options():
-    options = protocol.stream_options({"stream_options": {"include_usage": True}})
+    def decoded(**fields) -> schemas.ChatCompletionRequest:
+        return schemas.decode(json.dumps(chat(**fields)).encode(), schemas.ChatCompletionRequest)
+
+    options = decoded(stream_options={"include_usage": True}).stream_options
     assert options.include_usage and not options.continuous_usage_stats
-    assert protocol.stream_options({}) == protocol.StreamOptions()
-    with pytest.raises(PrismError):
-        protocol.stream_options({"stream_options": "yes"})
-    with pytest.raises(PrismError):
-        protocol.wants_stream({"stream": "true"})
+    assert decoded().stream_options is None
+    for fields in ({"stream_options": "yes"}, {"stream": "true"}):
+        with pytest.raises(PrismError) as info:
+            decoded(**fields)
+        assert info.value.param == next(iter(fields))
 
 
 def test_finish_reasons_and_usage():
@@ -259,8 +269,9 @@ def test_logit_bias_is_clamped_as_vllm_clamps_it():
 
 def test_an_unserved_constraint_error_names_what_the_client_sent():
     error = PrismError(grpc.StatusCode.INVALID_ARGUMENT, "bad", param="structured_output")
-    assert protocol.as_sent(error, {"response_format": {}}).param == "response_format"
-    assert protocol.as_sent(error, {"structured_outputs": {}}).param == "structured_outputs"
+    for sent in ({"response_format": {"type": "text"}}, {"structured_outputs": {"regex": "a"}}):
+        body = schemas.typed(chat(**sent), schemas.ChatCompletionRequest)
+        assert protocol.as_sent(error, body).param == next(iter(sent))
 
 
 def _position(token, logprob, rank, *top):

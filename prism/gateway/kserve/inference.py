@@ -11,15 +11,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prism.gateway.kserve.tensors import OUTPUTS, pack_bytes, read_inputs
-from prism.gateway.openai import protocol
+from prism.gateway.openai import protocol, schemas
 from prism.gateway.openai.completions import completion_request
 from prism.proto.kserve import grpc_service_pb2 as kserve
 from prism.proto.v1 import common_pb2, inference_pb2
 from prism.rpc.errors import invalid
 
-# Sampling parameters that Triton clients send as strings, by the type vLLM gives them.
-_INTS = {"top_k", "max_tokens", "min_tokens", "seed", "n"}
-_BOOLS = {"ignore_eos", "include_stop_str_in_output", "skip_special_tokens"}
+# The sampling parameters a request may set: chat's and completions' own, less what an
+# input tensor says (`stream`) and OpenAI's bookkeeping.
+_SAMPLING = set(schemas.Sampling.__struct_fields__) - {
+    "stream", "stream_options", "user", "metadata", "store", "service_tier"
+}  # fmt: skip
 
 
 def _text(value: bytes, name: str) -> str:
@@ -30,7 +32,7 @@ def _text(value: bytes, name: str) -> str:
 
 
 def _sampling_body(text: str) -> dict[str, Any]:
-    """`sampling_parameters` as a request body that protocol.sampling reads."""
+    """`sampling_parameters` as the fields of a completion request."""
     try:
         params = json.loads(text) if text.strip() else {}
     except json.JSONDecodeError as exc:
@@ -38,27 +40,12 @@ def _sampling_body(text: str) -> dict[str, Any]:
         raise invalid(message, "sampling_parameters") from None
     if not isinstance(params, dict):
         raise invalid("sampling_parameters must be a JSON object", "sampling_parameters")
-    body: dict[str, Any] = {}
     for key, value in params.items():
-        if key not in protocol.SAMPLING_KEYS:
+        if key not in _SAMPLING:
             raise invalid(f"unsupported sampling parameter '{key}'", key)
-        if isinstance(value, str) and key in _INTS | _BOOLS | set(protocol.FLOAT_RANGES):
-            value = _from_string(key, value)
-        elif isinstance(value, str) and key == "structured_outputs":
-            value = protocol.json_text(value, key)
-        body[key] = value
-    return body
-
-
-def _from_string(key: str, value: str) -> int | float | bool:
-    try:
-        if key in _BOOLS:
-            if value.lower() not in ("true", "false"):
-                raise ValueError(value)
-            return value.lower() == "true"
-        return int(value) if key in _INTS else float(value)
-    except ValueError:
-        raise invalid(f"sampling parameter '{key}' has the wrong type: {value!r}", key) from None
+        if isinstance(value, str) and key == "structured_outputs":
+            params[key] = protocol.json_text(value, key)
+    return params
 
 
 @dataclass
@@ -96,7 +83,8 @@ def generation(request: kserve.ModelInferRequest) -> Generation:
             "when streaming, exclude_input_in_output = false is not allowed",
             "exclude_input_in_output",
         )
-    message = completion_request(body)
+    # Triton's clients send numbers and booleans as strings, too.
+    message = completion_request(schemas.typed(body, schemas.CompletionRequest, strict=False))
     for index, image in enumerate(values.get("image", [])):
         try:
             data = base64.b64decode(image, validate=True)

@@ -11,20 +11,13 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from prism.gateway.client import ProcessorClient
+from prism.gateway.openai import schemas
 from prism.gateway.openai.protocol import (
-    MAX_LOGPROBS,
-    bool_field,
     finish_reason,
-    int_field,
-    is_int,
-    json_body,
     logprob,
-    model_field,
     position_tokens,
-    reject_unknown,
     sampling,
     usage,
-    wants_stream,
 )
 from prism.gateway.streaming import PlainChunks, respond
 from prism.proto.v1 import common_pb2, inference_pb2
@@ -34,34 +27,32 @@ router = APIRouter()
 
 
 def completion_request(body: Any, request_id: str = "") -> inference_pb2.CompleteRequest:
-    if not isinstance(body, dict):
-        raise invalid("request body must be a JSON object")
+    """The processor's request for `body`: a CompletionRequest, or the JSON object of
+    one."""
+    body = schemas.typed(body, schemas.CompletionRequest)
     request = inference_pb2.CompleteRequest(
-        request_id=request_id, model=model_field(body), sampling=sampling(body)
+        request_id=request_id, model=body.model, sampling=sampling(body)
     )
-    prompt = body.get("prompt")
+    prompt = body.prompt
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str) and prompt:
         request.text = prompt
-    elif isinstance(prompt, list) and prompt and all(is_int(t) and t >= 0 for t in prompt):
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         request.token_ids.ids.extend(prompt)
     else:
         raise invalid(
             "'prompt' must be a non-empty string or list of token ids (one prompt)", "prompt"
         )
-    reject_unknown(body, {"model", "prompt", "echo", "logprobs", "prompt_logprobs", "suffix"})
-    if body.get("suffix"):
+    if body.suffix:
         raise invalid("'suffix' is not supported", "suffix")
-    logprobs = int_field(body, "logprobs", 0, MAX_LOGPROBS)
-    if logprobs is not None:
-        request.sampling.logprobs = logprobs
-    prompt_logprobs = int_field(body, "prompt_logprobs", 0, MAX_LOGPROBS)
-    if prompt_logprobs is not None:
-        if prompt_logprobs and wants_stream(body):
+    if body.logprobs is not None:
+        request.sampling.logprobs = body.logprobs
+    if body.prompt_logprobs is not None:
+        if body.prompt_logprobs and body.stream:
             raise invalid("'prompt_logprobs' are not available when streaming", "prompt_logprobs")
-        request.sampling.prompt_logprobs = prompt_logprobs
-    request.echo = bool_field(body, "echo")
+        request.sampling.prompt_logprobs = body.prompt_logprobs
+    request.echo = bool(body.echo)
     return request
 
 
@@ -157,9 +148,9 @@ class CompletionAnswer:
         }
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=schemas.body("/v1/completions"))
 async def completions(request: Request) -> Response:
-    body = await json_body(request)
+    body = schemas.decode(await request.body(), schemas.CompletionRequest)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     message = completion_request(body, request_id)
     processor: ProcessorClient = request.app.state.processor

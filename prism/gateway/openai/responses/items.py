@@ -1,4 +1,5 @@
-"""A Responses request as the chat body the chat endpoint checks: `instructions`, the turns a
+"""A Responses request (its fields, as ResponsesRequest checked them) as the chat body the
+chat endpoint checks: `instructions`, the turns a
 `previous_response_id` continues, then the `input` items as chat messages, as vLLM's
 server builds them (`construct_input_messages`); the rest of the body as chat's fields.
 Every check names the field as the client sent it."""
@@ -18,10 +19,6 @@ SAME = ("model", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
         "frequency_penalty", "repetition_penalty", "seed", "stop", "stop_token_ids",
         "ignore_eos", "min_tokens", "logit_bias", "skip_special_tokens",
         "include_stop_str_in_output", "parallel_tool_calls")  # fmt: skip
-# Accepted and not acted on: they change nothing in what is generated here.
-IGNORED = ("user", "metadata", "service_tier", "reasoning", "store", "stream",
-           "previous_response_id", "prompt_cache_key", "include_reasoning", "truncation",
-           "max_tool_calls", "safety_identifier")  # fmt: skip
 LOGPROBS = "message.output_text.logprobs"
 
 
@@ -142,20 +139,16 @@ def conversation(body: dict[str, Any], previous: list[dict[str, Any]] | None) ->
     talk = Conversation()
     instructions = body.get("instructions")
     if instructions is not None:
-        if not isinstance(instructions, str):
-            raise invalid("'instructions' must be a string", "instructions")
         talk.add({"role": "system", "content": instructions}, "instructions")
     for message in previous or []:
         if message["role"] != "system":
             talk.add(message, "previous_response_id")
-    given = body.get("input")
+    given = body["input"]
     if isinstance(given, str):
         talk.add({"role": "user", "content": given}, "input")
-    elif isinstance(given, list) and given:
+    else:
         for i, item in enumerate(given):
             talk.item(item, f"input[{i}]")
-    else:
-        raise invalid("'input' must be a string or a non-empty list of items", "input")
     return talk
 
 
@@ -168,43 +161,27 @@ def _tool(tool: Any, where: str) -> dict[str, Any]:
     return {"type": "function", "function": function}
 
 
-def _tool_choice(value: Any) -> Any:
+def _tool_choice(value: str | dict[str, Any]) -> str | dict[str, Any]:
+    """Responses' flat function choice as chat's nested one; the rest as it is (chat
+    checks it)."""
     if isinstance(value, dict) and value.get("type") == "function" and "name" in value:
         return {"type": "function", "function": {"name": value["name"]}}
-    if isinstance(value, str | dict):
-        return value
-    raise invalid("'tool_choice' must be 'none', 'auto', 'required' or a function", "tool_choice")
+    return value
 
 
-def _format(text: Any) -> dict[str, Any] | None:
-    """`text.format` as chat's `response_format`."""
-    if text is None:
-        return None
-    if not isinstance(text, dict):
-        raise invalid("'text' must be an object", "text")
-    spec = text.get("format")
+def _format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`text.format` (its type checked by ResponsesRequest) as chat's `response_format`."""
+    spec = (text or {}).get("format")
     if spec is None:
         return None
-    if not isinstance(spec, dict):
-        raise invalid("'text.format' must be an object", "text.format")
-    kind = spec.get("type")
-    if kind == "json_schema":
-        schema = spec.get("schema")
-        if not isinstance(schema, dict):
-            raise invalid("a json_schema format needs 'schema', an object", "text.format.schema")
-        return {"type": "json_schema", "json_schema": {"name": spec.get("name"), "schema": schema}}
-    if kind in ("text", "json_object"):
-        return {"type": kind}
-    raise invalid(
-        f"unsupported text format {kind!r}: use 'text', 'json_object' or 'json_schema'",
-        "text.format.type",
-    )
+    if spec["type"] == "json_schema":
+        return {"type": "json_schema",
+                "json_schema": {"name": spec.get("name"), "schema": spec["schema"]}}  # fmt: skip
+    return {"type": spec["type"]}
 
 
 def _logprobs(body: dict[str, Any]) -> dict[str, Any]:
     include = body.get("include") or []
-    if not isinstance(include, list):
-        raise invalid("'include' must be a list", "include")
     for i, entry in enumerate(include):
         if entry != LOGPROBS:
             raise invalid(f"unsupported include {entry!r}: only '{LOGPROBS}'", f"include[{i}]")
@@ -213,23 +190,14 @@ def _logprobs(body: dict[str, Any]) -> dict[str, Any]:
     return {"logprobs": True, "top_logprobs": body.get("top_logprobs") or 0}
 
 
-KNOWN = {*SAME, *IGNORED, "input", "instructions", "max_output_tokens", "text", "tools",
-         "tool_choice", "include", "top_logprobs", "background"}  # fmt: skip
-
-
 def stored(body: dict[str, Any]) -> bool:
     """Whether the response is to be kept (by default it is, as OpenAI's API keeps it)."""
-    value = body.get("store")
-    if value is not None and not isinstance(value, bool):
-        raise invalid(f"'store' must be a boolean, got {value!r}", "store")
-    return value is not False
+    return body.get("store") is not False
 
 
 def chat_body(body: dict[str, Any], talk: Conversation) -> dict[str, Any]:
-    """The chat request's body for `body`, whose messages are `talk`'s."""
-    for key, value in body.items():
-        if value is not None and key not in KNOWN:
-            raise invalid(f"unsupported parameter '{key}'", key)
+    """The chat request's body for `body` (a ResponsesRequest's fields), whose messages are
+    `talk`'s."""
     if body.get("background"):
         raise invalid("background responses are not supported", "background")
     chat: dict[str, Any] = {k: body[k] for k in SAME if body.get(k) is not None}
@@ -237,11 +205,8 @@ def chat_body(body: dict[str, Any], talk: Conversation) -> dict[str, Any]:
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
     tools = body.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list):
-            raise invalid("'tools' must be a list", "tools")
-        if tools:
-            chat["tools"] = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(tools)]
+    if tools:
+        chat["tools"] = [_tool(tool, f"tools[{i}]") for i, tool in enumerate(tools)]
     if body.get("tool_choice") is not None and chat.get("tools"):
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
     response_format = _format(body.get("text"))

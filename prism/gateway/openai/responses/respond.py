@@ -10,17 +10,18 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
+import msgspec
 
 from prism import telemetry
 from prism.gateway.client import ReplyStream
+from prism.gateway.openai import schemas
 from prism.gateway.openai.chat import chat_request
-from prism.gateway.openai.protocol import as_sent, wants_stream
 from prism.gateway.openai.responses import items
 from prism.gateway.openai.responses.answer import ResponseAnswer
 from prism.gateway.openai.responses.store import ResponseStore, Stored
 from prism.gateway.streaming import open_stream
 from prism.proto.v1 import inference_pb2
-from prism.rpc.errors import PrismError, invalid
+from prism.rpc.errors import PrismError
 
 Chat = Callable[[inference_pb2.ChatRequest], ReplyStream]
 
@@ -36,22 +37,19 @@ class Responder:
         """Starts the response that the request object `body` asks for, once its first
         reply is in: a bad request raises PrismError and leaves nothing running. `path`
         names the call in the request metrics."""
-        if not isinstance(body, dict):
-            raise invalid("request body must be a JSON object")
+        body = msgspec.to_builtins(schemas.typed(body, schemas.ResponsesRequest))
         previous = body.get("previous_response_id")
-        if previous is not None and not isinstance(previous, str):
-            raise invalid("'previous_response_id' must be a string", "previous_response_id")
         before = self.store.get(previous, "previous_response_id").messages if previous else None
         talk = items.conversation(body, before)
         chat = items.chat_body(body, talk)
         # Read before the call starts: a bad value must not leave a generation running.
-        stream = wants_stream(body)
+        stream = bool(body.get("stream"))
         keep = self.store if items.stored(body) else None
         response_id = f"resp_{uuid.uuid4().hex}"
         try:
             message = chat_request(chat, response_id)
         except PrismError as error:
-            raise _as_sent(error, talk, body) from None
+            raise _as_sent(error, talk) from None
         top = message.sampling.logprobs if message.sampling.HasField("logprobs") else None
         call = self.chat(message)
         timer = telemetry.RequestTimer(path)
@@ -62,27 +60,26 @@ class Responder:
             call.cancel()
             timer.finish(completed=False)
             if isinstance(exc, PrismError):
-                raise _as_sent(exc, talk, body) from None
+                raise _as_sent(exc, talk) from None
             raise
         timer.reply(first)
         return Opened(stream, ResponseAnswer(response_id, body, top), call, first, rest, timer,
-                      _Turn(keep, talk, body))  # fmt: skip
+                      _Turn(keep, talk))  # fmt: skip
 
 
 class _Turn:
     """The conversation so far, stored with its answer unless `store` is None."""
 
-    def __init__(self, store: ResponseStore | None, talk: items.Conversation, body: dict) -> None:
+    def __init__(self, store: ResponseStore | None, talk: items.Conversation) -> None:
         self.store = store
         self.talk = talk
-        self.body = body
 
     def keep(self, response: dict[str, Any]) -> None:
         if self.store is not None:
             self.store.put(Stored(response, _turn(self.talk, response)))
 
     def error(self, exc: grpc.aio.AioRpcError) -> PrismError:
-        return _as_sent(PrismError.from_rpc_error(exc), self.talk, self.body)
+        return _as_sent(PrismError.from_rpc_error(exc), self.talk)
 
 
 class Opened:
@@ -158,11 +155,12 @@ def _turn(talk: items.Conversation, response: dict[str, Any]) -> list[dict[str, 
     return [*talk.messages, *said]
 
 
-def _as_sent(error: PrismError, talk: items.Conversation, body: dict) -> PrismError:
-    error = as_sent(talk.error(error), body)
+def _as_sent(error: PrismError, talk: items.Conversation) -> PrismError:
+    """`error`, naming the field as a Responses request has it."""
+    error = talk.error(error)
     if error.param == "max_tokens":
         error.message = error.message.replace("max_tokens", "max_output_tokens")
         error.param = "max_output_tokens"
-    if error.param == "response_format":
+    if error.param in ("response_format", "structured_output"):
         error.param = "text.format"
     return error

@@ -13,7 +13,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from prism import logs
-from prism.gateway.openai.protocol import error_body, json_body
+from prism.gateway.openai import schemas
+from prism.gateway.openai.protocol import error_body
 from prism.gateway.openai.responses.respond import Opened, Responder
 from prism.gateway.openai.responses.store import ResponseStore
 from prism.gateway.streaming import EventStream, unless_gone
@@ -26,9 +27,9 @@ def _store(request: Request) -> ResponseStore:
     return request.app.state.responses
 
 
-@router.post("/v1/responses")
+@router.post("/v1/responses", openapi_extra=schemas.body("/v1/responses"))
 async def create(request: Request) -> Response:
-    body = await json_body(request)
+    body = schemas.decode(await request.body(), schemas.ResponsesRequest)
     responder = Responder(_store(request), request.app.state.processor.chat)
     return await unless_gone(request.receive, _answer(responder, body, request.url.path))
 
