@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -60,7 +62,8 @@ class MediaLoader:
 
     def __init__(self, policy: MediaPolicy | None = None):
         self.policy = policy or MediaPolicy()
-        # Keyed by modality and URL: the same URL loaded as another modality is checked anew.
+        # Keyed by modality and URL (a data URL's digest): the same URL loaded as another
+        # modality is checked anew.
         self.url_cache: ByteLru[Any] = ByteLru(
             self.policy.url_cache_bytes, size=lambda media: len(media.data)
         )
@@ -101,18 +104,33 @@ class MediaLoader:
         url = media.url
         scheme = url.split(":", 1)[0].lower()
         if scheme == "data":
-            return await self._check(files, parse_data_url(url, files.mime_types, param), param)
+            # A conversation sends its images again with every turn: each is decoded and
+            # checked once (keyed by a digest, not by the URL, whose size the cache does not
+            # count).
+            digest = hashlib.sha256(url.encode()).hexdigest()
+            return await self._cached(
+                f"{modality.name} data:{digest}",
+                lambda: self._check(files, parse_data_url(url, files.mime_types, param), param),
+            )
         if scheme in ("http", "https"):
-            cached = self.url_cache.get(f"{modality.name} {url}")
-            if cached is not None:
-                return cached
-            data = await self._fetch(modality.name, files.max_bytes(self.policy), url, param)
-            loaded = await self._check(files, data, param)
-            self.url_cache.put(f"{modality.name} {url}", loaded)
-            return loaded
+
+            async def fetched() -> Any:
+                data = await self._fetch(modality.name, files.max_bytes(self.policy), url, param)
+                return await self._check(files, data, param)
+
+            return await self._cached(f"{modality.name} {url}", fetched)
         raise invalid(
             f"unsupported {modality.name} URL scheme {scheme!r}: use http, https or data", param
         )
+
+    async def _cached(self, key: str, load: Callable[[], Awaitable[Any]]) -> Any:
+        """The item `key` names, loaded by `load` unless the cache holds it; a failure is not
+        kept (the next request checks anew)."""
+        loaded = self.url_cache.get(key)
+        if loaded is None:
+            loaded = await load()
+            self.url_cache.put(key, loaded)
+        return loaded
 
     async def _check(self, files: Files, data: bytes, param: str) -> Any:
         if files.in_thread:

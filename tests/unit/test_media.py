@@ -98,3 +98,24 @@ def test_loader_fetches_from_loopback(image_server):
             await loader.close()
 
     asyncio.run(run())
+
+
+def test_a_data_url_sent_again_is_checked_once_and_a_bad_one_every_time():
+    good = "data:image/png;base64," + base64.b64encode(png(5)).decode()
+    bad = "data:image/png;base64," + base64.b64encode(b"just text").decode()
+
+    async def run():
+        loader = MediaLoader(MediaPolicy())
+        try:
+            for _ in range(3):
+                assert (await loader.load(IMAGE, common_pb2.Image(url=good), "p")).data == png(5)
+            assert (loader.url_cache.stats.hits, loader.url_cache.stats.misses) == (2, 1)
+            for _ in range(2):
+                with pytest.raises(PrismError) as refused:
+                    await loader.load(IMAGE, common_pb2.Image(url=bad), "p")
+                assert refused.value.http_status == 415
+            assert loader.url_cache.stats.misses == 3
+        finally:
+            await loader.close()
+
+    asyncio.run(run())
