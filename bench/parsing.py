@@ -15,6 +15,7 @@ import timeit
 from collections.abc import Callable
 
 from bench.lib.load import chat, image_url
+from prism.gateway import bodies
 from prism.gateway.openai import chat as chat_api
 from prism.gateway.openai import schemas
 
@@ -41,8 +42,8 @@ def main() -> None:
     kind = schemas.ChatCompletionRequest
     ways: dict[str, Callable[[], object]] = {
         "json.loads": lambda: json.loads(raw),
-        "msgspec, typed": lambda: schemas.decode(raw, kind),
-        "msgspec, typed, as ChatRequest": lambda: chat_api.chat_request(schemas.decode(raw, kind)),
+        "msgspec, typed": lambda: bodies.decode(raw, kind),
+        "msgspec, typed, as ChatRequest": lambda: chat_api.chat_request(bodies.decode(raw, kind)),
     }
     vllm = _vllm()
     if vllm is not None:

@@ -29,6 +29,8 @@ class Delta:
     text: str
     token_ids: list[int]
     finish_reason: int = common_pb2.FINISH_REASON_UNSPECIFIED
+    # The stop string that ended the answer, if one did.
+    stop_sequence: str = ""
 
     @property
     def finished(self) -> bool:
@@ -55,10 +57,11 @@ class Detokenizer:
         """The delta that `token_ids`, ending with `finish_reason` from the engine (or
         none yet), add."""
         stopped = finish_reason == common_pb2.FINISH_REASON_STOP
-        if self._inner.update(token_ids, stopped):
+        stop_sequence = self._inner.update(token_ids, stopped) or ""
+        if stop_sequence:
             finish_reason = common_pb2.FINISH_REASON_STOP
         finished = finish_reason != common_pb2.FINISH_REASON_UNSPECIFIED
         text = self._inner.get_next_output_text(finished, delta=True)
         new = list(self._inner.output_token_ids[self.sent :])
         self.sent += len(new)
-        return Delta(text, new, finish_reason)
+        return Delta(text, new, finish_reason, stop_sequence)

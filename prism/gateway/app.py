@@ -17,6 +17,7 @@ from starlette.exceptions import HTTPException
 import prism
 from prism import tracing
 from prism.gateway import health, hot, middleware, openapi
+from prism.gateway.anthropic import router as messages
 from prism.gateway.client import GrpcProcessorClient, ProcessorClient
 from prism.gateway.kserve import servicer as kserve
 from prism.gateway.openai import chat, completions, lora, models
@@ -80,7 +81,7 @@ def create_app(
     app.add_middleware(middleware.FrontDoor, api_key=api_key, limit=limit)
     app.add_exception_handler(PrismError, middleware.prism_error)
     app.add_exception_handler(HTTPException, middleware.http_error)
-    for endpoints in (health, models, chat, completions, responses, lora):
+    for endpoints in (health, models, chat, completions, responses, lora, messages):
         app.include_router(endpoints.router)
     openapi.describe(app)
     return app

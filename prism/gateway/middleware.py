@@ -1,6 +1,6 @@
 """What every HTTP request meets around its endpoint, once for all of them: its request
 id, the API key, the bound on generations in flight, the count by final status, and every
-error answered as OpenAI's error body."""
+error answered as its API's error body (OpenAI's, or Anthropic's under /v1/messages)."""
 
 from __future__ import annotations
 
@@ -15,36 +15,43 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from prism import logs, telemetry
+from prism.gateway.anthropic import schemas as anthropic
 from prism.gateway.openai.protocol import error_body
 from prism.proto.v1 import errors_pb2
 from prism.rpc.errors import PrismError, status_for
 from prism.rpc.server import InFlightLimit
 
 # Routes counted by path in the request metrics; anything else counts as "other".
-GENERATIONS = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+GENERATIONS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages")
 _ROUTES = (*GENERATIONS, "/v1/models")
 
 
-def error_response(error: PrismError) -> JSONResponse:
+def _error_body(error: PrismError, path: str) -> dict[str, Any]:
+    """The error body of the API `path` belongs to: Anthropic's or OpenAI's."""
+    write = anthropic.error_body if path.startswith("/v1/messages") else error_body
+    return write(error, logs.REQUEST_ID.get())
+
+
+def error_response(error: PrismError, path: str = "") -> JSONResponse:
     headers = {}
     if "retry_after_s" in error.metadata:
         headers["Retry-After"] = error.metadata["retry_after_s"]
     elif error.http_status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    body = error_body(error, logs.REQUEST_ID.get())
+    body = _error_body(error, path)
     return JSONResponse(body, status_code=error.http_status, headers=headers)
 
 
 async def prism_error(request: Request, exc: PrismError) -> JSONResponse:
-    return error_response(exc)
+    return error_response(exc, request.url.path)
 
 
 async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-    """Starlette's own errors (no such route or method) as OpenAI's error body."""
+    """Starlette's own errors (no such route or method) as the API's error body."""
     code = {404: grpc.StatusCode.NOT_FOUND, 405: grpc.StatusCode.UNIMPLEMENTED}.get(
         exc.status_code, grpc.StatusCode.INVALID_ARGUMENT
     )
-    body = error_body(PrismError(code, str(exc.detail)))
+    body = _error_body(PrismError(code, str(exc.detail)), request.url.path)
     return JSONResponse(body, status_code=exc.status_code)
 
 
@@ -81,24 +88,34 @@ class FrontDoor:
         path = scope["path"]
         try:
             if path.startswith("/v1/"):
-                authorize(self.api_key, headers.get(b"authorization", b"").decode("latin-1"))
+                authorize(self.api_key, _authorization(headers))
             if path in GENERATIONS:
                 with self.limit.admit():
                     await self.app(scope, receive, send_with_id)
             else:
                 await self.app(scope, receive, send_with_id)
         except PrismError as error:
-            await error_response(error)(scope, receive, send_with_id)
+            await error_response(error, path)(scope, receive, send_with_id)
         except Exception as exc:
             if status:
                 raise
             # Starlette's own answer would be a bare text 500.
-            await error_response(status_for(exc, "gateway"))(scope, receive, send_with_id)
+            failure = error_response(status_for(exc, "gateway"), path)
+            await failure(scope, receive, send_with_id)
         finally:
             logs.REQUEST_ID.reset(token)
             if path.startswith("/v1/"):
                 endpoint = path if path in _ROUTES else "other"
                 telemetry.REQUESTS.labels(endpoint, str(status or 500)).inc()
+
+
+def _authorization(headers: dict[bytes, bytes]) -> str:
+    """The request's credentials as an Authorization header: its own, or Anthropic's
+    `x-api-key` (what the anthropic SDK sends) as a Bearer token."""
+    given = headers.get(b"authorization")
+    if given is None and b"x-api-key" in headers:
+        given = b"Bearer " + headers[b"x-api-key"]
+    return (given or b"").decode("latin-1")
 
 
 def authorize(api_key: str, authorization: str) -> None:

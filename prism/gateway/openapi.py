@@ -1,5 +1,5 @@
 """/openapi.json with every request body's schema: FastAPI's document, with the components
-that the endpoints' typed bodies (prism.gateway.openai.schemas) refer to. (The endpoints
+that the endpoints' typed bodies (prism.gateway.bodies) refer to. (The endpoints
 read their bodies themselves, in one pass, so FastAPI sees no body parameter to describe.)"""
 
 from __future__ import annotations
@@ -8,7 +8,9 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from prism.gateway.openai import schemas
+from prism.gateway import bodies
+from prism.gateway.anthropic import schemas as anthropic
+from prism.gateway.openai import schemas as openai
 
 
 def describe(app: FastAPI) -> None:
@@ -18,7 +20,8 @@ def describe(app: FastAPI) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             components = document().setdefault("components", {})
-            components.setdefault("schemas", {}).update(schemas.components())
+            kinds = [*openai.BODIES.values(), *anthropic.BODIES.values()]
+            components.setdefault("schemas", {}).update(bodies.components(kinds))
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

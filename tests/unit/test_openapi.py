@@ -9,6 +9,8 @@ import pytest
 from fastapi.testclient import TestClient
 from openapi_spec_validator import validate
 
+from prism.gateway import bodies
+from prism.gateway.anthropic import schemas as anthropic
 from prism.gateway.app import create_app
 from prism.gateway.openai import schemas
 from prism.registry import StaticRegistry
@@ -27,11 +29,12 @@ def test_the_document_is_openapi_3_with_a_body_schema_for_every_post():
     posts = {path: ops["post"] for path, ops in document["paths"].items() if "post" in ops}
     # Cancelling a stored response takes no body.
     takes_body = {path for path in posts if not path.endswith("/cancel")}
-    assert takes_body == set(schemas.BODIES)
+    bodies = {**schemas.BODIES, **anthropic.BODIES}
+    assert takes_body == set(bodies)
     for path in takes_body:
         body = posts[path]["requestBody"]["content"]["application/json"]["schema"]
         name = body["$ref"].rsplit("/", 1)[1]
-        assert name == schemas.BODIES[path].__name__
+        assert name == bodies[path].__name__
         assert name in document["components"]["schemas"]
 
 
@@ -51,5 +54,5 @@ def test_the_schemas_refuse_what_the_endpoints_refuse():
                 {"messages": good["messages"]}):  # fmt: skip
         assert not chat.is_valid(bad), bad
         with pytest.raises(PrismError) as refused:
-            schemas.typed(bad, schemas.ChatCompletionRequest)
+            bodies.typed(bad, schemas.ChatCompletionRequest)
         assert refused.value.http_status == 400

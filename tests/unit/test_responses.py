@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 from fastapi.testclient import TestClient
+from support.scripted import Call, Scripted
 
 from prism.gateway.app import create_app
 from prism.gateway.client import LocalCall, LocalContext, _handle
@@ -32,39 +33,6 @@ STOP, LENGTH = common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH
 def reply(text: str = "", finish: int = 0, **fields) -> inference_pb2.ChatResponse:
     return inference_pb2.ChatResponse(text=text, finish_reason=finish, model="m", usage=USAGE,
                                       **fields)  # fmt: skip
-
-
-class Call:
-    def __init__(self, replies: list) -> None:
-        self.replies = replies
-
-    async def _each(self) -> AsyncIterator:
-        for message in self.replies:
-            yield message
-
-    def __aiter__(self) -> AsyncIterator:
-        return self._each()
-
-    def ready(self) -> None:
-        return None
-
-    def cancel(self) -> bool:
-        return True
-
-
-class Scripted:
-    """A processor that answers every chat with `replies`, and keeps the requests."""
-
-    def __init__(self, replies: list) -> None:
-        self.replies = replies
-        self.requests: list[inference_pb2.ChatRequest] = []
-
-    def chat(self, request: inference_pb2.ChatRequest) -> Call:
-        self.requests.append(request)
-        return Call(self.replies)
-
-    async def close(self) -> None:
-        pass
 
 
 HELLO = [reply("Hel"), reply("lo", STOP)]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
+from prism.gateway import bodies
 from prism.gateway.openai import chat as chat_api
 from prism.gateway.openai import completions, protocol, schemas
 from prism.proto.v1 import common_pb2, errors_pb2, inference_pb2
@@ -86,7 +87,7 @@ def test_image_embeds_parts_take_base64_safetensors_and_a_grid():
 
 
 def sampling(**fields) -> common_pb2.SamplingParams:
-    return protocol.sampling(schemas.typed(chat(**fields), schemas.ChatCompletionRequest))
+    return protocol.sampling(bodies.typed(chat(**fields), schemas.ChatCompletionRequest))
 
 
 def test_sampling_fields_are_carried():
@@ -189,7 +190,7 @@ def test_completion_prompt_forms():
 
 def test_stream_options():
     def decoded(**fields) -> schemas.ChatCompletionRequest:
-        return schemas.decode(json.dumps(chat(**fields)).encode(), schemas.ChatCompletionRequest)
+        return bodies.decode(json.dumps(chat(**fields)).encode(), schemas.ChatCompletionRequest)
 
     options = decoded(stream_options={"include_usage": True}).stream_options
     assert options.include_usage and not options.continuous_usage_stats
@@ -270,7 +271,7 @@ def test_logit_bias_is_clamped_as_vllm_clamps_it():
 def test_an_unserved_constraint_error_names_what_the_client_sent():
     error = PrismError(grpc.StatusCode.INVALID_ARGUMENT, "bad", param="structured_output")
     for sent in ({"response_format": {"type": "text"}}, {"structured_outputs": {"regex": "a"}}):
-        body = schemas.typed(chat(**sent), schemas.ChatCompletionRequest)
+        body = bodies.typed(chat(**sent), schemas.ChatCompletionRequest)
         assert protocol.as_sent(error, body).param == next(iter(sent))
 
 

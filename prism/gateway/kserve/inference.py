@@ -10,6 +10,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from prism.gateway import bodies
 from prism.gateway.kserve.tensors import OUTPUTS, pack_bytes, read_inputs
 from prism.gateway.openai import protocol, schemas
 from prism.gateway.openai.completions import completion_request
@@ -84,7 +85,7 @@ def generation(request: kserve.ModelInferRequest) -> Generation:
             "exclude_input_in_output",
         )
     # Triton's clients send numbers and booleans as strings, too.
-    message = completion_request(schemas.typed(body, schemas.CompletionRequest, strict=False))
+    message = completion_request(bodies.typed(body, schemas.CompletionRequest, strict=False))
     for index, image in enumerate(values.get("image", [])):
         try:
             data = base64.b64decode(image, validate=True)

@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from prism.gateway import bodies
 from prism.gateway.client import ProcessorClient
 from prism.gateway.openai import schemas
 from prism.gateway.openai.protocol import (
@@ -135,7 +136,7 @@ def _tool_choice(value: str | schemas.NamedToolChoice) -> inference_pb2.ToolChoi
 def chat_request(body: Any, request_id: str = "") -> inference_pb2.ChatRequest:
     """The processor's request for `body`: a ChatCompletionRequest, or the JSON object
     of one."""
-    body = schemas.typed(body, schemas.ChatCompletionRequest)
+    body = bodies.typed(body, schemas.ChatCompletionRequest)
     request = inference_pb2.ChatRequest(
         request_id=request_id, model=body.model, sampling=sampling(body)
     )
@@ -297,9 +298,9 @@ class ChatAnswer:
         }
 
 
-@router.post("/v1/chat/completions", openapi_extra=schemas.body("/v1/chat/completions"))
+@router.post("/v1/chat/completions", openapi_extra=bodies.openapi(schemas.ChatCompletionRequest))
 async def chat(request: Request) -> Response:
-    body = schemas.decode(await request.body(), schemas.ChatCompletionRequest)
+    body = bodies.decode(await request.body(), schemas.ChatCompletionRequest)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     message = chat_request(body, request_id)
     processor: ProcessorClient = request.app.state.processor

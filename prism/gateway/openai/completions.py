@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from prism.gateway import bodies
 from prism.gateway.client import ProcessorClient
 from prism.gateway.openai import schemas
 from prism.gateway.openai.protocol import (
@@ -29,7 +30,7 @@ router = APIRouter()
 def completion_request(body: Any, request_id: str = "") -> inference_pb2.CompleteRequest:
     """The processor's request for `body`: a CompletionRequest, or the JSON object of
     one."""
-    body = schemas.typed(body, schemas.CompletionRequest)
+    body = bodies.typed(body, schemas.CompletionRequest)
     request = inference_pb2.CompleteRequest(
         request_id=request_id, model=body.model, sampling=sampling(body)
     )
@@ -148,9 +149,9 @@ class CompletionAnswer:
         }
 
 
-@router.post("/v1/completions", openapi_extra=schemas.body("/v1/completions"))
+@router.post("/v1/completions", openapi_extra=bodies.openapi(schemas.CompletionRequest))
 async def completions(request: Request) -> Response:
-    body = schemas.decode(await request.body(), schemas.CompletionRequest)
+    body = bodies.decode(await request.body(), schemas.CompletionRequest)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     message = completion_request(body, request_id)
     processor: ProcessorClient = request.app.state.processor

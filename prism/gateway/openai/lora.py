@@ -7,6 +7,7 @@ import grpc
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
+from prism.gateway import bodies
 from prism.gateway.client import ProcessorClient
 from prism.gateway.openai import schemas
 from prism.proto.v1 import inference_pb2
@@ -25,16 +26,18 @@ async def _call(
         raise status_for(exc) from None
 
 
-@router.post("/v1/load_lora_adapter", openapi_extra=schemas.body("/v1/load_lora_adapter"))
+@router.post("/v1/load_lora_adapter", openapi_extra=bodies.openapi(schemas.LoadLoraAdapterRequest))
 async def load(request: Request) -> PlainTextResponse:
-    body = schemas.decode(await request.body(), schemas.LoadLoraAdapterRequest)
+    body = bodies.decode(await request.body(), schemas.LoadLoraAdapterRequest)
     name, path = body.lora_name, body.lora_path
     await _call(request, inference_pb2.LoadAdapterRequest(name=name, path=path))
     return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
 
-@router.post("/v1/unload_lora_adapter", openapi_extra=schemas.body("/v1/unload_lora_adapter"))
+@router.post(
+    "/v1/unload_lora_adapter", openapi_extra=bodies.openapi(schemas.UnloadLoraAdapterRequest)
+)
 async def unload(request: Request) -> PlainTextResponse:
-    name = schemas.decode(await request.body(), schemas.UnloadLoraAdapterRequest).lora_name
+    name = bodies.decode(await request.body(), schemas.UnloadLoraAdapterRequest).lora_name
     await _call(request, inference_pb2.UnloadAdapterRequest(name=name))
     return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")

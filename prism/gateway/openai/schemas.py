@@ -1,21 +1,16 @@
-"""The OpenAI request bodies as typed models: decoded and checked in one pass by msgspec
-(chosen by measurement over pydantic and the hand-written checks, bench/notes/scale.md),
-described in /openapi.json, and refused as OpenAI's error body naming the field as sent.
+"""The OpenAI request bodies as typed models (decoded by prism.gateway.bodies).
 
 What a type cannot say (one field given only with another, token ids as dict keys) the
 endpoints check after decoding."""
 
 from __future__ import annotations
 
-import re
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
 
-from prism.rpc.errors import PrismError, invalid
-
-T = TypeVar("T", bound=msgspec.Struct)
+from prism.gateway.bodies import Body, Object
 
 INT32 = 2**31 - 1
 # Most top logprobs a request may ask for (vLLM's default --max-logprobs).
@@ -30,38 +25,30 @@ TopLogprobs = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)]
 TokenId = Annotated[int, Meta(ge=0)]
 
 
-class _Object(msgspec.Struct, omit_defaults=True):
-    """A JSON object whose unknown keys are ignored (as OpenAI's SDKs may add some)."""
-
-
-class _Body(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
-    """A request body: an unknown parameter is refused by name."""
-
-
 # Structured output: OpenAI's `response_format` and vLLM's `structured_outputs`.
-class JsonSchemaSpec(_Object, kw_only=True):
+class JsonSchemaSpec(Object, kw_only=True):
     schema: dict[str, Any]
     name: str | None = None
     description: str | None = None
     strict: bool | None = None
 
 
-class TextFormat(_Object, tag="text", tag_field="type", kw_only=True):
+class TextFormat(Object, tag="text", tag_field="type", kw_only=True):
     pass
 
 
-class JsonObjectFormat(_Object, tag="json_object", tag_field="type", kw_only=True):
+class JsonObjectFormat(Object, tag="json_object", tag_field="type", kw_only=True):
     pass
 
 
-class JsonSchemaFormat(_Object, tag="json_schema", tag_field="type", kw_only=True):
+class JsonSchemaFormat(Object, tag="json_schema", tag_field="type", kw_only=True):
     json_schema: JsonSchemaSpec
 
 
 ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
 
 
-class StructuredOutputs(_Object, kw_only=True):
+class StructuredOutputs(Object, kw_only=True):
     """vLLM's form: exactly one of its fields (checked where it is read)."""
 
     json: dict[str, Any] | str | None = None
@@ -71,14 +58,14 @@ class StructuredOutputs(_Object, kw_only=True):
     json_object: bool | None = None
 
 
-class StreamOptions(_Object, kw_only=True):
+class StreamOptions(Object, kw_only=True):
     # A usage chunk at the end of the stream.
     include_usage: bool = False
     # Usage so far on every chunk.
     continuous_usage_stats: bool = False
 
 
-class GenerationFields(_Body, kw_only=True):
+class GenerationFields(Body, kw_only=True):
     """The sampling fields every generation endpoint takes, with the ranges vLLM's OpenAI
     server takes, and those accepted and not acted on (they change nothing here)."""
 
@@ -118,45 +105,45 @@ class Sampling(GenerationFields, kw_only=True):
 
 
 # Chat content parts, by their `type`.
-class MediaUrl(_Object, kw_only=True):
+class MediaUrl(Object, kw_only=True):
     url: Text
     detail: str | None = None
 
 
-class TextPart(_Object, tag="text", tag_field="type", kw_only=True):
+class TextPart(Object, tag="text", tag_field="type", kw_only=True):
     text: str
 
 
-class ImageUrlPart(_Object, tag="image_url", tag_field="type", kw_only=True):
+class ImageUrlPart(Object, tag="image_url", tag_field="type", kw_only=True):
     image_url: Text | MediaUrl
 
 
-class VideoUrlPart(_Object, tag="video_url", tag_field="type", kw_only=True):
+class VideoUrlPart(Object, tag="video_url", tag_field="type", kw_only=True):
     video_url: Text | MediaUrl
 
 
-class AudioUrlPart(_Object, tag="audio_url", tag_field="type", kw_only=True):
+class AudioUrlPart(Object, tag="audio_url", tag_field="type", kw_only=True):
     audio_url: Text | MediaUrl
 
 
-class InputAudio(_Object, kw_only=True):
+class InputAudio(Object, kw_only=True):
     # Base64 of the file.
     data: str
     format: Literal["wav", "mp3", "flac", "ogg", "m4a", "webm"]
 
 
-class InputAudioPart(_Object, tag="input_audio", tag_field="type", kw_only=True):
+class InputAudioPart(Object, tag="input_audio", tag_field="type", kw_only=True):
     input_audio: InputAudio
 
 
-class ImageEmbeds(_Object, kw_only=True):
+class ImageEmbeds(Object, kw_only=True):
     # Base64 of a safetensors file.
     image_embeds: Text
     # Qwen2-VL's (t, h, w), or a batch of one of them.
     image_grid_thw: list[Positive | list[Positive]] | None = None
 
 
-class ImageEmbedsPart(_Object, tag="image_embeds", tag_field="type", kw_only=True):
+class ImageEmbedsPart(Object, tag="image_embeds", tag_field="type", kw_only=True):
     image_embeds: Text | ImageEmbeds
 
 
@@ -165,19 +152,19 @@ ContentPart = (
 )
 
 
-class FunctionCall(_Object, kw_only=True):
+class FunctionCall(Object, kw_only=True):
     name: str
     # JSON text (an object is taken and written as such).
     arguments: str | dict[str, Any] | None = None
 
 
-class ToolCall(_Object, kw_only=True):
+class ToolCall(Object, kw_only=True):
     function: FunctionCall
     type: Literal["function"] = "function"
     id: str | None = None
 
 
-class ChatMessage(_Object, kw_only=True):
+class ChatMessage(Object, kw_only=True):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     tool_calls: list[ToolCall] | None = None
@@ -185,7 +172,7 @@ class ChatMessage(_Object, kw_only=True):
     name: str | None = None
 
 
-class FunctionDefinition(_Object, kw_only=True):
+class FunctionDefinition(Object, kw_only=True):
     name: Text
     description: str | None = None
     # A JSON schema.
@@ -193,16 +180,16 @@ class FunctionDefinition(_Object, kw_only=True):
     strict: bool | None = None
 
 
-class Tool(_Object, kw_only=True):
+class Tool(Object, kw_only=True):
     function: FunctionDefinition
     type: Literal["function"] = "function"
 
 
-class FunctionName(_Object, kw_only=True):
+class FunctionName(Object, kw_only=True):
     name: Text
 
 
-class NamedToolChoice(_Object, kw_only=True):
+class NamedToolChoice(Object, kw_only=True):
     function: FunctionName
     type: Literal["function"] = "function"
 
@@ -231,14 +218,14 @@ class CompletionRequest(Sampling, kw_only=True):
     suffix: str | None = None
 
 
-class ResponsesJsonSchema(_Object, tag="json_schema", tag_field="type", kw_only=True):
+class ResponsesJsonSchema(Object, tag="json_schema", tag_field="type", kw_only=True):
     schema: dict[str, Any]
     name: str | None = None
     description: str | None = None
     strict: bool | None = None
 
 
-class ResponsesText(_Object, kw_only=True):
+class ResponsesText(Object, kw_only=True):
     format: TextFormat | JsonObjectFormat | ResponsesJsonSchema | None = None
 
 
@@ -267,14 +254,14 @@ class ResponsesRequest(GenerationFields, kw_only=True):
     safety_identifier: str | None = None
 
 
-class LoadLoraAdapterRequest(_Object, kw_only=True):
+class LoadLoraAdapterRequest(Object, kw_only=True):
     """POST /v1/load_lora_adapter."""
 
     lora_name: Text
     lora_path: Text
 
 
-class UnloadLoraAdapterRequest(_Object, kw_only=True):
+class UnloadLoraAdapterRequest(Object, kw_only=True):
     """POST /v1/unload_lora_adapter."""
 
     lora_name: Text
@@ -288,71 +275,3 @@ BODIES: dict[str, type[msgspec.Struct]] = {
     "/v1/load_lora_adapter": LoadLoraAdapterRequest,
     "/v1/unload_lora_adapter": UnloadLoraAdapterRequest,
 }
-_DECODERS = {kind: msgspec.json.Decoder(kind) for kind in BODIES.values()}
-_REF = "#/components/schemas/{name}"
-
-
-def body(path: str) -> dict[str, Any]:
-    """The OpenAPI operation's request body for `path`'s endpoint (FastAPI's
-    `openapi_extra`): a reference to its model's schema, which `components` holds."""
-    name = BODIES[path].__name__
-    schema = {"$ref": _REF.format(name=name)}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
-
-
-def components() -> dict[str, Any]:
-    """The JSON schema of every request body and of the models they hold."""
-    _, schemas = msgspec.json.schema_components(BODIES.values(), ref_template=_REF)
-    return schemas
-
-
-def decode(data: bytes, kind: type[T]) -> T:
-    """The request body `data` as a `kind` (one of BODIES), or PrismError naming the
-    field at fault."""
-    try:
-        return _DECODERS[kind].decode(data)
-    except msgspec.ValidationError as exc:
-        if _UNKNOWN.match(str(exc)):
-            # Rare: a null is "not given" for any key, known or not, as before typing.
-            return typed(msgspec.json.decode(data), kind)
-        raise refusal(exc) from None
-    except msgspec.DecodeError as exc:
-        raise invalid(f"request body is not valid JSON: {exc}") from None
-
-
-def typed(body: Any, kind: type[T], strict: bool = True) -> T:
-    """`body` (a decoded JSON value, or already a `kind`) as a `kind`; not `strict`, a
-    number or boolean may come as a string."""
-    if isinstance(body, kind):
-        return body
-    if isinstance(body, dict):
-        body = {key: value for key, value in body.items() if value is not None}
-    try:
-        return msgspec.convert(body, kind, strict=strict)
-    except msgspec.ValidationError as exc:
-        raise refusal(exc) from None
-
-
-_AT = re.compile(r"^(?P<detail>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.DOTALL)
-_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]+)`")
-_MISSING = re.compile(r"^Object missing required field `(?P<name>[^`]+)`")
-
-
-def refusal(exc: msgspec.ValidationError) -> PrismError:
-    """msgspec's error as OpenAI's: "`detail` - at `$.a[0].b`" names `a[0].b`; a missing
-    field names itself; a bad item of a list of numbers or strings names its list."""
-    match = _AT.match(str(exc))
-    assert match is not None
-    detail, path = match["detail"], (match["path"] or "").lstrip(".")
-    unknown, missing = _UNKNOWN.match(detail), _MISSING.match(detail)
-    if unknown:
-        param = ".".join(p for p in (path, unknown["name"]) if p)
-        return invalid(f"unsupported parameter '{param}'", param)
-    if missing:
-        param = ".".join(p for p in (path, missing["name"]) if p)
-        return invalid(f"'{param}' is required", param)
-    if not path:
-        return invalid("request body must be a JSON object")
-    if not detail.startswith("Expected `object`"):
-        path = re.sub(r"\[\d+\]$", "", path)
-    return invalid(f"'{path}': {detail}", path)

@@ -119,6 +119,8 @@ class ChoiceAnswer(Generic[Response]):
             finish_reason=delta.finish_reason,
             logprobs=positions,
         )
+        if delta.stop_sequence and answer.response_type is inference_pb2.ChatResponse:
+            message.stop_sequence = delta.stop_sequence
         if not self.started:
             self.started = True
             self._add_prompt(message, reply)
@@ -161,7 +163,9 @@ class ChoiceAnswer(Generic[Response]):
         reason = parsing.finish_reason(delta.finish_reason) if delta.finished else 0
         if delta.finished:
             self.answer.tally.reasoning[self.index] = parsing.reasoning_tokens()
-        message = self._message(Delta(step.content, ids, reason), positions, reply)
+        message = self._message(
+            Delta(step.content, ids, reason, delta.stop_sequence), positions, reply
+        )
         message.reasoning = step.reasoning
         message.tool_calls.extend(step.tool_calls)
         if delta.finished:

@@ -13,6 +13,7 @@ import grpc
 import msgspec
 
 from prism import telemetry
+from prism.gateway import bodies
 from prism.gateway.client import ReplyStream
 from prism.gateway.openai import schemas
 from prism.gateway.openai.chat import chat_request
@@ -37,7 +38,7 @@ class Responder:
         """Starts the response that the request object `body` asks for, once its first
         reply is in: a bad request raises PrismError and leaves nothing running. `path`
         names the call in the request metrics."""
-        body = msgspec.to_builtins(schemas.typed(body, schemas.ResponsesRequest))
+        body = msgspec.to_builtins(bodies.typed(body, schemas.ResponsesRequest))
         previous = body.get("previous_response_id")
         before = self.store.get(previous, "previous_response_id").messages if previous else None
         talk = items.conversation(body, before)

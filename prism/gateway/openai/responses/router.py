@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from prism import logs
+from prism.gateway import bodies
 from prism.gateway.openai import schemas
 from prism.gateway.openai.protocol import error_body
 from prism.gateway.openai.responses.respond import Opened, Responder
@@ -27,9 +28,9 @@ def _store(request: Request) -> ResponseStore:
     return request.app.state.responses
 
 
-@router.post("/v1/responses", openapi_extra=schemas.body("/v1/responses"))
+@router.post("/v1/responses", openapi_extra=bodies.openapi(schemas.ResponsesRequest))
 async def create(request: Request) -> Response:
-    body = schemas.decode(await request.body(), schemas.ResponsesRequest)
+    body = bodies.decode(await request.body(), schemas.ResponsesRequest)
     responder = Responder(_store(request), request.app.state.processor.chat)
     return await unless_gone(request.receive, _answer(responder, body, request.url.path))
 

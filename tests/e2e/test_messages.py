@@ -1,0 +1,79 @@
+"""End to end through real processes: the official anthropic SDK against the gateway's
+Messages API, in every mode. With greedy sampling every answer equals, token for token,
+what one plain offline vLLM engine gives to the same chat (tests/support/oracle.py)."""
+
+from __future__ import annotations
+
+import anthropic
+import pytest
+from support.cases import CASES
+
+# The chat cases with an image and with a system prompt.
+MESSAGES_CASES = ("one_image", "text_only")
+
+
+def client(mesh) -> anthropic.Anthropic:
+    return anthropic.Anthropic(
+        base_url=mesh.base_url.removesuffix("/v1"), api_key="unused", max_retries=0
+    )
+
+
+def _block(part: dict) -> dict:
+    """An OpenAI content part as Anthropic's block."""
+    if part["type"] == "text":
+        return part
+    header, data = part["image_url"]["url"].split(",", 1)
+    media_type = header.removeprefix("data:").removesuffix(";base64")
+    return {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
+
+
+def request(mesh, case: str, **fields) -> dict:
+    """A chat case as a Messages request: its system message as `system`, greedy."""
+    _, chat, max_tokens = CASES[case]
+    body = {"model": mesh.model, "max_tokens": max_tokens, "messages": [],
+            "extra_body": {"temperature": 0}, **fields}  # fmt: skip
+    for message in chat:
+        content = message["content"]
+        if message["role"] == "system":
+            body["system"] = content
+            continue
+        if isinstance(content, list):
+            content = [_block(part) for part in content]
+        body["messages"].append({"role": message["role"], "content": content})
+    return body
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("case", MESSAGES_CASES)
+def test_messages_match_offline_vllm(mesh, oracle, case, stream):
+    expected = oracle(mesh.family)[case]
+    sdk = client(mesh)
+    if stream:
+        with sdk.messages.stream(**request(mesh, case)) as events:
+            message = events.get_final_message()
+    else:
+        message = sdk.messages.create(**request(mesh, case))
+    assert "".join(block.text for block in message.content) == expected["text"]
+    assert message.usage.output_tokens == len(expected["token_ids"])
+    cached = message.usage.cache_read_input_tokens or 0
+    assert message.usage.input_tokens + cached == expected["prompt_tokens"]
+    reasons = {"length": "max_tokens", "stop": "end_turn"}
+    assert message.stop_reason == reasons[expected["finish_reason"]]
+
+
+def test_a_stop_sequence_ends_the_answer_and_is_named(mesh, oracle):
+    text = oracle(mesh.family)["text_only"]["text"]
+    # A piece of the answer after its start: the answer stops before it.
+    stop = text[len(text) // 2 :][:3]
+    message = client(mesh).messages.create(**request(mesh, "text_only", stop_sequences=[stop]))
+    answer = "".join(block.text for block in message.content)
+    assert text.startswith(answer) and stop not in answer
+    assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", stop)
+
+
+def test_a_bad_request_is_anthropics_400(mesh):
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client(mesh).messages.create(model=mesh.model, max_tokens=0,
+                                     messages=[{"role": "user", "content": "Hi"}])  # fmt: skip
+    assert refused.value.body["type"] == "error"
+    assert refused.value.body["error"]["type"] == "invalid_request_error"
