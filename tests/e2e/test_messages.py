@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import anthropic
 import pytest
+from support import parity
 from support.cases import CASES
 
 # The chat cases with an image and with a system prompt.
@@ -77,3 +78,22 @@ def test_a_bad_request_is_anthropics_400(mesh):
                                      messages=[{"role": "user", "content": "Hi"}])  # fmt: skip
     assert refused.value.body["type"] == "error"
     assert refused.value.body["error"]["type"] == "invalid_request_error"
+
+
+def test_the_messages_cases_are_not_trivial(mesh, served):
+    """Guards the Messages parity cases (compared with `vllm serve`'s answers in
+    test_openai_parity.py): they exercise what they name."""
+    answers = {name: parity.comparable(served(mesh.family)[name])
+               for name in parity.messages_cases() if not name.startswith("bad_")}  # fmt: skip
+    assert answers["messages_system_stop"]["stop"][0] == "stop_sequence"
+    assert answers["messages_image"]["content"][0]["text"]
+    streamed = answers["messages_image_stream"]["events"]
+    assert streamed[:2] == ["message_start", "content_block_start"]
+    assert streamed[-2:] == ["message_delta", "message_stop"]
+    assert answers["messages_tool_result"]["usage"][0] > answers["messages_text"]["usage"][0]
+
+
+def test_what_vllm_refuses_is_refused(mesh, served):
+    assert served(mesh.family)["bad_messages_no_max_tokens"]["status"] == 400
+    case = parity.messages_cases()["bad_messages_no_max_tokens"]
+    assert parity.ask(mesh.base_url, mesh.model, case)["status"] == 400

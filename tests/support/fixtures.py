@@ -96,7 +96,8 @@ def mesh(request, models, adapters, oracle, served, tmp_path_factory):
     the parity cases when a parity test is to run."""
     family, mode = request.param
     oracle(family)
-    parity_tests = ("test_openai_parity.py", "test_grpc_parity.py", "test_responses_parity.py")
+    parity_tests = ("test_openai_parity.py", "test_grpc_parity.py", "test_responses_parity.py",
+                    "test_messages.py")  # fmt: skip
     if any(item.path.name in parity_tests for item in request.session.items):
         served(family)
     # Tool calls parsed as `vllm serve` parses them for the parity cases.

@@ -304,6 +304,7 @@ def cases(model: str | None) -> dict[str, tuple[str, dict]]:
         "bad_n_greedy": _completion("Hello", max_tokens=5, n=2),
         **tool_cases(model),
         **responses_cases(model),
+        **messages_cases(),
         **large_cases(model),
     }
 
@@ -386,6 +387,45 @@ def responses_cases(model: str | None) -> dict[str, tuple[str, dict]]:
             "And again.", max_output_tokens=8, previous_response_id=f"{FOLLOWS}responses_text"
         ),
     }
+
+
+def _messages(content: Any, **body: Any) -> tuple[str, dict]:
+    return "messages", {"messages": [{"role": "user", "content": content}], "temperature": 0,
+                        "max_tokens": 8, **body}  # fmt: skip
+
+
+def messages_cases() -> dict[str, tuple[str, dict]]:
+    """Anthropic's Messages API (POST /v1/messages), as `vllm serve` answers it."""
+    png_data = _image_url(9, (64, 48)).split(",", 1)[1]
+    image = [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                          "data": png_data}},
+             {"type": "text", "text": "What is in it?"}]  # fmt: skip
+    text, with_image = _messages("Say hello."), _messages(image)
+    tool = {"name": "get_weather", "description": "The weather in a city.",
+            "input_schema": WEATHER["function"]["parameters"]}  # fmt: skip
+    history = [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1",
+                                           "name": "get_weather",
+                                           "input": {"city": "Paris", "days": 1}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1",
+                                      "content": "Sunny, 20 C."}]},
+    ]  # fmt: skip
+    return {
+        "messages_text": text,
+        "messages_text_stream": _streamed(text),
+        "messages_image": with_image,
+        "messages_image_stream": _streamed(with_image),
+        # Stop strings a short answer is likely to hold: the one matched is named.
+        "messages_system_stop": _messages(
+            "Tell me about the river.", system="Be brief.", max_tokens=16,
+            stop_sequences=["e", "a", " "],
+        ),
+        "messages_tool_result": ("messages", {**_messages("")[1], "messages": history,
+                                              "tools": [tool]}),
+        "bad_messages_no_max_tokens": ("messages", {
+            "messages": [{"role": "user", "content": "Hi"}]}),
+    }  # fmt: skip
 
 
 def following(case: tuple[str, dict], answers: dict[str, dict]) -> tuple[str, dict]:
@@ -573,11 +613,63 @@ def _tool_calls(into: dict, calls: list[dict], streamed: bool) -> None:
             entry["id_ok"] = bool(TOOL_CALL_ID.fullmatch(call["id"]))
 
 
+def _message_usage(usage: dict) -> list[int]:
+    """A Messages answer's prompt tokens (those read from the prefix cache counted apart
+    or not) and output tokens."""
+    prompt = usage.get("input_tokens", 0) + (usage.get("cache_read_input_tokens") or 0)
+    return [prompt, usage["output_tokens"]]
+
+
+def _message_block(block: dict) -> dict:
+    """A content block less what is random (ids, signatures)."""
+    return {k: v for k, v in block.items() if k not in ("id", "signature")}
+
+
+def comparable_message(answer: dict) -> dict:
+    """A Messages answer: its content blocks, stop reason and sequence, and usage;
+    streamed, the event types in order (a run of deltas as one) and the blocks built from
+    the deltas."""
+    if "body" in answer:
+        body = answer["body"]
+        return {"status": 200, "content": [_message_block(b) for b in body["content"]],
+                "stop": [body["stop_reason"], body.get("stop_sequence")],
+                "usage": _message_usage(body["usage"])}  # fmt: skip
+    blocks: dict[int, dict] = {}
+    kinds, stop, usage = [], None, None
+    fields = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "input"}
+    for event in answer["chunks"]:
+        kind = event["type"]
+        if kind == "content_block_start":
+            block = _message_block(event["content_block"])
+            blocks[event["index"]] = {**block, "input": ""} if "input" in block else block
+        elif kind == "content_block_delta" and event["delta"]["type"] in fields:
+            delta = event["delta"]
+            field = fields[delta["type"]]
+            kind = f"{kind}.{delta['type']}"
+            value = delta.get("partial_json", delta.get(field, ""))
+            blocks[event["index"]][field] += value
+        elif kind == "message_delta":
+            stop = [event["delta"]["stop_reason"], event["delta"].get("stop_sequence")]
+            usage = _message_usage(event["usage"])
+        if kind != "content_block_delta":
+            kinds.append(kind)
+    for block in blocks.values():
+        if block["type"] == "tool_use":
+            block["input"] = json.loads(block["input"] or "{}")
+    runs = [k for i, k in enumerate(kinds) if not (k.startswith("content_block_delta.")
+                                                     and kinds[i - 1] == k)]  # fmt: skip
+    content = [blocks[i] for i in sorted(blocks)]
+    return {"status": 200, "events": runs, "content": content, "stop": stop, "usage": usage}
+
+
 def comparable(answer: dict) -> dict:
     """Per choice index: text (the content), reasoning, tool calls, finish reason,
     logprobs; and the usage."""
     if answer["status"] != 200:
         return {"status": answer["status"]}
+    first = (answer.get("chunks") or [answer.get("body")])[0] or {}
+    if first.get("type") in ("message", "message_start"):
+        return comparable_message(answer)
     if "chunks" in answer and answer["chunks"] and "type" in answer["chunks"][0]:
         return comparable_response(answer)
     if answer.get("body", {}).get("object") == "response":
