@@ -1,13 +1,22 @@
 """End to end through real processes: the official anthropic SDK against the gateway's
 Messages API, in every mode. With greedy sampling every answer equals, token for token,
-what one plain offline vLLM engine gives to the same chat (tests/support/oracle.py)."""
+what one plain offline vLLM engine gives to the same chat (tests/support/oracle.py); the
+same over gRPC (prism.v1.MessagesService). (The cases each mesh answers as `vllm serve`
+does, whole and streamed, are test_openai_parity.py's, `messages_*` in
+tests/support/parity.py.)"""
 
 from __future__ import annotations
 
+import json
+
 import anthropic
+import grpc
 import pytest
 from support import parity
 from support.cases import CASES
+
+from prism.proto.v1 import messages_pb2, messages_pb2_grpc
+from prism.rpc.errors import PrismError
 
 # The chat cases with an image and with a system prompt.
 MESSAGES_CASES = ("one_image", "text_only")
@@ -97,3 +106,31 @@ def test_what_vllm_refuses_is_refused(mesh, served):
     assert served(mesh.family)["bad_messages_no_max_tokens"]["status"] == 400
     case = parity.messages_cases()["bad_messages_no_max_tokens"]
     assert parity.ask(mesh.base_url, mesh.model, case)["status"] == 400
+
+
+# Over gRPC (prism.v1.MessagesService, on the front's gRPC port): the same answers.
+GRPC_CASES = ("messages_image", "messages_image_stream", "messages_system_stop")
+
+
+def create(mesh, body: dict) -> dict:
+    """`body` asked over gRPC, answered as parity.ask answers over REST."""
+    request = messages_pb2.CreateMessageRequest(request=json.dumps({**body, "model": mesh.model}))
+    with grpc.insecure_channel(mesh.processor) as channel:
+        stub = messages_pb2_grpc.MessagesServiceStub(channel)
+        replies = list(stub.CreateMessage(request, timeout=120))
+    answers = [json.loads(getattr(r, r.WhichOneof("answer"))) for r in replies]
+    if body.get("stream"):
+        return {"status": 200, "chunks": answers}
+    (message,) = answers
+    return {"status": 200, "body": message}
+
+
+def test_grpc_answers_as_vllm_serve_does(mesh, served):
+    cases = parity.messages_cases()
+    for name in GRPC_CASES:
+        expected = parity.comparable(served(mesh.family)[name])
+        assert parity.comparable(create(mesh, cases[name][1])) == expected, name
+    with pytest.raises(grpc.RpcError) as refused:
+        create(mesh, parity.messages_cases()["bad_messages_no_max_tokens"][1])
+    error = PrismError.from_rpc_error(refused.value)
+    assert (error.code, error.param) == (grpc.StatusCode.INVALID_ARGUMENT, "max_tokens")

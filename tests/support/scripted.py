@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from prism.gateway.client import LocalContext, _handle
 from prism.proto.v1 import inference_pb2
 
 
@@ -41,3 +42,11 @@ class Scripted:
 
     async def close(self) -> None:
         pass
+
+
+async def rpc(handler, request) -> list:
+    """The replies of one call of a service's `handler` in this process, or the call's
+    error raised."""
+    replies: list = []
+    result = await _handle(handler, request, LocalContext(replies.append))
+    return replies if result is None else [result]

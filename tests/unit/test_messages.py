@@ -1,19 +1,25 @@
 """Anthropic's Messages API in the gateway alone, called by the official anthropic SDK
 before a processor that answers from a script: the chat request each body becomes, the
 message and the stream's events written from the replies, and errors in Anthropic's
-shape."""
+shape; and the same over gRPC (called in this process)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import anthropic
+import grpc
 import pytest
 from fastapi.testclient import TestClient
-from support.scripted import Scripted
+from support.scripted import Scripted, rpc
 
+from prism.gateway.anthropic.rpc import messages_service
 from prism.gateway.app import create_app
-from prism.proto.v1 import common_pb2, inference_pb2
+from prism.proto.v1 import common_pb2, inference_pb2, messages_pb2
 from prism.registry import StaticRegistry
 from prism.routing import Router
+from prism.rpc.errors import PrismError
 
 USAGE = common_pb2.Usage(prompt_tokens=9, completion_tokens=3, total_tokens=12, cached_tokens=4)
 STOP, LENGTH = common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_LENGTH
@@ -157,3 +163,29 @@ def test_bad_requests_and_keys_get_anthropics_errors():
         raw = http.post("/v1/messages", json=body, headers={"x-api-key": "secret"})
         assert raw.status_code == 400 and raw.json()["error"]["type"] == "invalid_request_error"
     assert processor.requests == []
+
+
+def test_grpc_answers_as_rest_does():
+    processor = Scripted([reply("Hel"), reply("lo", STOP)])
+    service = messages_service(processor.chat).handlers
+    body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}]}
+
+    async def run() -> None:
+        (whole,) = await rpc(service.CreateMessage, messages_pb2.CreateMessageRequest(
+            request=json.dumps(body)))  # fmt: skip
+        message = json.loads(whole.message)
+        assert message["content"] == [{"type": "text", "text": "Hello"}]
+        assert message["stop_reason"] == "end_turn"
+        streamed = await rpc(service.CreateMessage, messages_pb2.CreateMessageRequest(
+            request=json.dumps({**body, "stream": True})))  # fmt: skip
+        kinds = [json.loads(reply.event)["type"] for reply in streamed]
+        assert kinds == ["message_start", "content_block_start", "content_block_delta",
+                         "content_block_delta", "content_block_stop", "message_delta",
+                         "message_stop"]  # fmt: skip
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await rpc(service.CreateMessage, messages_pb2.CreateMessageRequest(
+                request=json.dumps({**body, "max_tokens": 0})))  # fmt: skip
+        error = PrismError.from_rpc_error(refused.value)
+        assert error.code == grpc.StatusCode.INVALID_ARGUMENT and error.param == "max_tokens"
+
+    asyncio.run(run())

@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator
 import grpc
 import pytest
 from fastapi.testclient import TestClient
-from support.scripted import Call, Scripted
+from support.scripted import Call, Scripted, rpc
 
 from prism.gateway.app import create_app
-from prism.gateway.client import LocalCall, LocalContext, _handle
+from prism.gateway.client import LocalCall
 from prism.gateway.openai.responses.respond import Responder
 from prism.gateway.openai.responses.rpc import responses_service
 from prism.gateway.openai.responses.store import ResponseStore, Stored
@@ -275,33 +275,26 @@ def test_reasoning_and_tool_calls_are_items_of_their_own():
     assert "response.function_call_arguments.done" in [e["type"] for e in sent]
 
 
-async def _rpc(handler, request) -> list:
-    """The replies of one call of `handler` in this process, or the call's error raised."""
-    replies: list = []
-    result = await _handle(handler, request, LocalContext(replies.append))
-    return replies if result is None else [result]
-
-
 def test_grpc_answers_as_rest_does_and_shares_its_store():
     processor = Scripted(HELLO)
     store = ResponseStore()
     service = responses_service(Responder(store, processor.chat)).handlers
 
     async def run() -> None:
-        whole = await _rpc(service.Respond, responses_pb2.RespondRequest(
+        whole = await rpc(service.Respond, responses_pb2.RespondRequest(
             request=json.dumps({"model": "m", "input": "Hi"})))  # fmt: skip
         (first,) = [json.loads(r.response) for r in whole]
         assert first["output"][0]["content"][0]["text"] == "Hello"
         with client(processor, store) as c:
             assert c.get(f"/v1/responses/{first['id']}").json() == first
-        streamed = await _rpc(service.Respond, responses_pb2.RespondRequest(request=json.dumps(
+        streamed = await rpc(service.Respond, responses_pb2.RespondRequest(request=json.dumps(
             {"model": "m", "input": "More", "stream": True, "previous_response_id": first["id"]}
         )))  # fmt: skip
         assert [json.loads(r.event)["type"] for r in streamed] == TWO_DELTAS
-        got = await _rpc(service.GetResponse, responses_pb2.GetResponseRequest(
+        got = await rpc(service.GetResponse, responses_pb2.GetResponseRequest(
             response_id=first["id"]))  # fmt: skip
         assert json.loads(got[0].response) == first
-        await _rpc(service.DeleteResponse, responses_pb2.DeleteResponseRequest(
+        await rpc(service.DeleteResponse, responses_pb2.DeleteResponseRequest(
             response_id=first["id"]))  # fmt: skip
         for call, request in (
             (service.GetResponse, responses_pb2.GetResponseRequest(response_id=first["id"])),
@@ -309,7 +302,7 @@ def test_grpc_answers_as_rest_does_and_shares_its_store():
             (service.Respond, responses_pb2.RespondRequest(request=BAD_ITEM)),
         ):
             with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await _rpc(call, request)
+                await rpc(call, request)
             error = PrismError.from_rpc_error(refused.value)
             assert error.param in ("response_id", "request", "input[0].type"), error
 

@@ -11,6 +11,9 @@ from typing import Any
 
 from prism.proto.v1 import common_pb2, inference_pb2
 
+# A stream event: its name and its data.
+Event = tuple[str, dict[str, Any]]
+
 
 def usage(value: common_pb2.Usage) -> dict[str, int]:
     """Anthropic's usage: `input_tokens` leaves out what the prefix cache read."""
@@ -86,7 +89,7 @@ class MessageEvents:
         self.open: str | int | None = None
         self.tool_used = False
 
-    def opening(self, first: inference_pb2.ChatResponse) -> list[tuple[str, dict]]:
+    def opening(self, first: inference_pb2.ChatResponse) -> list[Event]:
         message = {
             **self.answer.head(first.model),
             "content": [],
@@ -96,14 +99,14 @@ class MessageEvents:
         }
         return [("message_start", {"type": "message_start", "message": message})]
 
-    def _start(self, kind: str | int, block: dict[str, Any]) -> list[tuple[str, dict]]:
+    def _start(self, kind: str | int, block: dict[str, Any]) -> list[Event]:
         events = self._stop()
         self.index += 1
         self.open = kind
         start = {"type": "content_block_start", "index": self.index, "content_block": block}
         return [*events, ("content_block_start", start)]
 
-    def _stop(self) -> list[tuple[str, dict]]:
+    def _stop(self) -> list[Event]:
         if self.open is None:
             return []
         events = []
@@ -113,12 +116,12 @@ class MessageEvents:
         events.append(("content_block_stop", {"type": "content_block_stop", "index": self.index}))
         return events
 
-    def _delta(self, delta: dict[str, Any]) -> tuple[str, dict]:
+    def _delta(self, delta: dict[str, Any]) -> Event:
         return ("content_block_delta",
                 {"type": "content_block_delta", "index": self.index, "delta": delta})  # fmt: skip
 
-    def event(self, reply: inference_pb2.ChatResponse) -> list[tuple[str, dict]]:
-        events: list[tuple[str, dict]] = []
+    def event(self, reply: inference_pb2.ChatResponse) -> list[Event]:
+        events: list[Event] = []
         if reply.reasoning:
             if self.open != "thinking":
                 events += self._start("thinking", {"type": "thinking", "thinking": ""})
@@ -138,14 +141,14 @@ class MessageEvents:
                 )
         return events
 
-    def closing(self, last: inference_pb2.ChatResponse) -> list[tuple[str, dict]]:
+    def closing(self, last: inference_pb2.ChatResponse) -> list[Event]:
         reason, sequence = stop_reason(last, self.tool_used)
         delta = {"type": "message_delta", "usage": usage(last.usage),
                  "delta": {"stop_reason": reason, "stop_sequence": sequence}}  # fmt: skip
         return [*self._stop(), ("message_delta", delta), ("message_stop", {"type": "message_stop"})]
 
 
-def sse(events: list[tuple[str, dict]]) -> bytes:
+def sse(events: list[Event]) -> bytes:
     return b"".join(
         f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
         for name, data in events
