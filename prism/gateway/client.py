@@ -53,6 +53,10 @@ class ProcessorClient(Protocol):
         self, request: inference_pb2.LoadAdapterRequest | inference_pb2.UnloadAdapterRequest
     ) -> None: ...
 
+    async def count_tokens(
+        self, request: inference_pb2.CountTokensRequest
+    ) -> inference_pb2.CountTokensResponse: ...
+
     async def healthy(self) -> bool: ...
 
     async def close(self) -> None: ...
@@ -96,6 +100,12 @@ class GrpcProcessorClient:
             call = stub.LoadAdapter if isinstance(request, inference_pb2.LoadAdapterRequest) \
                 else stub.UnloadAdapter  # fmt: skip
             await call(request, metadata=call_metadata(), timeout=_ADAPTER_S)
+
+    async def count_tokens(
+        self, request: inference_pb2.CountTokensRequest
+    ) -> inference_pb2.CountTokensResponse:
+        stub = inference_pb2_grpc.InferenceServiceStub(self._peers.channel(self._pick()))
+        return await stub.CountTokens(request, metadata=call_metadata(), timeout=self.timeout)
 
     async def healthy(self) -> bool:
         try:
@@ -141,6 +151,11 @@ class InProcessClient:
         load = isinstance(request, inference_pb2.LoadAdapterRequest)
         handler = self.servicer.LoadAdapter if load else self.servicer.UnloadAdapter
         await _unary(handler, request, _ADAPTER_S)
+
+    async def count_tokens(
+        self, request: inference_pb2.CountTokensRequest
+    ) -> inference_pb2.CountTokensResponse:
+        return await _unary(self.servicer.CountTokens, request, self.timeout)
 
     async def healthy(self) -> bool:
         try:

@@ -423,6 +423,9 @@ def messages_cases() -> dict[str, tuple[str, dict]]:
         ),
         "messages_tool_result": ("messages", {**_messages("")[1], "messages": history,
                                               "tools": [tool]}),
+        # The prompt's tokens, its image's included.
+        "messages_count_tokens": ("messages/count_tokens", {
+            "system": "Be brief.", "messages": [{"role": "user", "content": image}]}),
         "bad_messages_no_max_tokens": ("messages", {
             "messages": [{"role": "user", "content": "Hi"}]}),
     }  # fmt: skip

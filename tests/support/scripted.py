@@ -40,6 +40,12 @@ class Scripted:
         self.requests.append(request)
         return Call(self.replies)
 
+    async def count_tokens(
+        self, request: inference_pb2.CountTokensRequest
+    ) -> inference_pb2.CountTokensResponse:
+        self.requests.append(request.chat)
+        return inference_pb2.CountTokensResponse(input_tokens=42)
+
     async def close(self) -> None:
         pass
 

@@ -189,3 +189,20 @@ def test_grpc_answers_as_rest_does():
         assert error.code == grpc.StatusCode.INVALID_ARGUMENT and error.param == "max_tokens"
 
     asyncio.run(run())
+
+
+def test_count_tokens_renders_the_request_and_generates_nothing():
+    processor = Scripted([])
+    client, http = sdk(processor)
+    with http:
+        counted = client.messages.count_tokens(
+            model="m", system="Be brief.", tools=TOOLS,
+            messages=[{"role": "user", "content": [
+                {"type": "image", "source": {"type": "url", "url": "http://127.0.0.1/a.png"}},
+                {"type": "text", "text": "What is it?"}]}],
+        )  # fmt: skip
+    assert counted.input_tokens == 42
+    (chat,) = processor.requests
+    assert [m.role for m in chat.messages] == [inference_pb2.ROLE_SYSTEM, inference_pb2.ROLE_USER]
+    assert chat.messages[1].content[0].image.url == "http://127.0.0.1/a.png"
+    assert chat.tools[0].name == "get_time"

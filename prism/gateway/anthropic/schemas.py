@@ -109,8 +109,29 @@ class MessagesRequest(Body, kw_only=True):
     service_tier: str | None = None
 
 
+class CountTokensRequest(Body, kw_only=True):
+    """POST /v1/messages/count_tokens: what a Messages request's prompt is made of."""
+
+    model: Text
+    messages: Annotated[list[Message], Meta(min_length=1)]
+    system: str | list[TextBlock] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: ToolChoice | None = None
+    output_config: OutputConfig | None = None
+    thinking: dict[str, Any] | None = None
+    cache_control: dict[str, Any] | None = None
+
+    def as_message(self) -> MessagesRequest:
+        """The Messages request whose prompt this is."""
+        fields = {f: getattr(self, f) for f in self.__struct_fields__}
+        return MessagesRequest(max_tokens=1, **fields)
+
+
 # What each endpoint's body is decoded as (read by prism.gateway.openapi).
-BODIES: dict[str, type[Struct]] = {"/v1/messages": MessagesRequest}
+BODIES: dict[str, type[Struct]] = {
+    "/v1/messages": MessagesRequest,
+    "/v1/messages/count_tokens": CountTokensRequest,
+}
 
 # Anthropic's error types, by HTTP status.
 _ERRORS = {

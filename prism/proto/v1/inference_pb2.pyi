@@ -335,3 +335,15 @@ class CompleteEvent(_message.Message):
     reply: CompleteResponse
     end: _common_pb2.CallStatus
     def __init__(self, call_id: _Optional[int] = ..., reply: _Optional[_Union[CompleteResponse, _Mapping]] = ..., end: _Optional[_Union[_common_pb2.CallStatus, _Mapping]] = ...) -> None: ...
+
+class CountTokensRequest(_message.Message):
+    __slots__ = ("chat",)
+    CHAT_FIELD_NUMBER: _ClassVar[int]
+    chat: ChatRequest
+    def __init__(self, chat: _Optional[_Union[ChatRequest, _Mapping]] = ...) -> None: ...
+
+class CountTokensResponse(_message.Message):
+    __slots__ = ("input_tokens",)
+    INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    input_tokens: int
+    def __init__(self, input_tokens: _Optional[int] = ...) -> None: ...

@@ -78,6 +78,11 @@ class InferenceServiceStub:
                 request_serializer=prism_dot_v1_dot_inference__pb2.AbortRequest.SerializeToString,
                 response_deserializer=prism_dot_v1_dot_inference__pb2.AbortResponse.FromString,
                 _registered_method=True)
+        self.CountTokens = channel.unary_unary(
+                '/prism.v1.InferenceService/CountTokens',
+                request_serializer=prism_dot_v1_dot_inference__pb2.CountTokensRequest.SerializeToString,
+                response_deserializer=prism_dot_v1_dot_inference__pb2.CountTokensResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServiceServicer:
@@ -146,6 +151,14 @@ class InferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CountTokens(self, request, context):
+        """The prompt tokens a chat request takes, its media's included (Anthropic's
+        /v1/messages/count_tokens); nothing is generated.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -188,6 +201,11 @@ def add_InferenceServiceServicer_to_server(servicer, server):
                     servicer.Abort,
                     request_deserializer=prism_dot_v1_dot_inference__pb2.AbortRequest.FromString,
                     response_serializer=prism_dot_v1_dot_inference__pb2.AbortResponse.SerializeToString,
+            ),
+            'CountTokens': grpc.unary_unary_rpc_method_handler(
+                    servicer.CountTokens,
+                    request_deserializer=prism_dot_v1_dot_inference__pb2.CountTokensRequest.FromString,
+                    response_serializer=prism_dot_v1_dot_inference__pb2.CountTokensResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -410,6 +428,33 @@ class InferenceService:
             '/prism.v1.InferenceService/Abort',
             prism_dot_v1_dot_inference__pb2.AbortRequest.SerializeToString,
             prism_dot_v1_dot_inference__pb2.AbortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CountTokens(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/prism.v1.InferenceService/CountTokens',
+            prism_dot_v1_dot_inference__pb2.CountTokensRequest.SerializeToString,
+            prism_dot_v1_dot_inference__pb2.CountTokensResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -28,6 +28,7 @@ from prism.services.processor.chat import ChatRenderer
 from prism.services.processor.checks import check_sampling
 from prism.services.processor.choice import ChoiceAnswer, RequestAnswer, Response
 from prism.services.processor.completion import CompletionRenderer
+from prism.services.processor.counting import TokenCounter
 from prism.services.processor.failover import StageCalls
 from prism.services.processor.fan_out import UsageTally, merge, split
 from prism.services.processor.inputs import ModelInputs, Prompt
@@ -71,6 +72,7 @@ class InferenceServicer:
         self.service.stream("Complete", self.complete, timed=True)
         self.service.unary("ListModels", self.list_models)
         self.service.unary("Abort", self.abort)
+        self.service.unary("CountTokens", TokenCounter(self._chat, self.models).count)
 
     def chat(self, request: inference_pb2.ChatRequest) -> AsyncIterator[inference_pb2.ChatResponse]:
         request_id = request.request_id or f"chatcmpl-{uuid.uuid4().hex}"
