@@ -100,6 +100,10 @@ def test_the_messages_cases_are_not_trivial(mesh, served):
     assert streamed[:2] == ["message_start", "content_block_start"]
     assert streamed[-2:] == ["message_delta", "message_stop"]
     assert answers["messages_tool_result"]["usage"][0] > answers["messages_text"]["usage"][0]
+    for name in ("messages_tool_named", "messages_tool_named_stream"):
+        (call,) = answers[name]["content"]
+        assert (call["type"], call["name"]) == ("tool_use", "get_weather"), name
+        assert answers[name]["stop"][0] == "tool_use", name
 
 
 def test_what_vllm_refuses_is_refused(mesh, served):

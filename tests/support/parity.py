@@ -403,6 +403,9 @@ def messages_cases() -> dict[str, tuple[str, dict]]:
     text, with_image = _messages("Say hello."), _messages(image)
     tool = {"name": "get_weather", "description": "The weather in a city.",
             "input_schema": WEATHER["function"]["parameters"]}  # fmt: skip
+    # A call of the tool named: its strict schema's enums end the call.
+    named = _messages("Weather?", max_tokens=200, tools=[tool],
+                      tool_choice={"type": "tool", "name": "get_weather"})  # fmt: skip
     history = [
         {"role": "user", "content": "What is the weather in Paris?"},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "call_1",
@@ -421,6 +424,8 @@ def messages_cases() -> dict[str, tuple[str, dict]]:
             "Tell me about the river.", system="Be brief.", max_tokens=16,
             stop_sequences=["e", "a", " "],
         ),
+        "messages_tool_named": named,
+        "messages_tool_named_stream": _streamed(named),
         "messages_tool_result": ("messages", {**_messages("")[1], "messages": history,
                                               "tools": [tool]}),
         # The prompt's tokens, its image's included.

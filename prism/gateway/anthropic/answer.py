@@ -35,12 +35,18 @@ def stop_reason(reply: inference_pb2.ChatResponse, tool_used: bool) -> tuple[str
     return "end_turn", None
 
 
-def _arguments(text: str) -> dict[str, Any]:
+def _tool_use(call: inference_pb2.ToolCall) -> dict[str, Any]:
+    """A whole call as a `tool_use` block, as vLLM's server writes it: its arguments
+    decoded (left out where they are JSON's null; arguments that are not JSON, which vLLM's
+    server fails on, as no arguments)."""
+    block: dict[str, Any] = {"type": "tool_use", "id": call.id, "name": call.name}
     try:
-        value = json.loads(text or "{}")
+        value = json.loads(call.arguments or "{}")
     except json.JSONDecodeError:
-        return {}
-    return value if isinstance(value, dict) else {}
+        value = {}
+    if value is not None:
+        block["input"] = value
+    return block
 
 
 class MessageAnswer:
@@ -65,8 +71,7 @@ class MessageAnswer:
         if text:
             content.append({"type": "text", "text": text})
         calls = list(parsed.tool_calls) if parsed is not None else []
-        content.extend({"type": "tool_use", "id": call.id, "name": call.name,
-                        "input": _arguments(call.arguments)} for call in calls)  # fmt: skip
+        content.extend(_tool_use(call) for call in calls)
         reason, sequence = stop_reason(last, bool(calls))
         return {
             **self.head(last.model),
