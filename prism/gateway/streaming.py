@@ -69,16 +69,26 @@ class EndpointAnswer(Protocol):
         """The whole body, from each choice's messages and the last message."""
 
 
-async def open_stream(call: ReplyStream) -> tuple[Any, AsyncIterator]:
-    """Reads the first message, so that errors become HTTP statuses before any byte is sent."""
+async def open_stream(
+    call: ReplyStream, endpoint: str
+) -> tuple[Any, AsyncIterator, telemetry.RequestTimer]:
+    """Reads the first message, so that errors become HTTP statuses before any byte is sent,
+    and times the call as `endpoint`'s. Where that fails (its caller gone too), the call is
+    cancelled: the generation ends with it."""
+    timer = telemetry.RequestTimer(endpoint)
     iterator = call.__aiter__()
     try:
         first = await iterator.__anext__()
-    except grpc.aio.AioRpcError as exc:
-        raise PrismError.from_rpc_error(exc) from None
-    except StopAsyncIteration:
-        raise PrismError(grpc.StatusCode.INTERNAL, "empty response stream") from None
-    return first, iterator
+    except BaseException as exc:
+        call.cancel()
+        timer.finish(completed=False)
+        if isinstance(exc, grpc.aio.AioRpcError):
+            raise PrismError.from_rpc_error(exc) from None
+        if isinstance(exc, StopAsyncIteration):
+            raise PrismError(grpc.StatusCode.INTERNAL, "empty response stream") from None
+        raise
+    timer.reply(first)
+    return first, iterator, timer
 
 
 async def generate(
@@ -86,14 +96,7 @@ async def generate(
 ) -> Response:
     """Runs a Chat or Complete call and answers as one JSON body (`answer.final`'s) or as
     SSE (an event per message)."""
-    timer = telemetry.RequestTimer(endpoint)
-    try:
-        first, rest = await open_stream(call)
-    except BaseException:
-        call.cancel()
-        timer.finish(completed=False)
-        raise
-    timer.reply(first)
+    first, rest, timer = await open_stream(call, endpoint)
     if not stream:
         try:
             return await _whole(first, rest, timer, answer)

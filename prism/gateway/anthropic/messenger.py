@@ -85,13 +85,5 @@ async def open_message(chat: Chat, body: Any, path: str) -> OpenedMessage:
     request = bodies.typed(body, MessagesRequest)
     answer = MessageAnswer()
     call = chat(chat_request(chat_body(request), answer.id))
-    timer = telemetry.RequestTimer(path)
-    try:
-        first, rest = await open_stream(call)
-    except BaseException:
-        # Its caller gone too (cancelled): the generation ends with it.
-        call.cancel()
-        timer.finish(completed=False)
-        raise
-    timer.reply(first)
+    first, rest, timer = await open_stream(call, path)
     return OpenedMessage(bool(request.stream), answer, call, first, rest, timer)

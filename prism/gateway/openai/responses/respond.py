@@ -53,17 +53,10 @@ class Responder:
             raise _as_sent(error, talk) from None
         top = message.sampling.logprobs if message.sampling.HasField("logprobs") else None
         call = self.chat(message)
-        timer = telemetry.RequestTimer(path)
         try:
-            first, rest = await open_stream(call)
-        except BaseException as exc:
-            # Its caller gone too (cancelled): the generation ends with it.
-            call.cancel()
-            timer.finish(completed=False)
-            if isinstance(exc, PrismError):
-                raise _as_sent(exc, talk) from None
-            raise
-        timer.reply(first)
+            first, rest, timer = await open_stream(call, path)
+        except PrismError as error:
+            raise _as_sent(error, talk) from None
         return Opened(stream, ResponseAnswer(response_id, body, top), call, first, rest, timer,
                       _Turn(keep, talk))  # fmt: skip
 
