@@ -176,20 +176,27 @@ async def unless_gone(receive: Callable, answer: Awaitable[Response]) -> Respons
     return response
 
 
-async def _whole(
-    first: Any, rest: AsyncIterator, timer: telemetry.RequestTimer, answer: EndpointAnswer
-) -> JSONResponse:
-    choices, last = {first.index: [first]}, first
+async def read_all(first: Any, rest: AsyncIterator, timer: telemetry.RequestTimer) -> list[Any]:
+    """A call's messages, `first` then the `rest`, each timed; a failure raises PrismError."""
+    replies = [first]
     try:
-        async for message in rest:
-            timer.reply(message)
-            choices.setdefault(message.index, []).append(message)
-            last = message
+        async for reply in rest:
+            timer.reply(reply)
+            replies.append(reply)
     except grpc.aio.AioRpcError as exc:
         raise PrismError.from_rpc_error(exc) from None
     finally:
-        timer.finish(completed=bool(last.finish_reason))
-    return JSONResponse(answer.final(dict(sorted(choices.items())), last))
+        timer.finish(completed=bool(replies[-1].finish_reason))
+    return replies
+
+
+async def _whole(
+    first: Any, rest: AsyncIterator, timer: telemetry.RequestTimer, answer: EndpointAnswer
+) -> JSONResponse:
+    choices: dict[int, list] = {}
+    for message in await read_all(first, rest, timer):
+        choices.setdefault(message.index, []).append(message)
+    return JSONResponse(answer.final(dict(sorted(choices.items())), message))
 
 
 async def _events(

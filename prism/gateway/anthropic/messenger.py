@@ -16,7 +16,7 @@ from prism.gateway.anthropic.convert import chat_body
 from prism.gateway.anthropic.schemas import MessagesRequest
 from prism.gateway.client import ReplyStream
 from prism.gateway.openai.chat import chat_request
-from prism.gateway.streaming import open_stream
+from prism.gateway.streaming import open_stream, read_all
 from prism.proto.v1 import inference_pb2
 from prism.rpc.errors import PrismError
 
@@ -44,16 +44,10 @@ class OpenedMessage:
 
     async def whole(self) -> dict[str, Any]:
         """The message, once the answer is done."""
-        replies = [self._first]
         try:
-            async for reply in self._rest:
-                self._timer.reply(reply)
-                replies.append(reply)
-        except grpc.aio.AioRpcError as exc:
-            raise PrismError.from_rpc_error(exc) from None
+            replies = await read_all(self._first, self._rest, self._timer)
         finally:
             self._call.cancel()
-            self._timer.finish(completed=bool(replies[-1].finish_reason))
         return self.answer.whole(replies)
 
     async def events(self) -> AsyncIterator[list[Event]]:

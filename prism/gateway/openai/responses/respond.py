@@ -20,7 +20,7 @@ from prism.gateway.openai.chat import chat_request
 from prism.gateway.openai.responses import items
 from prism.gateway.openai.responses.answer import ResponseAnswer
 from prism.gateway.openai.responses.store import ResponseStore, Stored
-from prism.gateway.streaming import open_stream
+from prism.gateway.streaming import open_stream, read_all
 from prism.proto.v1 import inference_pb2
 from prism.rpc.errors import PrismError
 
@@ -99,18 +99,13 @@ class Opened:
 
     async def whole(self) -> dict[str, Any]:
         """The response object, once the answer is done."""
-        replies = [self._first]
         try:
-            async for reply in self._rest:
-                self._timer.reply(reply)
-                replies.append(reply)
-        except grpc.aio.AioRpcError as exc:
-            raise self._turn.error(exc) from None
+            replies = await read_all(self._first, self._rest, self._timer)
+        except PrismError as error:
+            raise _as_sent(error, self._turn.talk) from None
         except BaseException:
             self._call.cancel()
             raise
-        finally:
-            self._timer.finish(completed=bool(replies[-1].finish_reason))
         response = self.answer.whole(replies)
         self._turn.keep(response)
         return response
