@@ -16,7 +16,8 @@ RESPONSES_TTL_S = 3600.0
 
 @dataclass
 class GatewayConfig(Flags):
-    """The OpenAI REST API's own settings: its key, timeouts, KServe, the stored responses."""
+    """The OpenAI REST API's own settings: its key, timeouts, KServe, the stored responses,
+    the batches."""
 
     api_key: str = flag(
         help="require 'Authorization: Bearer KEY' on /v1 (default: PRISM_API_KEY; none if unset)",
@@ -55,6 +56,25 @@ class GatewayConfig(Flags):
         "a SQLite file for the stored responses, which fronts that share it all find "
         "(default: this process's memory; prism serve --front-workers N gives its fronts one)",
         metavar="PATH",
+    )
+    batch_store: str = flag(
+        help="a directory for the Batch API's files and batches (a SQLite file and the files), "
+        "which fronts that share it all serve, and a front started again goes on from (default: "
+        "$XDG_STATE_HOME/prism/batches, or ~/.local/state/prism/batches)",
+        metavar="DIR",
+        factory=lambda: os.path.join(
+            os.environ.get("XDG_STATE_HOME") or "~/.local/state", "prism", "batches"
+        ),
+    )
+    batch_max_file_mb: float = flag(
+        200.0, "megabytes a file uploaded for the Batch API may take at most", metavar="MB"
+    )
+    batch_max_lines: int = flag(50000, "requests a batch's input file may hold at most")
+    batch_concurrency: int = flag(
+        8,
+        "a batch's requests in flight at most at a front; they start only while no interactive "
+        "request is in flight there",
+        minimum=1,
     )
 
 

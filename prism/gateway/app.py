@@ -16,8 +16,11 @@ from starlette.exceptions import HTTPException
 
 import prism
 from prism import tracing
+from prism.config.gateway import GatewayConfig
 from prism.gateway import health, hot, middleware, openapi
 from prism.gateway.anthropic import router as messages
+from prism.gateway.batch import router as batches
+from prism.gateway.batch.schemas import BatchSettings
 from prism.gateway.client import GrpcProcessorClient, ProcessorClient
 from prism.gateway.kserve import servicer as kserve
 from prism.gateway.openai import chat, completions, lora, models
@@ -33,7 +36,6 @@ from prism.runtime.stage import freeze_startup_heap
 if TYPE_CHECKING:
     from prism.config.commands import GatewayStageConfig
     from prism.config.common import AddressConfig, LimitConfig
-    from prism.config.gateway import GatewayConfig
     from prism.config.registry import ConnectConfig, RegistryConfig
 
 log = logging.getLogger(__name__)
@@ -50,13 +52,15 @@ def create_app(
     processor: ProcessorClient | None = None,
     stored: ResponseStore | None = None,
     reuse_port: bool = False,
+    batch: BatchSettings | None = None,
 ) -> FastAPI:
     """The app, routing to the processors `router` finds (or calling `processor`, if
     given, with its own deadline); registered as `me` if given. With `api_key`, /v1
     requests need it as a Bearer token. With `kserve_address`, KServe v2 gRPC is served
     there too, with the same key, bound and deadline, on a port shared with other
     processes only with `reuse_port`. `stored`: the Responses API's store (by default, one
-    in memory with the flags' defaults)."""
+    in memory with the flags' defaults); `batch`: where the Batch API keeps its batches (by
+    default, the flags' directory)."""
     processor = processor or GrpcProcessorClient(router, request_timeout)
     # One bound on generations in flight, whichever door they came in by.
     limit = InFlightLimit(max_in_flight, "generations")
@@ -74,6 +78,8 @@ def create_app(
     app = FastAPI(title="Prism", version=prism.__version__, lifespan=lifespan)
     app.state.processor = processor
     app.state.responses = stored or ResponseStore()
+    app.state.interactive = limit
+    app.state.batches = batch or BatchSettings.of(GatewayConfig())
     tracing.instrument_app(app, "gateway")
     # Inside the front door: its id, key and bound hold for the generations too.
     app.add_middleware(hot.HotPaths, routes=app.routes)
@@ -81,7 +87,7 @@ def create_app(
     app.add_middleware(middleware.FrontDoor, api_key=api_key, limit=limit)
     app.add_exception_handler(PrismError, middleware.prism_error)
     app.add_exception_handler(HTTPException, middleware.http_error)
-    for endpoints in (health, models, chat, completions, responses, lora, messages):
+    for endpoints in (health, models, chat, completions, responses, lora, messages, batches):
         app.include_router(endpoints.router)
     openapi.describe(app)
     return app
@@ -157,6 +163,7 @@ def build(
         processor=processor,
         stored=stored or ResponseStore.of(gateway),
         reuse_port=config.address.reuse_port,
+        batch=BatchSettings.of(gateway),
     )
 
 

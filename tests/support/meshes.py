@@ -180,7 +180,14 @@ def start_mesh(
         mode,
         str(model),
         http_port=free_port(),
-        **{"log_level": "warning", "fetch_allow": [ALLOWED_HOST], **VIDEO_CAPS, **config},
+        # The Batch API's store with the mesh's logs, not in the user's home.
+        **{
+            "log_level": "warning",
+            "fetch_allow": [ALLOWED_HOST],
+            **VIDEO_CAPS,
+            "batch_store": str(log_dir / "batches"),
+            **config,
+        },
     )
     stages = plan(config)
     if place is not None:

@@ -12,6 +12,7 @@ from openapi_spec_validator import validate
 from prism.gateway import bodies
 from prism.gateway.anthropic import schemas as anthropic
 from prism.gateway.app import create_app
+from prism.gateway.batch import schemas as batch
 from prism.gateway.openai import schemas
 from prism.registry import StaticRegistry
 from prism.routing import Router
@@ -27,9 +28,11 @@ def test_the_document_is_openapi_3_with_a_body_schema_for_every_post():
     document = _document()
     validate(document)
     posts = {path: ops["post"] for path, ops in document["paths"].items() if "post" in ops}
-    # Cancelling a stored response takes no body.
-    takes_body = {path for path in posts if not path.endswith("/cancel")}
-    bodies = {**schemas.BODIES, **anthropic.BODIES}
+    # Cancelling a stored response or a batch takes no body; a file comes as a form.
+    takes_body = {path for path in posts if not path.endswith("/cancel")} - {"/v1/files"}
+    form = posts["/v1/files"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+    assert form["$ref"].rsplit("/", 1)[1] in document["components"]["schemas"]
+    bodies = {**schemas.BODIES, **anthropic.BODIES, **batch.BODIES}
     assert takes_body == set(bodies)
     for path in takes_body:
         body = posts[path]["requestBody"]["content"]["application/json"]["schema"]

@@ -1,0 +1,1 @@
+"""OpenAI's Batch API: files of requests answered beneath the interactive traffic."""
