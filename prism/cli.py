@@ -26,6 +26,7 @@ from prism.config.commands import (
     GatewayStageConfig,
     MeshConfig,
     ProcessorStageConfig,
+    RunBatchConfig,
     WorkerStageConfig,
 )
 from prism.config.common import LogConfig, TlsConfig
@@ -112,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     serve = sub.add_parser("serve", help="run every stage of a mode as local processes")
     MeshConfig.add_cli_args(serve)
+    RunBatchConfig.add_cli_args(sub.add_parser(
+        "run-batch", help="answer a batch file (OpenAI's format) with the mesh `serve` would "
+        "start, then stop, as `vllm run-batch` does"
+    ))  # fmt: skip
     _stage(sub, "worker", "EngineService on a vLLM (or simulated) engine", 50051,
            WorkerStageConfig)  # fmt: skip
     _stage(sub, "encoder", "EncoderService: the model's vision and audio towers", 50052,
@@ -138,8 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
 # The typed config of each command that takes --config (prism deploy kubernetes's is its
 # subcommand's).
 _CONFIGS: dict[str, type[Flags]] = {
-    "serve": MeshConfig, "worker": WorkerStageConfig, "encoder": EncoderStageConfig,
-    "processor": ProcessorStageConfig, "gateway": GatewayStageConfig,
+    "serve": MeshConfig, "run-batch": RunBatchConfig, "worker": WorkerStageConfig,
+    "encoder": EncoderStageConfig, "processor": ProcessorStageConfig, "gateway": GatewayStageConfig,
     "front": FrontStageConfig, "planner": PlannerStageConfig, "deploy": KubernetesConfig,
 }  # fmt: skip
 
@@ -199,7 +204,7 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 # Commands that pass the flags they do not know to vLLM's engines, as `vllm serve` reads them.
-_VLLM_FLAG_COMMANDS = ("serve", "worker")
+_VLLM_FLAG_COMMANDS = ("serve", "run-batch", "worker")
 
 
 def _run_stage(serve: Coroutine[Any, Any, None]) -> int:
@@ -299,17 +304,16 @@ def main(argv: list[str] | None = None) -> int:
         configure_tls(
             Tls.from_files(args.tls_cert, args.tls_key, args.tls_ca, args.tls_server_name)
         )
-    if args.command == "serve":
-        from prism.ops.launcher import run
-
-        return run(
-            MeshConfig.from_args(
-                args,
-                log=LogConfig.from_args(args),
-                vllm_flags=args.vllm_flags,
-                engine_gpus=args.engine_gpus,
-            )
-        )
+    if args.command in ("serve", "run-batch"):
+        config = _CONFIGS[args.command].from_args(
+            args, log=LogConfig.from_args(args), vllm_flags=args.vllm_flags,
+            engine_gpus=args.engine_gpus,
+        )  # fmt: skip
+        if args.command == "serve":
+            from prism.ops.launcher import run
+        else:
+            from prism.ops.run_batch import run
+        return run(config)
     if args.command == "worker":
         config = WorkerStageConfig.from_args(args, vllm_flags=args.vllm_flags)
         # A simulated engine's worker loads neither vLLM nor torch.

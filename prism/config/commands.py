@@ -24,7 +24,7 @@ from prism.config.common import (
 from prism.config.encoder import EncoderConfig
 from prism.config.engine import EngineConfig, WorkerConfig
 from prism.config.flags import Flags, flag, nested
-from prism.config.gateway import GatewayConfig, HttpConfig
+from prism.config.gateway import BatchFilesConfig, GatewayConfig, HttpConfig
 from prism.config.lora import LoraConfig
 from prism.config.planner import PlannerConfig
 from prism.config.processor import ProcessorConfig
@@ -127,6 +127,14 @@ class MeshConfig(Flags):
     log: LogConfig = field(default_factory=LogConfig)
     vllm_flags: list[str] = field(default_factory=list)
     engine_gpus: int = 1
+
+
+@dataclass
+class RunBatchConfig(MeshConfig):
+    """`prism run-batch`: a batch file answered by the mesh `prism serve` would start with
+    the same flags, which stops once the batch is done."""
+
+    files: BatchFilesConfig = nested(BatchFilesConfig)
 
 
 @dataclass

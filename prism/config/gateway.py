@@ -84,3 +84,16 @@ class HttpConfig(Flags):
 
     http_host: str = flag("", "address the OpenAI REST API binds (default: --host)")
     http_port: int = flag(8000, "port of the OpenAI REST API", always=True)
+
+
+@dataclass
+class BatchFilesConfig(Flags):
+    """`prism run-batch`'s files, as `vllm run-batch` names them."""
+
+    input_file: str = flag(
+        help="the batch's requests: a JSONL file of OpenAI's batch input format", aliases=("-i",)
+    )
+    output_file: str = flag(
+        help="where every request's answer goes, in the input's order, failures too (JSONL)",
+        aliases=("-o",),
+    )

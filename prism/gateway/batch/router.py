@@ -15,10 +15,10 @@ from fastapi import APIRouter, FastAPI, Form, Request, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
 
 from prism.gateway import bodies
-from prism.gateway.batch import lines
+from prism.gateway.batch.opening import open_batch
 from prism.gateway.batch.runner import BatchRunner
-from prism.gateway.batch.schemas import BatchRequest, BatchSettings, window_s
-from prism.gateway.batch.store import ENDED, new_id
+from prism.gateway.batch.schemas import BatchRequest, BatchSettings
+from prism.gateway.batch.store import ENDED
 from prism.rpc.errors import PrismError, invalid
 
 # Read from an upload at a time, so that one over the limit is refused without being held.
@@ -89,25 +89,9 @@ async def file_content(request: Request, file_id: str) -> FileResponse:
 async def create(request: Request) -> JSONResponse:
     body = bodies.decode(await request.body(), BatchRequest)
     settings = _settings(request.app)
-    store = settings.store
-    if store.file(body.input_file_id)["purpose"] != "batch":
-        raise invalid("the input file's purpose is not 'batch'", "input_file_id")
-    data = store.content_path(body.input_file_id).read_bytes()
-    # Checked whole now: a file that cannot be run is refused rather than failed later.
-    total = len(lines.read(data, body.endpoint, settings.max_lines))
-    now = int(store.now())
-    batch = {"id": new_id("batch_"), "object": "batch", "endpoint": body.endpoint,
-             "errors": None, "input_file_id": body.input_file_id,
-             "completion_window": body.completion_window, "status": "validating",
-             "output_file_id": None, "error_file_id": None, "created_at": now,
-             "in_progress_at": None, "expires_at": now + window_s(body.completion_window),
-             "finalizing_at": None, "completed_at": None, "failed_at": None,
-             "expired_at": None, "cancelling_at": None, "cancelled_at": None,
-             "request_counts": {"total": total, "completed": 0, "failed": 0},
-             "metadata": body.metadata, "usage": None}  # fmt: skip
-    store.add_batch(batch)
+    batch = open_batch(settings.store, body, settings.max_lines)
     request.app.state.batch_runner.wake.set()
-    return JSONResponse(store.batch(batch["id"]))
+    return JSONResponse(batch)
 
 
 @router.get("/v1/batches")

@@ -210,10 +210,15 @@ class BatchStore:
         self._run("INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?)",
                   (batch_id, line, int(ok), json.dumps(answer, separators=(",", ":"))))  # fmt: skip
 
-    def answers(self, batch_id: str, ok: bool) -> Iterator[str]:
-        """The lines' answers, `ok` or failed, in the input file's order, as JSON text."""
-        rows = self._rows("SELECT answer FROM answers WHERE batch = ? AND ok = ? ORDER BY line",
-                          (batch_id, int(ok)))  # fmt: skip
+    def answers(self, batch_id: str, ok: bool | None = None) -> Iterator[str]:
+        """The lines' answers, `ok` or failed (or all), in the input file's order, as JSON
+        text."""
+        if ok is None:
+            rows = self._rows("SELECT answer FROM answers WHERE batch = ? ORDER BY line",
+                              (batch_id,))  # fmt: skip
+        else:
+            rows = self._rows("SELECT answer FROM answers WHERE batch = ? AND ok = ? "
+                              "ORDER BY line", (batch_id, int(ok)))  # fmt: skip
         return (row[0] for row in rows)
 
 
