@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
 import time
+from pathlib import Path
 
 import openai
 import psutil
@@ -33,12 +35,17 @@ def _retrieve(client: openai.OpenAI, batch_id: str):
         return None
 
 
+def _answered(store: Path, batch_id: str) -> int:
+    with sqlite3.connect(store / "batches.db") as db:
+        return db.execute("SELECT COUNT(*) FROM answers WHERE batch = ?", (batch_id,)).fetchone()[0]
+
+
 def test_a_front_killed_mid_batch_is_restarted_and_completes_each_line_once(
     models, oracle, tmp_path
 ):
     expected = oracle("llava")
     served = Served(["--mode", "epd", "--model", str(models["llava"]),
-                     "--batch-store", str(tmp_path / "batches"), "--batch-concurrency", "2"],
+                     "--batch-store", str(tmp_path / "batches"), "--batch-concurrency", "1"],
                     tmp_path)  # fmt: skip
     try:
         client = openai.OpenAI(base_url=f"{served.base_url}/v1", api_key="unused", max_retries=0)
@@ -52,7 +59,11 @@ def test_a_front_killed_mid_batch_is_restarted_and_completes_each_line_once(
                         timeout=120), served.tail()  # fmt: skip
         front = served.pid("front")
         assert front is not None
-        psutil.Process(front).send_signal(signal.SIGKILL)
+        killed = psutil.Process(front)
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=10)
+        # Its answers so far, as its store kept them (the front is gone).
+        at_kill = _answered(tmp_path / "batches", batch.id)
         assert wait_for(lambda: "front exited (SIGKILL); restarting" in served.tail(200),
                         timeout=10), served.tail()  # fmt: skip
         deadline = time.monotonic() + 300
@@ -63,6 +74,7 @@ def test_a_front_killed_mid_batch_is_restarted_and_completes_each_line_once(
                   .splitlines()]  # fmt: skip
     finally:
         assert served.stop() == 0, served.tail()
+    assert 8 <= at_kill < LINES, at_kill
     assert done.request_counts.completed == LINES and done.request_counts.failed == 0
     assert sorted(entry["custom_id"] for entry in output) == sorted(asked)
     wrong = {entry["custom_id"] for entry in output
