@@ -2,7 +2,7 @@ PY := .venv/bin/python
 
 .PHONY: setup demo test test-unit test-net lint protos check-protos bench bench-transfer bench-encoder bench-modes \
 	bench-routing bench-choices bench-anchors bench-scale bench-planner bench-planner-vllm \
-	bench-planner-dynamo manifests docs bundle verify-gpu
+	bench-planner-dynamo bench-batch manifests docs bundle verify-gpu
 
 # Prism in .venv; checkov in .venv-checkov, apart (make lint).
 setup:
@@ -120,6 +120,13 @@ bench-planner-dynamo:
 bench-choices:
 	$(PY) -m prism.cli model build --family llava --size small --out models/small-llava >/dev/null
 	$(PY) -m bench.choices --model models/small-llava
+
+# Not a test: interactive chats at a fixed rate alone and beside a batch (the Batch API's, and
+# the same chats from 8 clients), then `prism run-batch` beside `vllm run-batch` on one file;
+# bench/results/batch.json and docs/benchmarks.md.
+bench-batch:
+	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null
+	$(PY) -m bench.batch --model models/tiny-llava
 
 bench-modes:
 	$(PY) -m prism.cli model build --family llava --out models/tiny-llava >/dev/null

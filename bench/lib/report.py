@@ -18,6 +18,7 @@ from bench.lib.plots import (
 )
 from bench.lib.results import records
 from bench.lib.sections.anchors import anchors_section
+from bench.lib.sections.batch import batch_section
 from bench.lib.sections.choices import choices_section
 from bench.lib.sections.common import PLANNER_FIGURES, PLANNER_TITLES, SUMMARY_FIGURES
 from bench.lib.sections.loads import loads_section
@@ -38,6 +39,7 @@ SECTIONS = {
     "planner_dynamo": planner_dynamo_section,
     "choices": choices_section,
     "vllm_bench": vllm_bench_section,
+    "batch": batch_section,
 }
 # The summary's figures drawn from one record each, by its name.
 SUMMARY_DRAWN = {"anchors": draw_anchors, "scale": draw_scale, "routing": draw_routing}

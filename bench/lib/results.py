@@ -13,7 +13,7 @@ from typing import Any
 DIR = Path("bench/results")
 # Each record on the page by name: the image and video loads of bench/serve.py, its
 # --anchors run, and bench/scale.py's, routing.py's, choices.py's, vllm_bench.py's,
-# planner.py's.
+# planner.py's, batch.py's.
 RECORDS = {
     "image": DIR / "latest.json",
     "video": DIR / "video.json",
@@ -27,6 +27,7 @@ RECORDS = {
     "planner": DIR / "planner.json",
     "planner_vllm": DIR / "planner-vllm.json",
     "planner_dynamo": DIR / "planner-dynamo.json",
+    "batch": DIR / "batch.json",
 }
 
 

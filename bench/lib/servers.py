@@ -26,7 +26,7 @@ import psutil
 from bench.lib.shapes import ANCHOR, DYNAMO_AGG, DYNAMO_E_PD, DYNAMO_PD, SAME_ENGINE
 from prism.config.commands import MeshConfig, ServeConfig
 from prism.config.common import LimitConfig, LogConfig, ModelConfig
-from prism.config.gateway import HttpConfig
+from prism.config.gateway import GatewayConfig, HttpConfig
 from prism.config.lora import LoraConfig
 from prism.ops import gpus
 from prism.ops.launcher import Mesh
@@ -275,9 +275,11 @@ def start_prism(
     vllm_flags: tuple[str, ...] = (),
     lora_modules: tuple[str, ...] = (),
     log_level: str = "warning",
+    gateway: GatewayConfig | None = None,
     **serve: Any,
 ) -> Server:
-    """A mesh of `mode`; `serve`, fields of its ServeConfig (prefill_workers=2);
+    """A mesh of `mode`; `serve`, fields of its ServeConfig (prefill_workers=2); `gateway`,
+    its fronts' settings (where they keep batches);
     `vllm_flags`, vLLM's engine arguments for every engine (--enforce-eager);
     `lora_modules`, its LoRA adapters (NAME=PATH); `log_level`, its stages' (`info`: each
     stage's start phase by phase, vLLM's timings among them)."""
@@ -287,6 +289,7 @@ def start_prism(
                         HttpConfig(http_port=port),
                         limit=LimitConfig(0), log=LogConfig(log_level),
                         lora=LoraConfig(list(lora_modules)),
+                        gateway=gateway or GatewayConfig(),
                         vllm_flags=list(vllm_flags))  # fmt: skip
     mesh = Mesh.forking(plan(config))
     with open(log, "w") as out:

@@ -72,8 +72,14 @@ class GatewayConfig(Flags):
     batch_max_lines: int = flag(50000, "requests a batch's input file may hold at most")
     batch_concurrency: int = flag(
         8,
-        "a batch's requests in flight at most at a front; they start only while no interactive "
-        "request is in flight there",
+        "a batch's requests in flight at most at a front while no interactive request has come "
+        "there for a second (a batch's request starts only while none is in flight)",
+        minimum=1,
+    )
+    batch_concurrency_beside: int = flag(
+        2,
+        "a batch's requests in flight at most at a front while interactive requests come there: "
+        "fewer keep their time to first token close to what it is without the batch",
         minimum=1,
     )
 

@@ -4,6 +4,8 @@ otherwise), reflection, `LoadService`, and the bound on requests in flight."""
 from __future__ import annotations
 
 import contextlib
+import math
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -29,6 +31,9 @@ class InFlightLimit:
         self.limit = limit
         self.what = what
         self.count = 0
+        # When the last request was admitted (time.monotonic): what yields to them (batch
+        # work) tells a quiet spell from a gap between requests.
+        self.admitted_at = -math.inf
 
     @contextlib.contextmanager
     def admit(self) -> Iterator[None]:
@@ -41,6 +46,7 @@ class InFlightLimit:
                 metadata={"retry_after_s": str(self.RETRY_AFTER_S)},
             )
         self.count += 1
+        self.admitted_at = time.monotonic()
         try:
             yield
         finally:

@@ -293,7 +293,7 @@ def test_batch_lines_wait_while_an_interactive_request_is_in_flight(root):
                          "endpoint": "/v1/chat/completions", "input_file_id": record["id"],
                          "created_at": 1, "expires_at": time.time() + 60,
                          "request_counts": {"total": 1}})  # fmt: skip
-        runner = BatchRunner(app, store, interactive, 4, 100)
+        runner = BatchRunner(app, app.state.batches, interactive)
         with interactive.admit():
             task = asyncio.create_task(runner.run_batch("batch_b"))
             await asyncio.sleep(0.3)
@@ -302,6 +302,19 @@ def test_batch_lines_wait_while_an_interactive_request_is_in_flight(root):
         return [*held, "|", *app.state.processor.requests]
 
     assert asyncio.run(scenario()) == ["|", "x"]
+
+
+def test_few_batch_lines_run_while_interactive_requests_come_and_all_after_a_quiet_second(root):
+    interactive = InFlightLimit(0)
+    app = create_app(Router(StaticRegistry({})), processor=Echo(),
+                     batch=settings(root, concurrency=8, concurrency_beside=2))  # fmt: skip
+    runner = BatchRunner(app, app.state.batches, interactive)
+    assert runner._concurrency() == 8
+    with interactive.admit():
+        assert runner._concurrency() == 0
+    assert runner._concurrency() == 2
+    interactive.admitted_at -= 1.0
+    assert runner._concurrency() == 8
 
 
 def _until(condition, timeout: float = 10) -> None:

@@ -29,8 +29,7 @@ _CHUNK = 1 << 20
 async def _running(app: FastAPI) -> AsyncIterator[None]:
     """Runs the store's batches while the app serves."""
     settings = _settings(app)
-    runner = BatchRunner(app, settings.store, app.state.interactive, settings.concurrency,
-                         settings.max_lines)  # fmt: skip
+    runner = BatchRunner(app, settings, app.state.interactive)
     app.state.batch_runner = runner
     task = asyncio.create_task(runner.run())
     try:

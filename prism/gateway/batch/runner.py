@@ -1,7 +1,9 @@
-"""Runs the batches of a store, one at a time per front, beneath the interactive traffic: a
-line starts only while no interactive generation is in flight at this front, and at most
-`concurrency` lines are in flight, so that the batch takes the capacity interactive requests
-leave idle and an interactive request waits behind no queue of batch lines."""
+"""Runs the batches of a store, one at a time per front, beneath the interactive traffic at
+this front's doors: a line starts only while no interactive generation is in flight, at most
+`concurrency_beside` lines are in flight while interactive requests come (one came within a
+second), and `concurrency` after a quiet second. So the batch takes the capacity interactive
+requests leave idle, an interactive request waits behind no queue of batch lines, and few
+batch lines share the engines with it (bench/batch.py measures what each costs)."""
 
 from __future__ import annotations
 
@@ -12,10 +14,12 @@ import json
 import logging
 import os
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from prism.gateway.batch import lines
+from prism.gateway.batch.schemas import BatchSettings
 from prism.gateway.batch.store import LEASE_S, BatchStore
 from prism.rpc.server import InFlightLimit
 
@@ -27,6 +31,10 @@ TRANSIENT = (429, 503)
 RETRY_S = (0.5, 1.0, 2.0, 5.0)
 # How often a batch's runner looks for a cancel from any front, and renews its claim.
 LOOK_S = 0.5
+# Interactive requests "come" while one came within this long.
+QUIET_S = 1.0
+# How often a runner waiting for a slot looks again.
+SLOT_S = 0.02
 
 
 def me() -> str:
@@ -61,19 +69,12 @@ class Batch:
 
 class BatchRunner:
     def __init__(
-        self,
-        app: Any,
-        store: BatchStore,
-        interactive: InFlightLimit,
-        concurrency: int,
-        max_lines: int,
-        owner: str = "",
+        self, app: Any, settings: BatchSettings, interactive: InFlightLimit, owner: str = ""
     ) -> None:
         self.app = app
-        self.store = store
+        self.store = settings.store
+        self.settings = settings
         self.interactive = interactive
-        self.concurrency = max(1, concurrency)
-        self.max_lines = max_lines
         self.owner = owner or me()
         self.endpoints = lines.endpoints(app.routes)
         # Set when a batch is created here: taken up at once rather than at the next look.
@@ -104,7 +105,7 @@ class BatchRunner:
                                    in_progress_at=int(self.store.now()))  # fmt: skip
         data = self.store.content_path(record["input_file_id"]).read_bytes()
         answered = self.store.answered(batch_id)
-        todo = [line for line in lines.read(data, record["endpoint"], self.max_lines)
+        todo = [line for line in lines.read(data, record["endpoint"], self.settings.max_lines)
                 if line.number not in answered]  # fmt: skip
         batch = Batch(record)
         ending = ""
@@ -141,15 +142,22 @@ class BatchRunner:
                 return ending
             if all_done and not batch.running:
                 return ""
-            if (
-                not all_done
-                and len(batch.running) < self.concurrency
-                and (self.interactive.count == 0)
-            ):
+            if not all_done and len(batch.running) < self._concurrency():
                 return ""
             self._free.clear()
+            # A slot may open as interactive requests end, which nothing signals: looked at
+            # often.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._free.wait(), LOOK_S if batch.running else 0.02)
+                await asyncio.wait_for(self._free.wait(), LOOK_S if all_done else SLOT_S)
+
+    def _concurrency(self) -> int:
+        """Lines that may be in flight now: none while an interactive request is; few while
+        they come; all the settings allow after a quiet second."""
+        if self.interactive.count:
+            return 0
+        if time.monotonic() - self.interactive.admitted_at < QUIET_S:
+            return self.settings.concurrency_beside
+        return self.settings.concurrency
 
     def _ending(self, batch: Batch) -> str:
         now = self.store.now()

@@ -47,8 +47,10 @@ class BatchSettings:
     max_file_bytes: int
     max_lines: int
     concurrency: int
+    concurrency_beside: int = 2
 
     @classmethod
     def of(cls, config: GatewayConfig) -> BatchSettings:
         return cls(BatchStore(Path(config.batch_store)), int(config.batch_max_file_mb * 2**20),
-                   config.batch_max_lines, config.batch_concurrency)  # fmt: skip
+                   config.batch_max_lines, config.batch_concurrency,
+                   config.batch_concurrency_beside)  # fmt: skip
