@@ -22,11 +22,11 @@ RUN PYTHON=python3.11 TARGET=$TARGET EXTRAS= scripts/setup.sh
 # Services run as an unprivileged user with a high UID (no clash with the host's users),
 # numeric so that Kubernetes can check runAsNonRoot. The root filesystem may be read-only:
 # what is written goes to HOME (every cache below) and /tmp, volumes in compose.yaml and
-# the Kubernetes manifests; /models is the models volume's mount point, owned by the user
-# so that a new volume is too.
+# the Kubernetes manifests; /models and /batches (the Batch API's store in compose.yaml)
+# are volumes' mount points, owned by the user so that a new volume is too.
 RUN groupadd --gid 10001 prism \
     && useradd --uid 10001 --gid 10001 --home-dir /home/prism --create-home prism \
-    && mkdir /models && chown 10001:10001 /models
+    && mkdir /models /batches && chown 10001:10001 /models /batches
 ENV PATH=/opt/prism/.venv/bin:$PATH \
     HOME=/home/prism \
     XDG_CACHE_HOME=/home/prism/.cache \

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import uvicorn
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 import prism
@@ -87,6 +88,7 @@ def create_app(
     app.add_middleware(middleware.FrontDoor, api_key=api_key, limit=limit)
     app.add_exception_handler(PrismError, middleware.prism_error)
     app.add_exception_handler(HTTPException, middleware.http_error)
+    app.add_exception_handler(RequestValidationError, middleware.validation_error)
     for endpoints in (health, models, chat, completions, responses, lora, messages, batches):
         app.include_router(endpoints.router)
     openapi.describe(app)

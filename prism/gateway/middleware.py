@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 from fastapi import Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
@@ -18,7 +19,7 @@ from prism import logs, telemetry
 from prism.gateway.anthropic import schemas as anthropic
 from prism.gateway.openai.protocol import error_body
 from prism.proto.v1 import errors_pb2
-from prism.rpc.errors import PrismError, status_for
+from prism.rpc.errors import PrismError, invalid, status_for
 from prism.rpc.server import InFlightLimit
 
 # Routes counted by path in the request metrics; anything else counts as "other".
@@ -44,6 +45,15 @@ def error_response(error: PrismError, path: str = "") -> JSONResponse:
 
 async def prism_error(request: Request, exc: PrismError) -> JSONResponse:
     return error_response(exc, request.url.path)
+
+
+async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's refusal of a parameter it reads (a query's, a form's) as the API's error
+    body, naming it (FastAPI's own would be a 422 of its shape)."""
+    first = exc.errors()[0]
+    param = ".".join(str(part) for part in first["loc"][1:])
+    error = invalid(f"'{param}': {first['msg']}", param)
+    return JSONResponse(_error_body(error, request.url.path), status_code=error.http_status)
 
 
 async def http_error(request: Request, exc: HTTPException) -> JSONResponse:

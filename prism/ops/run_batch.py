@@ -87,4 +87,3 @@ def _answer(config: RunBatchConfig, store: BatchStore, batch_id: str) -> dict:
         return batch
     finally:
         mesh.stop()
-

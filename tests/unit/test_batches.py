@@ -20,8 +20,9 @@ from fastapi.testclient import TestClient
 from support.scripted import Call
 
 from prism.gateway.app import create_app
+from prism.gateway.batch.opening import open_batch
 from prism.gateway.batch.runner import BatchRunner, alive
-from prism.gateway.batch.schemas import BatchSettings
+from prism.gateway.batch.schemas import BatchRequest, BatchSettings
 from prism.gateway.batch.store import BatchStore
 from prism.proto.v1 import common_pb2, inference_pb2
 from prism.registry import StaticRegistry
@@ -152,6 +153,22 @@ def test_each_line_is_answered_as_its_request_alone_and_a_bad_line_fails_alone(r
     assert [b.id for b in listed.data] == [created.id]
 
 
+def test_a_responses_batch_answers_each_line_as_the_responses_api(root):
+    client, http = sdk(Echo(), settings(root))
+    with http:
+        asked = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/responses",
+                  "body": {"model": "m", "input": f"hi {i}", "store": False}}
+                 for i in range(3)]  # fmt: skip
+        file_id = upload(client, *map(json.dumps, asked))
+        created = client.batches.create(input_file_id=file_id, endpoint="/v1/responses",
+                                        completion_window="24h")  # fmt: skip
+        batch = wait(client, created.id, "completed")
+        output = entries(client, batch.output_file_id)
+    texts = [entry["response"]["body"]["output"][0]["content"][0]["text"] for entry in output]
+    assert texts == ["echo hi 0", "echo hi 1", "echo hi 2"]
+    assert all(entry["response"]["body"]["object"] == "response" for entry in output)
+
+
 @pytest.mark.parametrize(
     ("lines", "endpoint", "param", "words"),
     [([line("a", "x")], "/v1/embeddings", "endpoint", "Invalid enum value"),
@@ -191,7 +208,11 @@ def test_files_refused_named_and_deleted(root):
         assert client.files.delete(file_id).deleted
         with pytest.raises(openai.NotFoundError):
             client.files.content(file_id)
+        no_purpose = http.post("/v1/files", files={"file": ("in.jsonl", b"{}")})
+        too_many = http.get("/v1/batches", params={"limit": 500})
     assert (large.value.body["param"], purpose.value.body["param"]) == ("file", "purpose")
+    assert (no_purpose.status_code, no_purpose.json()["error"]["param"]) == (400, "purpose")
+    assert (too_many.status_code, too_many.json()["error"]["param"]) == (400, "limit")
     assert not list((root / "files").iterdir())
 
 
@@ -210,6 +231,20 @@ def test_cancel_ends_the_lines_in_flight_and_is_idempotent(root):
     assert again.status == "cancelled" and again.cancelled_at == batch.cancelled_at
     assert (batch.request_counts.completed, batch.request_counts.failed) == (0, 0)
     assert batch.output_file_id is None and len(processor.requests) == 2
+
+
+def test_a_batch_whose_file_is_deleted_before_it_runs_fails_naming_why(root):
+    batch = settings(root)
+    record = batch.store.add_file("in.jsonl", "batch", (line("a", "x") + "\n").encode())
+    request = BatchRequest(record["id"], "/v1/chat/completions")
+    created = open_batch(batch.store, request, batch.max_lines)
+    batch.store.delete_file(record["id"])
+    client, http = sdk(Echo(), batch)
+    with http:
+        failed = wait(client, created["id"], "failed")
+    (error,) = failed.errors.data
+    assert error.code == "invalid_input_file" and record["id"] in error.message
+    assert failed.failed_at is not None and failed.output_file_id is None
 
 
 def test_a_completed_batch_cannot_be_cancelled(root):

@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 import grpc
-from fastapi import APIRouter, FastAPI, Form, Request, UploadFile
+from fastapi import APIRouter, FastAPI, Form, Query, Request, UploadFile
 from fastapi.responses import FileResponse, JSONResponse
 
 from prism.gateway import bodies
@@ -94,9 +94,9 @@ async def create(request: Request) -> JSONResponse:
 
 
 @router.get("/v1/batches")
-async def list_batches(request: Request, limit: int = 20, after: str | None = None) -> JSONResponse:
-    if not 1 <= limit <= 100:
-        raise invalid("limit must be between 1 and 100", "limit")
+async def list_batches(
+    request: Request, limit: Annotated[int, Query(ge=1, le=100)] = 20, after: str | None = None
+) -> JSONResponse:
     # One more than asked: whether there are more.
     batches = _settings(request.app).store.batches(limit + 1, after)
     page = batches[:limit]

@@ -20,7 +20,8 @@ from typing import Any
 
 from prism.gateway.batch import lines
 from prism.gateway.batch.schemas import BatchSettings
-from prism.gateway.batch.store import LEASE_S, BatchStore
+from prism.gateway.batch.store import LEASE_S, RUNNABLE, BatchStore
+from prism.rpc.errors import PrismError
 from prism.rpc.server import InFlightLimit
 
 log = logging.getLogger(__name__)
@@ -103,10 +104,18 @@ class BatchRunner:
     async def run_batch(self, batch_id: str) -> None:
         record = self.store.update(batch_id, ("validating",), status="in_progress",
                                    in_progress_at=int(self.store.now()))  # fmt: skip
-        data = self.store.content_path(record["input_file_id"]).read_bytes()
+        try:
+            data = self.store.content_path(record["input_file_id"]).read_bytes()
+            requests = lines.read(data, record["endpoint"], self.settings.max_lines)
+        except PrismError as exc:
+            # Its file deleted, or over a limit lowered since: it cannot run.
+            error = {"code": "invalid_input_file", "message": exc.message, "param": exc.param,
+                     "line": None}  # fmt: skip
+            self.store.update(batch_id, RUNNABLE, status="failed", failed_at=int(self.store.now()),
+                              errors={"object": "list", "data": [error]})  # fmt: skip
+            return
         answered = self.store.answered(batch_id)
-        todo = [line for line in lines.read(data, record["endpoint"], self.settings.max_lines)
-                if line.number not in answered]  # fmt: skip
+        todo = [line for line in requests if line.number not in answered]
         batch = Batch(record)
         ending = ""
         try:
