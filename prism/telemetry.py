@@ -108,6 +108,12 @@ PROMPT_TOKENS = Counter("prism_prompt_tokens", "Prompt tokens of answered reques
 COMPLETION_TOKENS = Counter(
     "prism_completion_tokens", "Tokens generated for answered requests", ["endpoint"]
 )
+BATCH_REQUESTS = Counter(
+    "prism_batch_requests",
+    "Requests of batches answered at this front, by outcome (completed: 2xx; failed)",
+    ["outcome"],
+)
+BATCH_IN_FLIGHT = Gauge("prism_batch_requests_in_flight", "Requests of batches in flight here")
 LORA_REQUESTS = Counter(
     "prism_lora_requests", "Requests for a LoRA adapter, by its name", ["adapter"]
 )

@@ -17,6 +17,7 @@ import grpc
 import openai
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client import REGISTRY
 from support.scripted import Call
 
 from prism.gateway.app import create_app
@@ -119,9 +120,14 @@ def entries(client: openai.OpenAI, file_id: str | None) -> list[dict]:
     return [json.loads(text) for text in client.files.content(file_id).text.splitlines()]
 
 
+def _counted(outcome: str) -> float:
+    return REGISTRY.get_sample_value("prism_batch_requests_total", {"outcome": outcome}) or 0.0
+
+
 def test_each_line_is_answered_as_its_request_alone_and_a_bad_line_fails_alone(root):
     processor = Echo()
     client, http = sdk(processor, settings(root))
+    counted = _counted("completed"), _counted("failed")
     with http:
         file_id = upload(client, *[line(f"req-{i}", f"hello {i}") for i in range(6)],
                          "{not json", line("too-hot", "x", temperature=5))  # fmt: skip
@@ -134,6 +140,7 @@ def test_each_line_is_answered_as_its_request_alone_and_a_bad_line_fails_alone(r
         output, errors = entries(client, batch.output_file_id), entries(client, batch.error_file_id)
         listed = client.batches.list()
     assert (batch.request_counts.completed, batch.request_counts.failed) == (6, 2)
+    assert (_counted("completed") - counted[0], _counted("failed") - counted[1]) == (6, 2)
     assert [entry["custom_id"] for entry in output] == [f"req-{i}" for i in range(6)]
     for i, entry in enumerate(output):
         response = entry["response"]

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from prism import telemetry
 from prism.gateway.batch import lines
 from prism.gateway.batch.schemas import BatchSettings
 from prism.gateway.batch.store import LEASE_S, RUNNABLE, BatchStore
@@ -184,15 +185,18 @@ class BatchRunner:
 
     async def _line(self, batch: Batch, line: lines.Line) -> None:
         endpoint = batch.record["endpoint"]
-        for delay in (*RETRY_S, None):
-            status, entry = await lines.answer(self.app, self.endpoints[endpoint], endpoint, line)
-            if status not in TRANSIENT or delay is None:
-                break
-            await asyncio.sleep(delay)
+        with telemetry.BATCH_IN_FLIGHT.track_inprogress():
+            for delay in (*RETRY_S, None):
+                status, entry = await lines.answer(self.app, self.endpoints[endpoint], endpoint,
+                                                   line)  # fmt: skip
+                if status not in TRANSIENT or delay is None:
+                    break
+                await asyncio.sleep(delay)
         self._keep(batch.record["id"], line, 200 <= status < 300, entry)
 
     def _keep(self, batch_id: str, line: lines.Line, ok: bool, entry: dict[str, Any]) -> None:
         self.store.answer(batch_id, line.number, ok, entry)
+        telemetry.BATCH_REQUESTS.labels("completed" if ok else "failed").inc()
 
     async def _finish(self, batch: Batch, status: str, todo: list[lines.Line]) -> None:
         """Writes the output and error files and ends the batch as `status`."""
