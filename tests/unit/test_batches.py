@@ -217,9 +217,14 @@ def test_files_refused_named_and_deleted(root):
             client.files.content(file_id)
         no_purpose = http.post("/v1/files", files={"file": ("in.jsonl", b"{}")})
         too_many = http.get("/v1/batches", params={"limit": 500})
+        # Said too large by its length: refused unread.
+        said = {"content-length": str(200 + (64 << 10) + 1),
+                "content-type": "multipart/form-data; boundary=b"}  # fmt: skip
+        declared = http.post("/v1/files", content=b"x" * 100, headers=said)
     assert (large.value.body["param"], purpose.value.body["param"]) == ("file", "purpose")
     assert (no_purpose.status_code, no_purpose.json()["error"]["param"]) == (400, "purpose")
     assert (too_many.status_code, too_many.json()["error"]["param"]) == (400, "limit")
+    assert (declared.status_code, declared.json()["error"]["param"]) == (400, "file")
     assert not list((root / "files").iterdir())
 
 

@@ -11,8 +11,9 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import grpc
-from fastapi import APIRouter, FastAPI, Form, Query, Request, UploadFile
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse, JSONResponse
+from starlette.datastructures import UploadFile
 
 from prism.gateway import bodies
 from prism.gateway.batch.opening import open_batch
@@ -21,8 +22,15 @@ from prism.gateway.batch.schemas import BatchRequest, BatchSettings
 from prism.gateway.batch.store import ENDED
 from prism.rpc.errors import PrismError, invalid
 
-# Read from an upload at a time, so that one over the limit is refused without being held.
+# Read from an upload at a time.
 _CHUNK = 1 << 20
+# What a multipart body holds beside its file: boundaries, headers, the purpose.
+_FORM_BYTES = 64 << 10
+# The upload's form, described (the endpoint reads it itself, so FastAPI sees no parameter).
+_UPLOAD = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["file", "purpose"],
+    "properties": {"file": {"type": "string", "format": "binary"},
+                   "purpose": {"type": "string", "enum": ["batch"]}}}}}}}  # fmt: skip
 
 
 @contextlib.asynccontextmanager
@@ -46,19 +54,33 @@ def _settings(app: Any) -> BatchSettings:
     return app.state.batches
 
 
-@router.post("/v1/files")
-async def upload(request: Request, file: UploadFile, purpose: str = Form()) -> JSONResponse:
+@router.post("/v1/files", openapi_extra=_UPLOAD)
+async def upload(request: Request) -> JSONResponse:
+    """A file, multipart as OpenAI's SDK sends it; refused before it is read where its
+    length says it is over the limit, and as soon as it is read past the limit otherwise."""
     settings = _settings(request.app)
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > settings.max_file_bytes + _FORM_BYTES:
+        raise _too_large(settings)
+    form = await request.form(max_files=1, max_fields=2)
+    file, purpose = form.get("file"), form.get("purpose")
+    if not isinstance(purpose, str):
+        raise invalid("'purpose' is required", "purpose")
     if purpose != "batch":
         raise invalid(f"purpose {purpose!r} is not served: only 'batch'", "purpose")
+    if not isinstance(file, UploadFile):
+        raise invalid("'file' is required (a multipart file)", "file")
     data = bytearray()
     while chunk := await file.read(_CHUNK):
         data += chunk
         if len(data) > settings.max_file_bytes:
-            raise invalid(f"the file is larger than the limit of {settings.max_file_bytes} "
-                          "bytes", "file")  # fmt: skip
+            raise _too_large(settings)
     return JSONResponse(settings.store.add_file(file.filename or "upload.jsonl", purpose,
                                                 bytes(data)))  # fmt: skip
+
+
+def _too_large(settings: BatchSettings) -> PrismError:
+    return invalid(f"the file is larger than the limit of {settings.max_file_bytes} bytes", "file")
 
 
 @router.get("/v1/files")
