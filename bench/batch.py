@@ -248,7 +248,7 @@ def main() -> None:
         beside = beside_interactive(args, logs)
     except ServerFailed as exc:
         raise SystemExit(f"the mesh failed a request: {exc}") from None
-    result = {**stamp(), "model": Path(args.model).name, "mode": args.mode, "rate": args.rate,
+    result = {**stamp(), "model": args.model, "mode": args.mode, "rate": args.rate,
               "seconds": args.seconds, "clients": args.clients, "rounds": args.rounds,
               "max_tokens": MAX_TOKENS, "concurrency": args.concurrency, "beside": beside,
               "run_batch": side_by_side(args, logs) if args.run_batch_rounds else None}  # fmt: skip

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from bench.lib.sections.anchors import goals
+from bench.lib.sections.batch import BAR as BATCH_BAR
 from bench.lib.sections.common import PLANNER_TITLES, SUMMARY_FIGURES
 from bench.lib.sections.scale import LOW_BAR, TOP_BAR, TTFT_BAR, front_bars
 from bench.lib.shapes import ANCHOR
@@ -21,6 +22,7 @@ TARGETS = {
     "planner": "bench-planner",
     "planner_vllm": "bench-planner-vllm",
     "planner_dynamo": "bench-planner-dynamo",
+    "batch": "bench-batch",
 }
 # Routing's policies that are not routing policies: the baseline and the ideal.
 BASELINE, IDEAL = "round-robin", "one worker"
@@ -30,7 +32,7 @@ def summary_section(results: dict[str, dict[str, Any]]) -> list[str]:
     """The summary of the records in `results` (by name) that it compares, as lines; none
     when there are none."""
     parts = {"image": image_part, "anchors": anchors_part, "scale": scale_part,
-             "routing": routing_part}  # fmt: skip
+             "routing": routing_part, "batch": batch_part}  # fmt: skip
     lines = [line for name, part in parts.items() if name in results
              for line in part(results[name])]  # fmt: skip
     planners = {name: results[name] for name in PLANNER_TITLES if name in results}
@@ -63,6 +65,27 @@ def listed(items: list[str]) -> str:
 
 def verdict(met: bool) -> str:
     return "met" if met else "**not met**"
+
+
+def batch_part(result: dict) -> list[str]:
+    """Interactive requests beside a batch, and `prism run-batch` beside `vllm run-batch`."""
+    beside, ratio = result["beside"], result["beside"]["batch_api_p99_ratio"]
+    lines = [
+        f"**Batches beside interactive traffic** ({run('batch', result)}): interactive TTFT "
+        f"p99 {ratio:.2f}x its value alone beside the Batch API's batch (bar {BATCH_BAR}x: "
+        f"{verdict(ratio <= BATCH_BAR)}), the batch answering "
+        f"{beside['batch_api_lines_per_s']:.0f} lines/s meanwhile "
+        f"({beside['batch_alone_lines_per_s']:.0f} alone); the same chats from "
+        f"{result['clients']} plain clients: {beside['clients_p99_ratio']:.2f}x."
+    ]
+    run_batch = result.get("run_batch")
+    if run_batch:
+        lines[0] += (
+            f" `prism run-batch` took {run_batch['prism_s'] / run_batch['vllm_s']:.2f}x "
+            f"`vllm run-batch`'s time on {run_batch['lines']} image chats, start included, "
+            f"{run_batch['same_answers']} of {run_batch['lines']} answers the same."
+        )
+    return [*lines, ""]
 
 
 def image_part(result: dict) -> list[str]:
