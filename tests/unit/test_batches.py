@@ -22,7 +22,7 @@ from support.scripted import Call
 
 from prism.gateway.app import create_app
 from prism.gateway.batch.opening import open_batch
-from prism.gateway.batch.runner import BatchRunner, alive
+from prism.gateway.batch.runner import BatchRunner, alive, me
 from prism.gateway.batch.schemas import BatchRequest, BatchSettings
 from prism.gateway.batch.store import BatchStore
 from prism.proto.v1 import common_pb2, inference_pb2
@@ -372,6 +372,9 @@ def _until(condition, timeout: float = 10) -> None:
 
 
 def test_a_claim_held_by_a_process_gone_from_this_host_is_no_claim():
-    assert alive(f"{socket.gethostname()}:{os.getpid()}") and alive("elsewhere:1")
+    host = me().rpartition(":")[0]
+    assert me() == f"{host}:{os.getpid()}" and alive(me()) and alive("elsewhere/1:1")
     # Above any pid the kernel hands out.
-    assert not alive(f"{socket.gethostname()}:{2**31 - 1}")
+    assert not alive(f"{host}:{2**31 - 1}")
+    # Another pid namespace under the same name: its processes are not seen from here.
+    assert alive(f"{socket.gethostname()}/1:{2**31 - 1}")

@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 # just started), not wrong about the request.
 TRANSIENT = (429, 503)
 RETRY_S = (0.5, 1.0, 2.0, 5.0)
-# How often a batch's runner looks for a cancel from any front, and renews its claim.
+# How often a runner looks for batches to take up, and a batch's runner for a cancel from
+# any front.
 LOOK_S = 0.5
 # Interactive requests "come" while one came within this long.
 QUIET_S = 1.0
@@ -39,15 +40,25 @@ QUIET_S = 1.0
 SLOT_S = 0.02
 
 
+def _host() -> str:
+    """This host as its processes see one another: its name, and the pid namespace (fronts
+    in containers that share a name do not see each other's processes)."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    return f"{socket.gethostname()}/{namespace}"
+
+
 def me() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    return f"{_host()}:{os.getpid()}"
 
 
 def alive(owner: str) -> bool:
     """Whether the front `owner` (`me()` of some front) may still run its batch: on another
     host, it may (its claim lapses if not); here, while its process lives."""
     host, _, pid = owner.rpartition(":")
-    if host != socket.gethostname():
+    if host != _host():
         return True
     try:
         os.kill(int(pid), 0)
