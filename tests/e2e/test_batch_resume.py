@@ -4,7 +4,6 @@ answered once, each as offline vLLM answers it."""
 
 from __future__ import annotations
 
-import json
 import signal
 import sqlite3
 import time
@@ -12,19 +11,11 @@ from pathlib import Path
 
 import openai
 import psutil
-from support.cases import CONCURRENT_CASES
+from support.batches import CHATS, batch_line, entries
 from support.served import Served
 from support.waiting import wait_for
 
-CHATS = [name for name, case in CONCURRENT_CASES.items() if case[0] == "chat"]
 LINES = 96
-
-
-def _line(model: str, custom_id: str, name: str) -> str:
-    _, messages, max_tokens = CONCURRENT_CASES[name]
-    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
-    return json.dumps({"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
-                       "body": body})  # fmt: skip
 
 
 def _retrieve(client: openai.OpenAI, batch_id: str):
@@ -50,7 +41,7 @@ def test_a_front_killed_mid_batch_is_restarted_and_completes_each_line_once(
     try:
         client = openai.OpenAI(base_url=f"{served.base_url}/v1", api_key="unused", max_retries=0)
         asked = {f"line-{i}": CHATS[i % len(CHATS)] for i in range(LINES)}
-        data = "\n".join(_line(served.model, c, name) for c, name in asked.items()).encode()
+        data = "\n".join(batch_line(served.model, c, name) for c, name in asked.items()).encode()
         file_id = client.files.create(file=("in.jsonl", data), purpose="batch").id
         batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
                                       completion_window="24h")  # fmt: skip
@@ -70,8 +61,7 @@ def test_a_front_killed_mid_batch_is_restarted_and_completes_each_line_once(
         while (done := _retrieve(client, batch.id)) is None or done.status != "completed":
             assert time.monotonic() < deadline, (done, served.tail())
             time.sleep(0.5)
-        output = [json.loads(text) for text in client.files.content(done.output_file_id).text
-                  .splitlines()]  # fmt: skip
+        output = entries(client.files.content(done.output_file_id).text)
     finally:
         assert served.stop() == 0, served.tail()
     assert 8 <= at_kill < LINES, at_kill

@@ -6,24 +6,13 @@ mid-batch: test_batch_resume.py.)"""
 
 from __future__ import annotations
 
-import json
 import time
 
 import openai
+from support.batches import CHATS, COMPLETIONS, batch_line, entries
 from support.cases import CONCURRENT_CASES, openai_client
 
-# Chats of the concurrent cases (every other one with an image), each sent several times.
-CHATS = [name for name, case in CONCURRENT_CASES.items() if case[0] == "chat"]
-COMPLETIONS = [name for name, case in CONCURRENT_CASES.items() if case[0] == "completion"]
 LINES = 200
-
-
-def request_line(mesh, custom_id: str, name: str) -> str:
-    kind, asked, max_tokens = CONCURRENT_CASES[name]
-    key, url = ("messages", "/v1/chat/completions") if kind == "chat" else (
-        "prompt", "/v1/completions")  # fmt: skip
-    body = {"model": mesh.model, key: asked, "max_tokens": max_tokens, "temperature": 0}
-    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
 
 
 def run_batch(client: openai.OpenAI, lines: list[str], endpoint: str, timeout: float = 300):
@@ -42,14 +31,14 @@ def run_batch(client: openai.OpenAI, lines: list[str], endpoint: str, timeout: f
 def answers(client: openai.OpenAI, file_id: str | None) -> list[dict]:
     if file_id is None:
         return []
-    return [json.loads(text) for text in client.files.content(file_id).text.splitlines()]
+    return entries(client.files.content(file_id).text)
 
 
 def test_a_multimodal_batch_answers_every_line_as_its_request_alone(mesh, oracle):
     expected = oracle(mesh.family)
     asked = {f"line-{i}": CHATS[i % len(CHATS)] for i in range(LINES)}
     client = openai_client(mesh)
-    lines = [request_line(mesh, custom_id, name) for custom_id, name in asked.items()]
+    lines = [batch_line(mesh.model, custom_id, name) for custom_id, name in asked.items()]
     batch = run_batch(client, lines, "/v1/chat/completions")
     assert batch.status == "completed", batch
     assert (batch.request_counts.total, batch.request_counts.completed) == (LINES, LINES)
@@ -78,7 +67,7 @@ def test_a_multimodal_batch_answers_every_line_as_its_request_alone(mesh, oracle
 def test_a_completions_batch_answers_as_offline_vllm(mesh, oracle):
     expected = oracle(mesh.family)
     client = openai_client(mesh)
-    lines = [request_line(mesh, name, name) for name in COMPLETIONS]
+    lines = [batch_line(mesh.model, name, name) for name in COMPLETIONS]
     batch = run_batch(client, lines, "/v1/completions")
     output = answers(client, batch.output_file_id)
     got = {entry["custom_id"]: entry["response"]["body"]["choices"][0]["text"] for entry in output}
